@@ -1,0 +1,32 @@
+"""Plain option records: the CLI fills them, the pipeline and the search read them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How each sentence is decoded: the semantics of transformers' `generate` with early_stopping=False."""
+
+    beam_size: int = 4  # beams per sentence; 1 is greedy search
+    max_length: int = 200  # generated tokens after the decoder start, language token included (max_new_tokens)
+    length_penalty: float = 1.0  # finished beams are ranked by sum(log p) / length ** length_penalty
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"beam size must be at least 1, not {self.beam_size}")
+        if self.max_length < 1:
+            raise ValueError(f"max length must be at least 1, not {self.max_length}")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How rows are grouped into batches for the engine."""
+
+    max_batch_tokens: int = 4096  # source tokens per batch, counted as rows x longest row (padding included)
+    read_chunk_rows: int = 2048  # rows read ahead and sorted by length before they are batched
+
+    def __post_init__(self) -> None:
+        if self.max_batch_tokens < 1:
+            raise ValueError(f"max batch tokens must be at least 1, not {self.max_batch_tokens}")
