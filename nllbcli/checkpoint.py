@@ -1,0 +1,265 @@
+"""Model directory (Hugging Face layout) -> ModelConfig + named float32 weight arrays.
+
+A directory holds `config.json` (model_type m2m_100), `model.safetensors` or shards listed in
+`model.safetensors.index.json`, and `sentencepiece.bpe.model`. Weights may be stored as float32, float16 or
+bfloat16; the tied embedding may be stored once (`model.shared.weight`) or several times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from .errors import NllbError
+
+DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
+CONVERT_HINT = (
+    "convert it once where transformers is installed: python -c \"from transformers import "
+    "AutoModelForSeq2SeqLM as M; M.from_pretrained('DIR').save_pretrained('DIR')\" (writes model.safetensors)"
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The dimensions of an M2M-100/NLLB model; every one comes from config.json (defaults: M2M100Config's)."""
+
+    vocab_size: int = 128112  # rows of the embedding and of the tied output projection
+    d_model: int = 1024
+    encoder_layers: int = 12
+    decoder_layers: int = 12
+    encoder_attention_heads: int = 16
+    decoder_attention_heads: int = 16
+    encoder_ffn_dim: int = 4096
+    decoder_ffn_dim: int = 4096
+    max_position_embeddings: int = 1024  # source tokens and decoder positions the model was trained for
+    scale_embedding: bool = True  # token embeddings times sqrt(d_model)
+    activation_function: str = "relu"
+    pad_token_id: int = 1
+    bos_token_id: int = 0
+    eos_token_id: int = 2
+    decoder_start_token_id: int = 2
+    tie_word_embeddings: bool = True
+
+    @property
+    def embed_scale(self) -> float:
+        return float(np.sqrt(self.d_model)) if self.scale_embedding else 1.0
+
+    @classmethod
+    def from_json(cls, path: Path) -> "ModelConfig":
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise NllbError(f"cannot read {path}: {exc}") from None
+        model_type = raw.get("model_type")
+        if model_type not in ("m2m_100", "m2m100"):
+            raise NllbError(
+                f"{path} describes a {model_type!r} model; nllbcli runs NLLB-200 and M2M-100 models (model_type m2m_100)"
+            )
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in raw.items() if k in known and v is not None}
+        config = cls(**values)
+        for name in ("encoder_attention_heads", "decoder_attention_heads"):
+            if config.d_model % getattr(config, name):
+                raise NllbError(f"{path}: d_model {config.d_model} is not a multiple of {name} {getattr(config, name)}")
+        if config.activation_function not in ACTIVATIONS:
+            raise NllbError(
+                f"{path}: activation_function {config.activation_function!r} is not supported (use one of "
+                f"{', '.join(sorted(ACTIVATIONS))})"
+            )
+        return config
+
+
+ACTIVATIONS = ("relu", "gelu")
+
+
+def hf_cache_dirs() -> list[Path]:
+    """Where the Hugging Face hub keeps downloaded models, in the order transformers looks."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return [Path(os.environ["HF_HUB_CACHE"])]
+    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
+        return [Path(os.environ["HUGGINGFACE_HUB_CACHE"])]
+    home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
+    return [home / "hub"]
+
+
+def find_in_hf_cache(repo_id: str) -> tuple[Path | None, list[Path]]:
+    """The snapshot directory of a hub model already in the local cache (never downloads), and where it looked."""
+    looked: list[Path] = []
+    for cache in hf_cache_dirs():
+        repo = cache / ("models--" + repo_id.replace("/", "--"))
+        looked.append(repo)
+        snapshots = repo / "snapshots"
+        if not snapshots.is_dir():
+            continue
+        ref = repo / "refs" / "main"
+        if ref.is_file():
+            snapshot = snapshots / ref.read_text().strip()
+            if snapshot.is_dir():
+                return snapshot, looked
+        candidates = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        if candidates:
+            return candidates[-1], looked
+    return None, looked
+
+
+def resolve_model_dir(model: str) -> Path:
+    """A model directory from a path, or from a hub id found in the local Hugging Face cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise NllbError(f"--model {model}: expected a model directory, found a file")
+    looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
+    if looks_like_hub_id:
+        snapshot, looked = find_in_hf_cache(model)
+        if snapshot is not None:
+            return snapshot
+        where = ", ".join(str(p) for p in looked)
+        raise NllbError(
+            f"model {model!r} is not a directory here and not in the local Hugging Face cache ({where}); "
+            f"nllbcli never downloads: fetch it once with `huggingface-cli download {model}` where the hub is "
+            "reachable, or pass --model /path/to/model-directory (also settable with NLLB_MODEL)"
+        )
+    raise NllbError(
+        f"model directory {str(path)!r} does not exist: pass --model with a directory holding config.json, "
+        "model.safetensors and sentencepiece.bpe.model (or set NLLB_MODEL)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- safetensors
+
+# numpy has no bfloat16: bf16 is read as uint16 and widened by hand (its bits are float32's upper half).
+_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+
+
+def read_safetensors_header(path: Path) -> tuple[dict, int]:
+    """The JSON header of a safetensors file and the byte offset where its data starts."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100_000_000:
+                raise ValueError("header length out of range")
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as exc:
+        raise NllbError(f"{path} is not a readable safetensors file ({exc})") from None
+    header.pop("__metadata__", None)
+    return header, 8 + length
+
+
+def read_safetensors(path: Path, wanted: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Named float32 arrays from one safetensors file (only `wanted` names when given)."""
+    header, start = read_safetensors_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    arrays: dict[str, np.ndarray] = {}
+    for name, info in header.items():
+        if wanted is not None and name not in wanted:
+            continue
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16 and bfloat16 are supported")
+        begin, end = info["data_offsets"]
+        raw = data[start + begin : start + end].view(dtype).reshape(info["shape"])
+        arrays[name] = bf16_to_float32(raw) if info["dtype"] == "BF16" else raw.astype(np.float32)
+    return arrays
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32: the same number, exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a model directory, or an error that says what is missing and what to do."""
+    single = model_dir / "model.safetensors"
+    index = model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise NllbError(f"cannot read {index}: {exc}") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (model_dir / s).is_file()]
+        if missing:
+            raise NllbError(f"{model_dir} is missing {len(missing)} of the {len(shards)} shards its index lists: {', '.join(missing)}")
+        return [model_dir / s for s in shards]
+    if (model_dir / "pytorch_model.bin").is_file() or (model_dir / "pytorch_model.bin.index.json").is_file():
+        raise NllbError(f"{model_dir} has only PyTorch weights (pytorch_model.bin); nllbcli reads safetensors: {CONVERT_HINT}")
+    raise NllbError(f"{model_dir} has no model.safetensors (nor model.safetensors.index.json with its shards)")
+
+
+def load_checkpoint(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read a model directory: its config and every weight the model uses, as float32 arrays named as below."""
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
+    config = ModelConfig.from_json(config_path)
+    stored: dict[str, np.ndarray] = {}
+    for path in weight_files(model_dir):
+        stored.update(read_safetensors(path))
+    return config, canonical_weights(config, stored, model_dir)
+
+
+def canonical_weights(config: ModelConfig, stored: dict[str, np.ndarray], where: Path) -> dict[str, np.ndarray]:
+    """Map stored names to the names the engines use (`shared`, `encoder.layers.0.fc1.weight`, ...).
+
+    Checkpoints saved from M2M100ForConditionalGeneration prefix everything with `model.`; those saved from
+    M2M100Model do not. The tied embedding may be stored as shared, as either embed_tokens, or as lm_head.
+    """
+    weights = {name.removeprefix("model."): array for name, array in stored.items()}
+    tied = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    shared = next((weights[n] for n in tied if n in weights), None)
+    if shared is None:
+        raise NllbError(f"{where}: no embedding found (looked for {', '.join(tied)})")
+    out = {
+        "encoder.embed_tokens.weight": weights.get("encoder.embed_tokens.weight", shared),
+        "decoder.embed_tokens.weight": weights.get("decoder.embed_tokens.weight", shared),
+        "lm_head.weight": shared if config.tie_word_embeddings else weights.get("lm_head.weight", shared),
+    }
+    if not config.tie_word_embeddings and "lm_head.weight" not in weights:
+        raise NllbError(f"{where}: config.json says tie_word_embeddings false but there is no lm_head.weight")
+    # Tied weights are one array: the engines must not keep three copies of a 256k-row table.
+    if config.tie_word_embeddings:
+        out = {k: shared for k in out}
+    d = config.d_model
+    expected: dict[str, tuple[int, ...]] = {"lm_head.weight": (config.vocab_size, d)}
+    for side, layers, ffn in (
+        ("encoder", config.encoder_layers, config.encoder_ffn_dim),
+        ("decoder", config.decoder_layers, config.decoder_ffn_dim),
+    ):
+        attentions = ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",)
+        for i in range(layers):
+            p = f"{side}.layers.{i}."
+            for attn in attentions:
+                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    expected[p + f"{attn}.{proj}.weight"] = (d, d)
+                    expected[p + f"{attn}.{proj}.bias"] = (d,)
+                expected[p + f"{attn}_layer_norm.weight"] = (d,)
+                expected[p + f"{attn}_layer_norm.bias"] = (d,)
+            expected[p + "fc1.weight"] = (ffn, d)
+            expected[p + "fc1.bias"] = (ffn,)
+            expected[p + "fc2.weight"] = (d, ffn)
+            expected[p + "fc2.bias"] = (d,)
+            expected[p + "final_layer_norm.weight"] = (d,)
+            expected[p + "final_layer_norm.bias"] = (d,)
+        expected[f"{side}.layer_norm.weight"] = (d,)
+        expected[f"{side}.layer_norm.bias"] = (d,)
+    missing = [n for n in expected if n not in weights and n not in out]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise NllbError(f"{where}: the weights do not match config.json: missing {shown}")
+    for name, shape in expected.items():
+        array = out.get(name, weights.get(name))
+        if tuple(array.shape) != shape:
+            raise NllbError(f"{where}: {name} has shape {tuple(array.shape)} but config.json implies {shape}")
+        out[name] = array
+    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
+        if out[name].shape != (config.vocab_size, d):
+            raise NllbError(f"{where}: {name} has shape {out[name].shape} but config.json implies {(config.vocab_size, d)}")
+    return out

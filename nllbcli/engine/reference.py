@@ -1,0 +1,221 @@
+"""The NumPy float32 reference model: M2M-100/NLLB's math, one small function per operation.
+
+It is the oracle for the GPU engine and what runs where there is no GPU. The operations follow
+transformers' M2M100ForConditionalGeneration step by step (same order of float32 operations where it matters).
+
+Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
+D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..checkpoint import ModelConfig
+
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
+
+
+# ------------------------------------------------------------------------------------------------ operations
+
+
+def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = LAYER_NORM_EPS) -> np.ndarray:
+    """LayerNorm over the last axis with bias (biased variance, as torch)."""
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return centred / np.sqrt(var + np.float32(eps)) * weight + bias
+
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """x @ weight.T + bias, weight stored (out, in) as torch's nn.Linear."""
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+def activation(x: np.ndarray, name: str) -> np.ndarray:
+    if name == "relu":
+        return np.maximum(x, np.float32(0))
+    # exact (erf) GELU, torch's default
+    from math import erf, sqrt
+
+    return (0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))).astype(np.float32)
+
+
+def sinusoidal_positions(num_positions: int, dim: int, padding_idx: int) -> np.ndarray:
+    """fairseq's (tensor2tensor's) sinusoidal table: [sin | cos] halves, row `padding_idx` zero. (P, D)"""
+    half = dim // 2
+    step = np.log(10000) / (half - 1)
+    freqs = np.exp(np.arange(half, dtype=np.float32) * np.float32(-step))  # (D/2,)
+    angles = np.arange(num_positions, dtype=np.float32)[:, None] * freqs[None, :]  # (P, D/2)
+    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    if dim % 2:
+        table = np.concatenate([table, np.zeros((num_positions, 1), np.float32)], axis=1)
+    table[padding_idx] = 0
+    return table.astype(np.float32)
+
+
+def embed(ids: np.ndarray, positions: np.ndarray, table: np.ndarray, scale: float, pos_table: np.ndarray) -> np.ndarray:
+    """Token embedding times sqrt(D) (when the model scales) plus the sinusoidal position rows. (..., D)"""
+    return table[ids] * np.float32(scale) + pos_table[positions]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None, heads: int) -> np.ndarray:
+    """Scaled dot-product attention over all keys a query may see.
+
+    q (N, Tq, D), k and v (N, Tk, D), key_mask (N, Tk) True where a key may be attended (None: all). -> (N, Tq, D)
+    """
+    n, tq, d = q.shape
+    tk = k.shape[1]
+    e = d // heads
+    qh = q.reshape(n, tq, heads, e).transpose(0, 2, 1, 3)  # (N, H, Tq, E)
+    kh = k.reshape(n, tk, heads, e).transpose(0, 2, 3, 1)  # (N, H, E, Tk)
+    vh = v.reshape(n, tk, heads, e).transpose(0, 2, 1, 3)  # (N, H, Tk, E)
+    scores = (qh @ kh) * np.float32(e**-0.5)  # (N, H, Tq, Tk)
+    if key_mask is not None:
+        scores = np.where(key_mask[:, None, None, :], scores, np.float32(-np.inf))
+    out = softmax(scores) @ vh  # (N, H, Tq, E)
+    return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
+
+
+def causal_mask(t: int) -> np.ndarray:
+    return np.tril(np.ones((t, t), dtype=bool))
+
+
+# ------------------------------------------------------------------------------------------------ the model
+
+
+@dataclass
+class EncoderOutput:
+    """What the decoder needs from the encoder, per source."""
+
+    mask: np.ndarray  # (B, S) True at real tokens
+    cross_k: list[np.ndarray]  # per decoder layer (B, S, D): projected once, they depend only on the encoder output
+    cross_v: list[np.ndarray]
+
+
+@dataclass
+class DecoderState:
+    """The decoder's cache for N rows, each reading one source."""
+
+    source_rows: np.ndarray  # (N,) index into EncoderOutput's B
+    self_k: list[np.ndarray]  # per layer (N, T_max, D)
+    self_v: list[np.ndarray]
+    length: int = 0  # positions filled (the same for every row: rows advance in lockstep)
+
+
+class ReferenceEngine:
+    """The float32 model on NumPy, behind the calls the search makes."""
+
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]):
+        self.config = config
+        self.w = weights
+        # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
+        self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
+
+    def positions_for(self, length: int) -> np.ndarray:
+        if length + self.config.pad_token_id + 1 > self.pos_table.shape[0]:
+            self.pos_table = sinusoidal_positions(length + self.config.pad_token_id + 3, self.config.d_model, self.config.pad_token_id)
+        return self.pos_table
+
+    # -- encoder
+
+    def encode(self, sources: list[list[int]]) -> EncoderOutput:
+        """Run the encoder over right-padded sources and project every decoder layer's cross K/V."""
+        c, w = self.config, self.w
+        b, s = len(sources), max(len(x) for x in sources)
+        ids = np.full((b, s), c.pad_token_id, dtype=np.int64)
+        for i, src in enumerate(sources):
+            ids[i, : len(src)] = src
+        mask = ids != c.pad_token_id  # (B, S)
+        # positions start past the padding index; pad tokens take the zero row (transformers' create_position_ids)
+        positions = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
+        h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s))  # (B, S, D)
+        for i in range(c.encoder_layers):
+            p = f"encoder.layers.{i}."
+            x = layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
+            h = h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads)
+            x = layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
+            h = h + self.ffn(p, x)
+        h = layernorm(h, w["encoder.layer_norm.weight"], w["encoder.layer_norm.bias"])
+        cross_k, cross_v = [], []
+        for i in range(c.decoder_layers):
+            p = f"decoder.layers.{i}.encoder_attn."
+            cross_k.append(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"]))  # (B, S, D)
+            cross_v.append(linear(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"]))
+        return EncoderOutput(mask, cross_k, cross_v)
+
+    def attention_block(self, prefix: str, x: np.ndarray, kv: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
+        w = self.w
+        q = linear(x, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
+        k = linear(kv, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
+        v = linear(kv, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
+        out = attention(q, k, v, key_mask, heads)
+        return linear(out, w[prefix + "out_proj.weight"], w[prefix + "out_proj.bias"])
+
+    def ffn(self, prefix: str, x: np.ndarray) -> np.ndarray:
+        w = self.w
+        hidden = activation(linear(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function)
+        return linear(hidden, w[prefix + "fc2.weight"], w[prefix + "fc2.bias"])
+
+    # -- decoder
+
+    def start(self, encoded: EncoderOutput, source_rows: np.ndarray, max_positions: int) -> DecoderState:
+        """An empty cache for len(source_rows) decoder rows with room for `max_positions` tokens each."""
+        n, d = len(source_rows), self.config.d_model
+        zeros = lambda: np.zeros((n, max_positions, d), np.float32)  # noqa: E731
+        layers = range(self.config.decoder_layers)
+        return DecoderState(np.asarray(source_rows), [zeros() for _ in layers], [zeros() for _ in layers])
+
+    def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
+        """Feed one token per row at position state.length; return the next-token logits (N, V) float32."""
+        c, w = self.config, self.w
+        t = state.length
+        tokens = np.asarray(tokens, dtype=np.int64)
+        # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
+        positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
+        h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(t + 1))[:, None, :]
+        src_mask = encoded.mask[state.source_rows]  # (N, S)
+        for i in range(c.decoder_layers):
+            p = f"decoder.layers.{i}."
+            x = layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
+            a = p + "self_attn."
+            q = linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])  # (N, 1, D)
+            state.self_k[i][:, t] = linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"])[:, 0]
+            state.self_v[i][:, t] = linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"])[:, 0]
+            out = attention(q, state.self_k[i][:, : t + 1], state.self_v[i][:, : t + 1], None, c.decoder_attention_heads)
+            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+
+            x = layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"])
+            a = p + "encoder_attn."
+            q = linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])
+            rows = state.source_rows
+            out = attention(q, encoded.cross_k[i][rows], encoded.cross_v[i][rows], src_mask, c.decoder_attention_heads)
+            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+
+            x = layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
+            h = h + self.ffn(p, x)
+        state.length = t + 1
+        if not want_logits:
+            return None
+        h = layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"])  # (N, D)
+        return linear(h, w["lm_head.weight"])  # (N, V)
+
+    def select(self, state: DecoderState, rows: np.ndarray) -> None:
+        """Keep decoder rows `rows`, in that order: beams follow their parents, finished rows leave."""
+        rows = np.asarray(rows, dtype=np.int64)
+        state.source_rows = state.source_rows[rows]
+        state.self_k = [k[rows] for k in state.self_k]
+        state.self_v = [v[rows] for v in state.self_v]

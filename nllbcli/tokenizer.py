@@ -1,0 +1,128 @@
+"""NLLB's tokenizer on sentencepiece: text + language -> ids, and ids -> text.
+
+Ids follow fairseq's NLLB dictionary, as transformers' NllbTokenizer does:
+`<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3; sentencepiece piece i>=3 at id i+1; the language codes after the
+sentencepiece vocabulary, in FLORES-200 order; `<mask>` last. A source is `[src_lang] pieces </s>`
+(transformers' non-legacy behaviour). Where the model directory ships `tokenizer.json`, its ids are used, so
+they agree with it by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from .errors import NllbError
+from .langs import FLORES_200_CODES, check_lang
+
+SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+FAIRSEQ_OFFSET = 1  # sentencepiece piece i >= 3 has NLLB id i + 1
+SPACE = "\u2581"  # sentencepiece's visible space, "▁"
+LANG_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+
+
+class NllbTokenizer:
+    def __init__(self, sp: spm.SentencePieceProcessor, piece_ids: np.ndarray, lang_ids: dict[str, int], mask_id: int):
+        self.sp = sp
+        self.piece_ids = piece_ids  # sentencepiece id -> NLLB id
+        self.lang_ids = lang_ids  # FLORES-200 code -> NLLB id, in id order
+        self.mask_id = mask_id
+        self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
+        self.id_to_lang = {i: code for code, i in lang_ids.items()}
+        # transformers' tokenizer keeps a whitespace at the end of the text as a lone "▁" piece, where
+        # sentencepiece drops it; its normaliser without whitespace removal tells whether the text ends in one.
+        self.space_id = int(piece_ids[sp.PieceToId(SPACE)])
+        self.normalizer = spm.SentencePieceNormalizer(
+            model_proto=sp.serialized_model_proto(), remove_extra_whitespaces=False, add_dummy_prefix=False,
+            escape_whitespaces=False,
+        )
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, config=None) -> "NllbTokenizer":
+        """Load `sentencepiece.bpe.model`, with `tokenizer.json`'s ids where the directory ships one."""
+        model_file = model_dir / "sentencepiece.bpe.model"
+        if not model_file.is_file():
+            raise NllbError(
+                f"{model_dir} has no sentencepiece.bpe.model: copy it from the model's hub repository "
+                "(nllbcli tokenizes with sentencepiece)"
+            )
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.Load(str(model_file))
+        except (OSError, RuntimeError) as exc:
+            raise NllbError(f"cannot read {model_file}: {exc}") from None
+        tokenizer_json = model_dir / "tokenizer.json"
+        if tokenizer_json.is_file():
+            tokenizer = cls.from_tokenizer_json(sp, tokenizer_json)
+        else:
+            tokenizer = cls.from_rules(sp)
+        if config is not None and tokenizer.mask_id >= config.vocab_size:
+            raise NllbError(
+                f"{model_dir}: the tokenizer has {tokenizer.mask_id + 1} ids but the model's vocab_size is "
+                f"{config.vocab_size}: the tokenizer files do not belong to this model"
+            )
+        return tokenizer
+
+    @classmethod
+    def from_rules(cls, sp: spm.SentencePieceProcessor, lang_codes=FLORES_200_CODES) -> "NllbTokenizer":
+        size = sp.GetPieceSize()
+        piece_ids = np.arange(size, dtype=np.int64) + FAIRSEQ_OFFSET
+        piece_ids[:3] = (UNK_ID, BOS_ID, EOS_ID)  # sentencepiece's own <unk> <s> </s>
+        first_lang = size + FAIRSEQ_OFFSET
+        lang_ids = {code: first_lang + i for i, code in enumerate(lang_codes)}
+        return cls(sp, piece_ids, lang_ids, first_lang + len(lang_codes))
+
+    @classmethod
+    def from_tokenizer_json(cls, sp: spm.SentencePieceProcessor, path: Path) -> "NllbTokenizer":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            vocab: dict[str, int] = data["model"]["vocab"]
+            added = data.get("added_tokens", [])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise NllbError(f"cannot read {path}: {exc}") from None
+        if isinstance(vocab, list):  # a Unigram model stores [piece, score] pairs, ids by position
+            vocab = {piece: i for i, (piece, _score) in enumerate(vocab)}
+        added_ids = {t["content"]: t["id"] for t in added}
+        ids = {**vocab, **added_ids}
+        for token, expected in zip(SPECIAL_TOKENS, (BOS_ID, PAD_ID, EOS_ID, UNK_ID)):
+            if ids.get(token) != expected:
+                raise NllbError(f"{path}: {token} has id {ids.get(token)}, not {expected}: not an NLLB tokenizer")
+        size = sp.GetPieceSize()
+        piece_ids = np.array([ids.get(sp.IdToPiece(i), UNK_ID) for i in range(size)], dtype=np.int64)
+        piece_ids[:3] = (UNK_ID, BOS_ID, EOS_ID)
+        lang_ids = dict(sorted(((c, i) for c, i in added_ids.items() if LANG_CODE.match(c)), key=lambda ci: ci[1]))
+        if not lang_ids:
+            raise NllbError(f"{path} lists no language codes (such as eng_Latn): not an NLLB tokenizer")
+        mask_id = ids.get("<mask>", max(ids.values()) + 1)
+        return cls(sp, piece_ids, lang_ids, mask_id)
+
+    @property
+    def lang_codes(self) -> list[str]:
+        return list(self.lang_ids)
+
+    def lang_id(self, code: str) -> int:
+        """The id of a language token, or an error naming the closest codes the model knows."""
+        return self.lang_ids[check_lang(code, self.lang_codes)]
+
+    def encode_pieces(self, text: str) -> list[int]:
+        """NLLB ids of the sentencepiece pieces of `text`, without language or end tokens."""
+        ids = self.piece_ids[self.sp.EncodeAsIds(text)].tolist()
+        if text and not text[-1].isalnum() and self.normalizer.Normalize(text).endswith(" "):
+            ids.append(self.space_id)
+        return ids
+
+    def encode(self, text: str, src_lang: str) -> list[int]:
+        """`[src_lang] pieces </s>`: what the encoder reads."""
+        return [self.lang_id(src_lang), *self.encode_pieces(text), EOS_ID]
+
+    def decode(self, ids) -> str:
+        """Text of generated ids; special tokens, language codes and `<mask>` are skipped."""
+        # as transformers' Metaspace decoder: every "▁" becomes a space, and one leading space goes
+        pieces = "".join(self.sp.IdToPiece(self.piece_of_id[i]) for i in map(int, ids) if i in self.piece_of_id)
+        text = pieces.replace(SPACE, " ")
+        return text[1:] if text.startswith(" ") else text

@@ -1,0 +1,63 @@
+"""A fake translator for the CLI and pipeline tests: its translation of a text is the text reversed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from nllbcli.errors import NllbError
+
+EOS = 2
+
+
+class FakeTokenizer:
+    lang_codes = ["deu_Latn", "eng_Latn", "fra_Latn"]
+
+    def lang_id(self, code: str) -> int:
+        if code not in self.lang_codes:
+            raise NllbError(f"unknown language code {code!r}; the closest known codes are eng_Latn, fra_Latn.")
+        return 100_000 + self.lang_codes.index(code)
+
+    def encode(self, text: str, src_lang: str) -> list[int]:
+        return [self.lang_id(src_lang)] + [ord(c) for c in text] + [EOS]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(i) for i in ids if i != EOS and i < 100_000)
+
+
+@dataclass
+class FakeConfig:
+    max_position_embeddings: int = 1024
+
+
+@dataclass
+class FakeTranslator:
+    tokenizer: FakeTokenizer = field(default_factory=FakeTokenizer)
+    config: FakeConfig = field(default_factory=FakeConfig)
+    batches: list = field(default_factory=list)  # every batch generate was given
+    options: list = field(default_factory=list)  # the DecodeOptions of each call
+    fail_with: BaseException | None = None  # raised by generate when set
+
+    def generate(self, sources, tgt_lang, options):
+        self.tokenizer.lang_id(tgt_lang)
+        if self.fail_with:
+            raise self.fail_with
+        self.batches.append(sources)
+        self.options.append(options)
+        return [ids[1:-1][::-1] for ids in sources]  # the pieces reversed, without the language token and </s>
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """Make the CLI load a FakeTranslator; the test gets it to inspect its calls."""
+    translator = FakeTranslator()
+    loaded = []
+
+    def load_model(model, device):
+        loaded.append((model, device))
+        return translator
+
+    monkeypatch.setattr("nllbcli.cli.load_model", load_model)
+    translator.loaded = loaded
+    return translator

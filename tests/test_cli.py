@@ -1,0 +1,444 @@
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from nllbcli.cli import cli
+from nllbcli.errors import NllbError
+
+TEXTS = ["The red car", "", "is in the garden", "   ", "on Monday."]
+REVERSED = ["rac der ehT", "", "nedrag eht ni si", "", ".yadnoM no"]  # what the fake translator gives
+TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
+
+
+def write_input(path, fmt, texts, **extra):
+    """An input file of `texts` with extra fields (one value per row) beside the text field."""
+    rows = [{"id": i, "text": t, **{k: v[i] for k, v in extra.items()}} for i, t in enumerate(texts)]
+    if fmt == "text":
+        path.write_text("".join(t + "\n" for t in texts))
+    elif fmt == "jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return rows
+
+
+def read_output(path, fmt):
+    if fmt == "text":
+        return path.read_text().splitlines()
+    if fmt == "jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines()]
+    return pq.read_table(path).to_pylist()
+
+
+EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet"}
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_translate_file(fake, tmp_path, fmt):
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    rows = write_input(source, fmt, TEXTS)
+    result = CliRunner().invoke(cli, TRANSLATE + [str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    expected = REVERSED if fmt == "text" else [{**row, "translation": t} for row, t in zip(rows, REVERSED)]
+    assert read_output(target, fmt) == expected
+    assert sorted(os.listdir(tmp_path)) == sorted([source.name, target.name])
+
+
+def test_stdin_to_stdout_is_text(fake):
+    result = CliRunner().invoke(cli, TRANSLATE, input="The red car\r\n\nis in the garden")
+    assert result.exit_code == 0
+    assert result.stdout == "rac der ehT\n\nnedrag eht ni si\n"
+    assert result.stderr == ""
+
+
+def test_stdin_jsonl_to_stdout(fake):
+    lines = '{"text": "ab", "n": 1}\n\n{"n": 2, "text": "été"}\n'
+    result = CliRunner().invoke(cli, TRANSLATE + ["--input-format", "jsonl", "-", "-"], input=lines)
+    assert result.exit_code == 0
+    assert result.stdout == '{"text": "ab", "n": 1, "translation": "ba"}\n{"n": 2, "text": "été", "translation": "été"}\n'
+
+
+def test_stdin_parquet_to_stdout_parquet(fake, tmp_path):
+    write_input(tmp_path / "in.parquet", "parquet", ["ab", "cd"])
+    result = CliRunner().invoke(
+        cli, TRANSLATE + ["--input-format", "parquet"], input=(tmp_path / "in.parquet").read_bytes()
+    )
+    assert result.exit_code == 0
+    (tmp_path / "out.parquet").write_bytes(result.stdout_bytes)
+    assert read_output(tmp_path / "out.parquet", "parquet") == [
+        {"id": 0, "text": "ab", "translation": "ba"},
+        {"id": 1, "text": "cd", "translation": "dc"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "source_format,target_format",
+    [("text", "jsonl"), ("text", "parquet"), ("jsonl", "text"), ("jsonl", "parquet"), ("parquet", "jsonl"), ("parquet", "text")],
+)
+def test_cross_format(fake, tmp_path, source_format, target_format):
+    source = tmp_path / f"in.{EXTENSION[source_format]}"
+    target = tmp_path / f"out.{EXTENSION[target_format]}"
+    rows = write_input(source, source_format, TEXTS)
+    result = CliRunner().invoke(cli, TRANSLATE + [str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    if target_format == "text":
+        expected = REVERSED
+    elif source_format == "text":
+        expected = [{"text": t, "translation": r} for t, r in zip(TEXTS, REVERSED)]
+    else:
+        expected = [{**row, "translation": r} for row, r in zip(rows, REVERSED)]
+    assert read_output(target, target_format) == expected
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_format_flags_override_extensions(fake, tmp_path, fmt):
+    source, target = tmp_path / "in.data", tmp_path / "out.data"
+    write_input(source, fmt, ["ab"])
+    result = CliRunner().invoke(cli, TRANSLATE + ["--input-format", fmt, "--output-format", "text", str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    assert target.read_text() == "ba\n"
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_row_order_across_many_batches(fake, tmp_path, fmt):
+    texts = [("x" * (i * 7 % 23)) + str(i) for i in range(300)]
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    write_input(source, fmt, texts)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--max-batch-tokens", "64", str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    output = read_output(target, fmt)
+    translations = output if fmt == "text" else [row["translation"] for row in output]
+    assert translations == [t[::-1] for t in texts]
+    assert len(fake.batches) > 50
+    assert all(len(batch) * max(map(len, batch)) <= 64 for batch in fake.batches)
+
+
+def test_parquet_keeps_columns_and_types(fake, tmp_path):
+    schema = pa.schema(
+        [
+            ("id", pa.int32()),
+            ("text", pa.string()),
+            ("score", pa.float64()),
+            ("tags", pa.list_(pa.string())),
+            ("when", pa.timestamp("ms", tz="UTC")),
+            ("note", pa.string()),
+        ]
+    )
+    table = pa.table(
+        {"id": [7, 8], "text": ["ab", "cd"], "score": [0.5, None], "tags": [["a"], []], "when": [0, 86_400_000], "note": [None, "x"]},
+        schema=schema,
+    )
+    pq.write_table(table, tmp_path / "in.parquet")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet")])
+    assert result.exit_code == 0, result.output
+    output = pq.read_table(tmp_path / "out.parquet")
+    assert output.schema == schema.append(pa.field("translation", pa.string()))
+    assert output.drop_columns(["translation"]).equals(table)
+    assert output.column("translation").to_pylist() == ["ba", "dc"]
+
+
+def test_jsonl_keeps_fields_and_their_order(fake, tmp_path):
+    line = {"meta": {"a": [1, 2.5, None]}, "text": "ab", "translation": "old", "ok": True}
+    (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 0
+    assert (tmp_path / "out.jsonl").read_text() == '{"meta": {"a": [1, 2.5, null]}, "text": "ab", "translation": "ba", "ok": true}\n'
+
+
+def test_field_and_output_field(fake, tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"body": "ab"}\n')
+    result = CliRunner().invoke(
+        cli, TRANSLATE + ["--field", "body", "--output-field", "body_fr", str(tmp_path / "in.jsonl"), "-"]
+    )
+    assert result.exit_code == 0
+    assert result.stdout == '{"body": "ab", "body_fr": "ba"}\n'
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_empty_input_gives_empty_output(fake, tmp_path, fmt):
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": pa.array([], pa.string()), "n": pa.array([], pa.int64())}), source)
+    else:
+        source.write_text("")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(source), str(target)])
+    assert result.exit_code == 0
+    if fmt == "parquet":
+        assert pq.read_schema(target).names == ["text", "n", "translation"]
+        assert pq.read_table(target).num_rows == 0
+    else:
+        assert target.read_bytes() == b""
+    assert fake.batches == []
+
+
+def test_empty_stdin(fake):
+    result = CliRunner().invoke(cli, TRANSLATE, input="")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+
+
+def test_empty_strings_do_not_reach_the_model(fake):
+    result = CliRunner().invoke(cli, TRANSLATE, input="\n \t\nab\n")
+    assert result.stdout == "\n\nba\n"
+    assert fake.batches == [[[100_001, ord("a"), ord("b"), 2]]]
+
+
+def test_options_reach_the_translator(fake, monkeypatch):
+    monkeypatch.setenv("NLLB_MODEL", "/models/nllb")
+    result = CliRunner().invoke(
+        cli, TRANSLATE + ["--device", "cpu", "--beam-size", "1", "--max-length", "20", "--length-penalty", "0.5"], input="ab\n"
+    )
+    assert result.exit_code == 0
+    assert fake.loaded == [("/models/nllb", "cpu")]
+    assert (fake.options[0].beam_size, fake.options[0].max_length, fake.options[0].length_penalty) == (1, 20, 0.5)
+
+
+def test_model_option_beats_environment(fake, monkeypatch):
+    monkeypatch.setenv("NLLB_MODEL", "/models/env")
+    CliRunner().invoke(cli, TRANSLATE + ["--model", "/models/flag"], input="ab\n")
+    assert fake.loaded == [("/models/flag", "auto")]
+
+
+def test_langs(fake):
+    result = CliRunner().invoke(cli, ["langs"])
+    assert result.exit_code == 0
+    assert result.output == "deu_Latn\neng_Latn\nfra_Latn\n"
+
+
+def test_version():
+    result = CliRunner().invoke(cli, ["--version"])
+    assert result.exit_code == 0
+    assert result.output.startswith("nllb, version ")
+
+
+def test_help_is_the_docstring():
+    result = CliRunner().invoke(cli, ["translate", "--help"])
+    assert result.exit_code == 0
+    assert "Translate INPUT into OUTPUT" in result.output
+    assert "--max-batch-tokens" in result.output and "NLLB_MODEL" in result.output
+
+
+def assert_one_line_error(result, exit_code, message):
+    assert result.exit_code == exit_code, result.output
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
+    assert result.stderr == f"Error: {message}\n"
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ('{"text": "ab"}\n{"text": "cd"\n', "in.jsonl:2: not valid JSON: Expecting ',' delimiter (column 14)."),
+        ('{"text": "ab"}\n\n[1, 2]\n', "in.jsonl:3: expected a JSON object, not list."),
+        ('{"body": "ab"}\n', "in.jsonl:1: no field 'text' to translate (fields: body); name the text field with --field."),
+        ('{"text": 5}\n', "in.jsonl:1: field 'text' is int, not a string."),
+        ('{"text": null}\n', "in.jsonl:1: field 'text' is null, not a string."),
+    ],
+)
+def test_bad_jsonl(fake, tmp_path, monkeypatch, content, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text(content)
+    result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
+    assert_one_line_error(result, 1, message)
+    assert os.listdir(tmp_path) == ["in.jsonl"]
+
+
+def test_bad_parquet(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.parquet").write_bytes(b"not parquet at all")
+    result = CliRunner().invoke(cli, TRANSLATE + ["in.parquet", "out.parquet"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: in.parquet: cannot read it as Parquet: ")
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert os.listdir(tmp_path) == ["in.parquet"]
+
+
+@pytest.mark.parametrize(
+    "column,message",
+    [
+        (pa.array([1, 2]), "in.parquet: column 'text' is int64, not a string."),
+        (pa.array(["ab", None]), "in.parquet: row 2: field 'text' is null, not a string."),
+    ],
+)
+def test_bad_parquet_column(fake, tmp_path, monkeypatch, column, message):
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pa.table({"text": column}), "in.parquet")
+    result = CliRunner().invoke(cli, TRANSLATE + ["in.parquet", "out.parquet"])
+    assert_one_line_error(result, 1, message)
+    assert os.listdir(tmp_path) == ["in.parquet"]
+
+
+def test_failure_keeps_the_old_output(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "ab"}\n' * 5000 + "oops\n")
+    (tmp_path / "out.jsonl").write_text("yesterday's\n")
+    result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
+    assert_one_line_error(result, 1, "in.jsonl:5001: not valid JSON: Expecting value (column 1).")
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl"]
+    assert (tmp_path / "out.jsonl").read_text() == "yesterday's\n"
+
+
+@pytest.mark.parametrize("option", ["--src", "--tgt"])
+def test_unknown_language(fake, tmp_path, option):
+    args = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]
+    args[args.index(option) + 1] = "eng_latn"
+    (tmp_path / "in.txt").write_text("ab\n")
+    result = CliRunner().invoke(cli, args)
+    message = f"Invalid value for '{option}': unknown language code 'eng_latn'; the closest known codes are eng_Latn, fra_Latn."
+    assert_one_line_error(result, 2, message)
+    assert fake.batches == []
+    assert os.listdir(tmp_path) == ["in.txt"]
+
+
+def test_model_not_found(fake, monkeypatch):
+    def load_model(model, device):
+        raise NllbError(f"no model at {model}: looked in the local Hugging Face cache.")
+
+    monkeypatch.setattr("nllbcli.cli.load_model", load_model)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--model", "nope"], input="ab\n")
+    assert_one_line_error(result, 1, "no model at nope: looked in the local Hugging Face cache.")
+
+
+def test_bad_device_from_the_loader(fake, monkeypatch):
+    def load_model(model, device):
+        raise ValueError("device cuda:3 asked for, but no GPU is visible to CuPy")
+
+    monkeypatch.setattr("nllbcli.cli.load_model", load_model)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--device", "cuda:3"], input="ab\n")
+    assert_one_line_error(result, 1, "device cuda:3 asked for, but no GPU is visible to CuPy")
+
+
+def test_malformed_device_is_usage_error(fake):
+    result = CliRunner().invoke(cli, TRANSLATE + ["--device", "gpu"], input="ab\n")
+    assert result.exit_code == 2
+    assert "'gpu' is not a device" in result.stderr
+    assert fake.loaded == []
+
+
+def test_unknown_extension(fake, tmp_path):
+    (tmp_path / "in.csv").write_text("ab\n")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.csv")])
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"Error: cannot tell the format of {tmp_path / 'in.csv'} from its extension")
+    assert result.stderr.count("\n") == 1
+    assert fake.loaded == []
+
+
+def test_missing_input_file(fake, tmp_path):
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "missing.txt")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr and "Traceback" not in result.output
+
+
+def test_missing_output_directory(fake, tmp_path):
+    (tmp_path / "in.txt").write_text("ab\n")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "no" / "out.txt")])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: cannot write {tmp_path / 'no' / 'out.txt'}: No such file or directory.\n"
+
+
+def test_missing_src(fake):
+    result = CliRunner().invoke(cli, ["translate", "--tgt", "fra_Latn"], input="ab\n")
+    assert result.exit_code == 2
+    assert "Missing option '--src'" in result.stderr
+
+
+def test_interrupt_exits_130_and_leaves_no_file(fake, tmp_path):
+    fake.fail_with = KeyboardInterrupt()
+    (tmp_path / "in.txt").write_text("ab\n")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.txt")])
+    assert result.exit_code == 130
+    assert result.output == ""
+    assert os.listdir(tmp_path) == ["in.txt"]
+
+
+def test_output_file_gets_ordinary_permissions(fake, tmp_path):
+    (tmp_path / "in.txt").write_text("ab\n")
+    old = os.umask(0o022)
+    try:
+        CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.txt")])
+    finally:
+        os.umask(old)
+    assert os.stat(tmp_path / "out.txt").st_mode & 0o777 == 0o644
+
+
+# End to end, on the tiny test model: the CLI gives exactly what Translator.translate gives.
+
+TINY = os.path.join(os.path.dirname(__file__), "models", "tiny-a")
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "",
+    "Hello!",
+    "Мы встретимся на вокзале в семь часов вечера.",
+    "我们晚上七点在车站见面。",
+    "Combien de personnes vivent dans cette ville ?",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from nllbcli.translator import load_translator
+
+    return load_translator(TINY, "cpu")
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
+@pytest.mark.parametrize("beam_size", [1, 4])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
+    from nllbcli.options import DecodeOptions
+
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    rows = write_input(source, fmt, SENTENCES)
+    args = ["--model", TINY, "--device", "cpu", "--beam-size", str(beam_size), "--max-length", "12", "--max-batch-tokens", "40"]
+    # por_Latn: the one target into which tiny-a's random weights say more than the language token
+    result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "por_Latn"] + args + [str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    options = DecodeOptions(beam_size=beam_size, max_length=12)
+    expected = [tiny.translate([text], "eng_Latn", "por_Latn", options)[0] if text else "" for text in SENTENCES]
+    output = read_output(target, fmt)
+    assert output == (expected if fmt == "text" else [{**row, "translation": t} for row, t in zip(rows, expected)])
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
+def test_tiny_model_cuts_long_sources(tiny):
+    from nllbcli.options import DecodeOptions
+    from nllbcli.pipeline import cut_source
+
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)
+    ids = tiny.tokenizer.encode(text, "eng_Latn")
+    assert len(ids) > tiny.config.max_position_embeddings
+    cut = cut_source(ids, tiny.config.max_position_embeddings)
+    options = DecodeOptions(beam_size=1, max_length=8)
+    expected = tiny.tokenizer.decode(tiny.generate([cut], "fra_Latn", options)[0])
+    result = CliRunner().invoke(cli, TRANSLATE + ["--model", TINY, "--device", "cpu", "--beam-size", "1", "--max-length", "8"], input=text + "\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == expected + "\n"
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
+def test_tiny_model_langs():
+    result = CliRunner().invoke(cli, ["langs", "--model", TINY])
+    assert result.exit_code == 0
+    codes = result.output.splitlines()
+    assert len(codes) == 202 and codes[0] == "ace_Arab" and "eng_Latn" in codes
+
+
+@pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
+def test_tiny_model_unknown_language():
+    result = CliRunner().invoke(cli, TRANSLATE[:2] + ["eng_latn", "--tgt", "fra_Latn", "--model", TINY], input="Hello\n")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: Invalid value for '--src': ") and "eng_Latn" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_real_model_not_found(tmp_path):
+    result = CliRunner().invoke(cli, TRANSLATE + ["--model", str(tmp_path / "nope")], input="Hello\n")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and str(tmp_path / "nope") in result.stderr
+    assert result.stderr.count("\n") == 1

@@ -1,0 +1,150 @@
+import io
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from nllbcli.errors import NllbError
+from nllbcli.io import Record, atomic_file, format_of, open_input, open_output
+
+
+@pytest.mark.parametrize(
+    "path,given,expected",
+    [("a.jsonl", None, "jsonl"), ("A.PARQUET", None, "parquet"), ("a.txt", None, "text"), ("-", None, "text"), ("-", "jsonl", "jsonl"), ("a.csv", "text", "text")],
+)
+def test_format_of(path, given, expected):
+    assert format_of(path, given) == expected
+
+
+def test_format_of_unknown_extension():
+    with pytest.raises(NllbError, match=r"cannot tell the format of a\.json from its extension"):
+        format_of("a.json", None)
+
+
+def read(path, fmt, field="text", stdin=None):
+    with open_input(str(path), fmt, field, stdin=stdin, count=True) as source:
+        return source.total, [(r.index, r.text, r.fields) for r in source.records]
+
+
+def test_read_text_lines(tmp_path):
+    (tmp_path / "in.txt").write_bytes("\ufeffone\r\ntwo\r\r\n\nlast".encode())
+    total, records = read(tmp_path / "in.txt", "text")
+    assert total == 4
+    assert [text for _, text, _ in records] == ["one", "two\r", "", "last"]
+    assert records[0] == (0, "one", {"text": "one"})
+
+
+def test_read_text_from_stdin_has_no_total():
+    assert read("-", "text", stdin=io.BytesIO(b"a\nb\n")) == (None, [(0, "a", {"text": "a"}), (1, "b", {"text": "b"})])
+
+
+def test_read_text_bad_utf8(tmp_path):
+    (tmp_path / "in.txt").write_bytes(b"ok\nbad \xff\n")
+    with pytest.raises(NllbError, match=r"in.txt:2: not valid UTF-8 \(byte 5\)\."):
+        read(tmp_path / "in.txt", "text")
+
+
+def test_read_jsonl_skips_blank_lines_and_counts_rows(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n\n  \n{"text": "b", "k": [1]}')
+    total, records = read(tmp_path / "in.jsonl", "jsonl")
+    assert total == 2
+    assert records == [(0, "a", {"text": "a"}), (1, "b", {"text": "b", "k": [1]})]
+
+
+def test_read_parquet(tmp_path):
+    pq.write_table(pa.table({"n": [1, 2, 3], "body": ["a", "b", "c"]}), tmp_path / "in.parquet", row_group_size=2)
+    total, records = read(tmp_path / "in.parquet", "parquet", field="body")
+    assert total == 3
+    assert records[2] == (2, "c", {"n": 3, "body": "c"})
+
+
+def test_read_parquet_dictionary_column(tmp_path):
+    pq.write_table(pa.table({"text": pa.array(["a", "b", "a"]).dictionary_encode()}), tmp_path / "in.parquet")
+    assert [text for _, text, _ in read(tmp_path / "in.parquet", "parquet")[1]] == ["a", "b", "a"]
+
+
+def test_read_parquet_missing_column(tmp_path):
+    pq.write_table(pa.table({"n": [1]}), tmp_path / "in.parquet")
+    with pytest.raises(NllbError, match=r"no column 'text' to translate \(columns: n\)"):
+        read(tmp_path / "in.parquet", "parquet")
+
+
+def test_read_truncated_parquet(tmp_path):
+    pq.write_table(pa.table({"text": ["a"] * 100}), tmp_path / "in.parquet")
+    data = (tmp_path / "in.parquet").read_bytes()
+    (tmp_path / "in.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(NllbError, match="cannot read it as Parquet"):
+        read(tmp_path / "in.parquet", "parquet")
+
+
+def records_of(*texts, **fields):
+    return [Record(i, t, {"text": t, **fields}) for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text"])
+def test_writers_to_a_stream(fmt):
+    stream = io.BytesIO()
+    with open_output("-", fmt, "translation", None, "text", stdout=stream) as write:
+        write(records_of("a", "b", n=1), ["A", "B"])
+        write(records_of("c", n=2), ["C"])
+    if fmt == "text":
+        assert stream.getvalue() == b"A\nB\nC\n"
+    elif fmt == "jsonl":
+        assert stream.getvalue().decode().splitlines()[2] == '{"text": "c", "n": 2, "translation": "C"}'
+    else:
+        table = pq.read_table(io.BytesIO(stream.getvalue()))
+        assert table.column("translation").to_pylist() == ["A", "B", "C"]
+        assert pq.ParquetFile(io.BytesIO(stream.getvalue())).metadata.num_row_groups == 2
+
+
+def test_parquet_writer_replaces_an_existing_translation_column():
+    stream = io.BytesIO()
+    schema = pa.schema([("translation", pa.int64()), ("text", pa.string())])
+    with open_output("-", "parquet", "translation", schema, "text", stdout=stream) as write:
+        write([Record(0, "a", {"translation": 5, "text": "a"})], ["A"])
+    assert pq.read_table(io.BytesIO(stream.getvalue())).to_pylist() == [{"translation": "A", "text": "a"}]
+
+
+def test_parquet_writer_rejects_rows_that_do_not_fit():
+    stream = io.BytesIO()
+    with pytest.raises(NllbError, match=r"rows 2-2 do not fit the Parquet schema of the first rows"):
+        with open_output("-", "parquet", "translation", None, "text", stdout=stream) as write:
+            write(records_of("a", n=1), ["A"])
+            write([Record(1, "b", {"text": "b", "n": "two"})], ["B"])
+
+
+def test_json_output_of_parquet_values():
+    import datetime
+    import decimal
+
+    stream = io.BytesIO()
+    fields = {"text": "a", "day": datetime.date(2024, 5, 1), "price": decimal.Decimal("1.50"), "raw": b"\x00\x01"}
+    with open_output("-", "jsonl", "translation", None, "text", stdout=stream) as write:
+        write([Record(0, "a", fields)], ["A"])
+    assert stream.getvalue() == b'{"text": "a", "day": "2024-05-01", "price": "1.50", "raw": "AAE=", "translation": "A"}\n'
+
+
+def test_atomic_file_renames_at_the_end(tmp_path):
+    target = tmp_path / "out.txt"
+    with atomic_file(str(target)) as stream:
+        stream.write(b"hello")
+        assert not target.exists()
+        assert os.listdir(tmp_path)[0].startswith(".out.txt.")
+    assert target.read_bytes() == b"hello"
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_atomic_file_removes_the_temporary_file_on_failure(tmp_path):
+    target = tmp_path / "out.txt"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o600)
+    with pytest.raises(RuntimeError):
+        with atomic_file(str(target)) as stream:
+            stream.write(b"new")
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == ["out.txt"]
+    assert target.read_bytes() == b"old"
+    with atomic_file(str(target)) as stream:
+        stream.write(b"new")
+    assert os.stat(target).st_mode & 0o777 == 0o600  # a replaced file keeps its mode
