@@ -22,7 +22,10 @@ class InvalidUsage(click.ClickException):
 
 
 class Device(click.ParamType):
-    name = "auto|cpu|cuda|cuda:N"
+    name = "device"
+
+    def get_metavar(self, *args, **kwargs) -> str:
+        return "[auto|cpu|cuda|cuda:N]"
 
     def convert(self, value, param, ctx):
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
@@ -99,7 +102,8 @@ def translate(input, output, src, tgt, model, device, input_format, output_forma
         out_format = output_format or (in_format if output == "-" else format_of(output, None))
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    job = Job(src, tgt, input, output, in_format, out_format, field, output_field)
+    job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
+              field=field, output_field=output_field)
     decode = DecodeOptions(beam_size, max_length, length_penalty)
     batching = BatchOptions(max_batch_tokens)
     try:
@@ -124,7 +128,7 @@ def translate(input, output, src, tgt, model, device, input_format, output_forma
 @cli.command()
 @model_option
 def langs(model):
-    """List the language codes the model knows, one per line (FLORES-200 codes)."""
+    """List the model's language codes, one per line."""
     try:
         codes = load_model(model, "cpu").tokenizer.lang_codes
     except (NllbError, ValueError) as error:

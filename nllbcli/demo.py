@@ -30,8 +30,8 @@ SEARCHES = {"greedy": DecodeOptions(beam_size=1, max_length=64), "beam 4": Decod
 def main(argv: list[str]) -> int:
     console = Console()
     model = Path(argv[0]) if argv else SAMPLE_MODEL
-    if not (model if model.is_absolute() else ROOT / model).exists() and model == SAMPLE_MODEL:
-        console.print(f"{SAMPLE_MODEL} is not there (tools/train_sample_model.py makes it): using the test model "
+    if model == SAMPLE_MODEL and not (ROOT / model / "config.json").is_file():
+        console.print(f"{SAMPLE_MODEL} is not there yet (tools/train_sample_model.py makes it): using the test model "
                       f"{TEST_MODEL}, whose random weights translate into nonsense.")
         model = TEST_MODEL
     try:

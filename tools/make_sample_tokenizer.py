@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import sentencepiece as spm
-from transformers import NllbTokenizer
+from transformers import AddedToken, NllbTokenizer
 from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES
 
 LANGS = ["eng_Latn", "fra_Latn", "deu_Latn", "spa_Latn", "ita_Latn"]
@@ -73,11 +73,15 @@ def main() -> None:
     # 2. Hugging Face files, converted by transformers from the sentencepiece model alone
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(model_dir / "sentencepiece.bpe.model", Path(tmp) / "sentencepiece.bpe.model")
-        tok = NllbTokenizer.from_pretrained(tmp)
+        # transformers 5.24 converts the model but, loading a bare sentencepiece file, neither adds the
+        # language codes nor puts <mask> after them: add the codes first, then <mask>, as NLLB numbers them.
+        tok = NllbTokenizer.from_pretrained(tmp, extra_special_tokens=list(FAIRSEQ_LANGUAGE_CODES), mask_token=None)
+        tok.add_special_tokens({"mask_token": AddedToken("<mask>", normalized=True, lstrip=True, special=True)})
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             (model_dir / name).unlink(missing_ok=True)
         tok.save_pretrained(str(model_dir))
     tok = NllbTokenizer.from_pretrained(str(model_dir))
+    assert len(tok) == size + 204, len(tok)
     assert [tok.convert_tokens_to_ids(t) for t in ("<s>", "<pad>", "</s>", "<unk>")] == [0, 1, 2, 3]
     for i in range(3, size):
         assert tok.convert_tokens_to_ids(sp.id_to_piece(i)) == i + 1, i

@@ -115,7 +115,7 @@ def train_sentencepiece(out_dir: Path, vocab_size: int) -> Path:
 
 
 def make_model(out_dir: Path, sp_size: int, seed: int, dims: dict, dtype: torch.dtype, shards: int, store_all_ties: bool,
-               keep_tokenizer_json: bool) -> M2M100ForConditionalGeneration:
+               eos_push: float) -> M2M100ForConditionalGeneration:
     vocab_size = sp_size + 1 + 202 + 1 + 2  # pieces, 202 languages, <mask>, and 2 spare rows as NLLB has
     config = M2M100Config(
         vocab_size=vocab_size, scale_embedding=True, activation_function="relu", pad_token_id=1, bos_token_id=0,
@@ -125,15 +125,18 @@ def make_model(out_dir: Path, sp_size: int, seed: int, dims: dict, dtype: torch.
     torch.manual_seed(seed)
     model = M2M100ForConditionalGeneration(config)
     with torch.no_grad():
-        # Larger weights than the 0.02 init: a peaked distribution, so outputs are not one repeated token.
+        # Not the 0.02 init: small embeddings and large layer weights, so the output is not a copy of the input
+        # token, and a push towards </s> in the final LayerNorm's bias, so that some outputs end before
+        # max_length and some do not.
         for name, p in model.named_parameters():
             if name.endswith("weight") and p.dim() == 2:
-                p.normal_(0.0, 0.25 if "embed" in name or "shared" in name else 0.12)
+                p.normal_(0.0, 0.1 if "shared" in name or "embed" in name else 0.5)
             elif "layer_norm" in name and name.endswith("weight"):
                 p.uniform_(0.6, 1.4)
             else:
                 p.normal_(0.0, 0.05)
-        model.model.shared.weight[2] += 0.35  # make </s> likely enough that some sentences end before max length
+        eos = model.model.shared.weight[2]
+        model.model.decoder.layer_norm.bias += eos_push * eos / (eos @ eos)
         # round to the stored dtype, so transformers computes with exactly the weights the files hold
         for p in model.parameters():
             p.copy_(p.to(dtype).to(torch.float32))
@@ -263,12 +266,12 @@ def generation_golden(model, tok: NllbTokenizer, max_new_tokens: int) -> list[di
 
 MODELS = {
     "tiny-a": dict(
-        seed=1, vocab=400, dtype=torch.float32, shards=1, store_all_ties=False, keep_tokenizer_json=True,
+        seed=1, vocab=400, dtype=torch.float32, shards=1, store_all_ties=False, keep_tokenizer_json=True, eos_push=2.5,
         dims=dict(d_model=64, encoder_layers=3, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=8,
                   encoder_ffn_dim=128, decoder_ffn_dim=96, max_position_embeddings=64),
     ),
     "tiny-b": dict(
-        seed=2, vocab=300, dtype=torch.bfloat16, shards=2, store_all_ties=True, keep_tokenizer_json=False,
+        seed=2, vocab=300, dtype=torch.bfloat16, shards=2, store_all_ties=True, keep_tokenizer_json=False, eos_push=1.2,
         dims=dict(d_model=48, encoder_layers=1, decoder_layers=3, encoder_attention_heads=2, decoder_attention_heads=6,
                   encoder_ffn_dim=80, decoder_ffn_dim=112, max_position_embeddings=48),
     ),
@@ -290,7 +293,7 @@ def main() -> int:
         sp_size = spm.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.bpe.model")).get_piece_size()
         tok = write_tokenizer_files(model_dir, spec["keep_tokenizer_json"])
         model = make_model(model_dir, sp_size, spec["seed"], spec["dims"], spec["dtype"], spec["shards"],
-                           spec["store_all_ties"], spec["keep_tokenizer_json"])
+                           spec["store_all_ties"], spec["eos_push"])
         golden = {"model": name, "tokenizer": tokenizer_golden(tok), "decode": decode_golden(tok), "generate": generation_golden(model, tok, args.max_new_tokens)}
         (golden_dir / f"{name}.json").write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         print(f"{name}: sentencepiece {sp_size} pieces, vocab {model.config.vocab_size}, {sum(p.numel() for p in model.parameters()):,} parameters")

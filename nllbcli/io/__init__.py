@@ -80,10 +80,12 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             source = pa.BufferReader((stdin or sys.stdin.buffer).read()) if path == "-" else path
             yield parquet.open_parquet(source, name, field)
             return
+        total = None  # stdin cannot be counted without reading it all first
         if path == "-":
-            stream, total = stdin or sys.stdin.buffer, None
+            stream = stdin or sys.stdin.buffer
         else:
-            total = jsonl.count_rows(path) if count and fmt == "jsonl" else text.count_lines(path) if count else None
+            if count:
+                total = jsonl.count_rows(path) if fmt == "jsonl" else text.count_lines(path)
             stream = stack.enter_context(open(path, "rb"))
         if fmt == "jsonl":
             yield Input(jsonl.read_jsonl(stream, name, field), total, None)

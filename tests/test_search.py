@@ -1,0 +1,83 @@
+"""Greedy and beam search on the reference engine against transformers' `generate` (goldens kept in the repo)."""
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from nllbcli.options import DecodeOptions
+from nllbcli.translator import load_translator
+
+HERE = Path(__file__).parent
+MODELS = ("tiny-a", "tiny-b")
+
+
+@lru_cache(maxsize=None)
+def translator(name):
+    return load_translator(str(HERE / "models" / name), "cpu")
+
+
+@lru_cache(maxsize=None)
+def golden(name):
+    return json.loads((HERE / "golden" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def cases():
+    for name in MODELS:
+        for i, case in enumerate(golden(name)["generate"]):
+            label = f"{name}-{case['src_lang']}-{case['tgt_lang']}-beam{case['beam_size']}-lp{case['length_penalty']}-max{case['max_length']}"
+            yield pytest.param(name, i, id=label)
+
+
+@pytest.mark.parametrize("name,index", list(cases()))
+def test_generate_matches_transformers(name, index):
+    case = golden(name)["generate"][index]
+    tr = translator(name)
+    sources = [tr.tokenizer.encode(text, case["src_lang"]) for text in case["texts"]]
+    assert sources == case["input_ids"]
+    options = DecodeOptions(beam_size=case["beam_size"], max_length=case["max_length"], length_penalty=case["length_penalty"])
+    outputs = tr.generate(sources, case["tgt_lang"], options)
+    assert outputs == case["output_ids"]
+    assert [tr.tokenizer.decode(o) for o in outputs] == case["output_texts"]
+
+
+def test_goldens_cover_both_endings():
+    """The goldens must test sentences that end with </s> and sentences cut at max_length, in both searches."""
+    for beam in (1, 4):
+        lengths = [
+            len(out)
+            for name in MODELS
+            for case in golden(name)["generate"]
+            if case["beam_size"] == beam and case["max_length"] > 5
+            for out in case["output_ids"]
+        ]
+        longest = max(c["max_length"] for name in MODELS for c in golden(name)["generate"]) - 1
+        assert any(n < longest for n in lengths) and any(n == longest for n in lengths)
+
+
+@pytest.mark.parametrize("beam_size", [1, 3, 4])
+def test_translation_does_not_depend_on_the_batch(beam_size):
+    tr = translator("tiny-a")
+    texts = [c["texts"] for c in golden("tiny-a")["generate"]][0]
+    options = DecodeOptions(beam_size=beam_size, max_length=16)
+    together = tr.translate(texts, "eng_Latn", "deu_Latn", options)
+    alone = [tr.translate([t], "eng_Latn", "deu_Latn", options)[0] for t in texts]
+    reversed_batch = tr.translate(texts[::-1], "eng_Latn", "deu_Latn", options)[::-1]
+    assert together == alone == reversed_batch
+
+
+def test_max_length_one_gives_only_the_language_token():
+    tr = translator("tiny-b")
+    for beam_size in (1, 4):
+        assert tr.translate(["Hello!"], "eng_Latn", "fra_Latn", DecodeOptions(beam_size=beam_size, max_length=1)) == [""]
+
+
+def test_generate_with_no_sources_returns_nothing():
+    assert translator("tiny-a").generate([], "fra_Latn", DecodeOptions()) == []
+
+
+@pytest.mark.parametrize("kwargs", [{"beam_size": 0}, {"max_length": 0}])
+def test_decode_options_reject_impossible_values(kwargs):
+    with pytest.raises(ValueError):
+        DecodeOptions(**kwargs)

@@ -1,0 +1,103 @@
+"""The NLLB tokenizer on sentencepiece against transformers' NllbTokenizer (goldens kept in the repo)."""
+
+import json
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+
+from nllbcli.errors import NllbError
+from nllbcli.langs import FLORES_200_CODES
+from nllbcli.tokenizer import NllbTokenizer
+
+HERE = Path(__file__).parent
+MODELS = ("tiny-a", "tiny-b")
+
+
+@lru_cache(maxsize=None)
+def tokenizer(name):
+    return NllbTokenizer.from_model_dir(HERE / "models" / name)
+
+
+@lru_cache(maxsize=None)
+def golden(name):
+    return json.loads((HERE / "golden" / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def encode_cases():
+    for name in MODELS:
+        for i, case in enumerate(golden(name)["tokenizer"]):
+            yield pytest.param(name, i, id=f"{name}-{case['src_lang']}-{case['text'][:24]!r}")
+
+
+@pytest.mark.parametrize("name,index", list(encode_cases()))
+def test_encode_and_decode_match_transformers(name, index):
+    case = golden(name)["tokenizer"][index]
+    tok = tokenizer(name)
+    assert tok.encode(case["text"], case["src_lang"]) == case["ids"]
+    assert tok.decode(case["ids"]) == case["decoded"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_decode_skips_special_and_language_tokens_as_transformers(name):
+    tok = tokenizer(name)
+    for case in golden(name)["decode"]:
+        assert tok.decode(case["ids"]) == case["decoded"], case["ids"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_ids_follow_nllb_rules(name):
+    tok = tokenizer(name)
+    sp = spm.SentencePieceProcessor(model_file=str(HERE / "models" / name / "sentencepiece.bpe.model"))
+    size = sp.get_piece_size()
+    assert tok.lang_codes == list(FLORES_200_CODES)
+    assert tok.lang_id("ace_Arab") == size + 1
+    assert tok.lang_id("eng_Latn") == size + 1 + FLORES_200_CODES.index("eng_Latn")
+    assert tok.lang_id("zul_Latn") == size + 202
+    assert tok.mask_id == size + 203
+    assert tok.piece_ids[:5].tolist() == [3, 0, 2, 4, 5]  # <unk> <s> </s>, then piece i at i + 1
+    ids = tok.encode("Hello world", "fra_Latn")
+    assert ids[0] == tok.lang_id("fra_Latn") and ids[-1] == 2
+    assert ids[1:-1] == [i + 1 for i in sp.encode("Hello world")]
+
+
+def test_tokenizer_json_ids_agree_with_the_rules():
+    """tiny-a ships tokenizer.json; reading it or applying NLLB's rules must give the same ids."""
+    from_json = tokenizer("tiny-a")
+    sp = spm.SentencePieceProcessor(model_file=str(HERE / "models" / "tiny-a" / "sentencepiece.bpe.model"))
+    from_rules = NllbTokenizer.from_rules(sp)
+    assert from_json.lang_ids == from_rules.lang_ids
+    assert from_json.mask_id == from_rules.mask_id
+    assert from_json.piece_ids.tolist() == from_rules.piece_ids.tolist()
+
+
+def test_ids_come_from_tokenizer_json_where_it_ships(tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(HERE / "models" / "tiny-a", model)
+    data = json.loads((model / "tokenizer.json").read_text(encoding="utf-8"))
+    for token in data["added_tokens"]:
+        if token["content"] == "fra_Latn":
+            token["id"] = 5000
+    (model / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    assert NllbTokenizer.from_model_dir(model).lang_id("fra_Latn") == 5000
+
+
+def test_unknown_language_names_the_closest_codes():
+    with pytest.raises(NllbError, match="fra_Latn"):
+        tokenizer("tiny-a").lang_id("fra_Latm")
+    with pytest.raises(NllbError, match="eng_Latn"):
+        tokenizer("tiny-a").lang_id("en")
+
+
+def test_missing_sentencepiece_model_is_explained(tmp_path):
+    with pytest.raises(NllbError, match="sentencepiece.bpe.model"):
+        NllbTokenizer.from_model_dir(tmp_path)
+
+
+def test_tokenizer_json_that_is_not_nllb_is_refused(tmp_path):
+    shutil.copy(HERE / "models" / "tiny-a" / "sentencepiece.bpe.model", tmp_path)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"<unk>": 0}}, "added_tokens": []}))
+    with pytest.raises(NllbError, match="not an NLLB tokenizer"):
+        NllbTokenizer.from_model_dir(tmp_path)
