@@ -217,5 +217,12 @@ class ReferenceEngine:
         """Keep decoder rows `rows`, in that order: beams follow their parents, finished rows leave."""
         rows = np.asarray(rows, dtype=np.int64)
         state.source_rows = state.source_rows[rows]
-        state.self_k = [k[rows] for k in state.self_k]
-        state.self_v = [v[rows] for v in state.self_v]
+        state.self_k = [gather_rows(k, rows, state.length) for k in state.self_k]
+        state.self_v = [gather_rows(v, rows, state.length) for v in state.self_v]
+
+
+def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:
+    """cache[rows], copying only the `filled` positions: the rest is written before it is read."""
+    out = np.empty((len(rows),) + cache.shape[1:], dtype=cache.dtype)
+    out[:, :filled] = cache[rows, :filled]
+    return out

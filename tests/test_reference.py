@@ -1,0 +1,112 @@
+"""The NumPy reference model's operations against plain float64 formulas, and its cache against a full recompute."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from nllbcli.checkpoint import load_checkpoint
+from nllbcli.engine import reference as ref
+
+HERE = Path(__file__).parent
+rng = np.random.default_rng(0)
+
+
+def test_layernorm_matches_float64():
+    x = rng.normal(3.0, 2.0, (5, 7, 48)).astype(np.float32)
+    w, b = rng.normal(1, 0.2, 48).astype(np.float32), rng.normal(0, 0.2, 48).astype(np.float32)
+    x64 = x.astype(np.float64)
+    expected = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * w + b
+    np.testing.assert_allclose(ref.layernorm(x, w, b), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sinusoidal_positions_follow_fairseq():
+    table = ref.sinusoidal_positions(20, 10, padding_idx=1)
+    half = 5
+    freqs = np.exp(np.arange(half) * -(np.log(10000) / (half - 1)))
+    angles = np.arange(20)[:, None] * freqs[None]
+    expected = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+    expected[1] = 0
+    np.testing.assert_allclose(table, expected, atol=2e-6)
+    assert ref.sinusoidal_positions(6, 7, padding_idx=1).shape == (6, 7)  # odd width: a zero column
+
+
+def test_attention_ignores_masked_keys():
+    q, k, v = (rng.normal(size=(2, 3, 16)).astype(np.float32) for _ in range(3))
+    mask = np.array([[True, True, False], [True, True, True]])
+    out = ref.attention(q, k, v, mask, heads=4)
+    alone = ref.attention(q[:1], k[:1, :2], v[:1, :2], None, heads=4)
+    np.testing.assert_allclose(out[:1], alone, rtol=1e-6, atol=1e-6)
+    # float64, head by head
+    e = 4
+    for h in range(4):
+        s = q[1, :, h * e:(h + 1) * e].astype(np.float64) @ k[1, :, h * e:(h + 1) * e].T.astype(np.float64) / 2.0
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        np.testing.assert_allclose(out[1, :, h * e:(h + 1) * e], p @ v[1, :, h * e:(h + 1) * e], rtol=1e-5, atol=1e-6)
+
+
+def test_log_softmax_matches_float64():
+    x = rng.normal(0, 5, (3, 50)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    expected = x64 - x64.max(-1, keepdims=True) - np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    np.testing.assert_allclose(ref.log_softmax(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    config, weights = load_checkpoint(HERE / "models" / "tiny-a")
+    return ref.ReferenceEngine(config, weights)
+
+
+def test_padding_does_not_change_a_source(engine):
+    short, long = [400 + 47, 20, 30, 40, 2], [400 + 47] + list(range(10, 30)) + [2]
+    alone = engine.encode([short])
+    batch = engine.encode([long, short])
+    assert batch.mask[1].sum() == len(short)
+    for layer in range(engine.config.decoder_layers):
+        np.testing.assert_allclose(batch.cross_k[layer][1, : len(short)], alone.cross_k[layer][0], rtol=1e-4, atol=1e-4)
+
+
+def full_decoder_logits(engine, encoded, row, tokens):
+    """The decoder without a cache: every position at once with a causal mask; logits of the last one."""
+    c, w = engine.config, engine.w
+    t = len(tokens)
+    ids = np.array(tokens)[None]
+    positions = np.arange(t)[None] + c.pad_token_id + 1
+    h = ref.embed(ids, positions, w["decoder.embed_tokens.weight"], c.embed_scale, engine.pos_table)
+    src_mask = encoded.mask[row : row + 1]
+    for i in range(c.decoder_layers):
+        p = f"decoder.layers.{i}."
+        x = ref.layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
+        out = np.concatenate([
+            engine.attention_block(p + "self_attn.", x[:, j : j + 1], x[:, : j + 1], None, c.decoder_attention_heads)
+            for j in range(t)
+        ], axis=1)
+        h = h + out
+        x = ref.layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"])
+        a = p + "encoder_attn."
+        q = ref.linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])
+        att = ref.attention(q, encoded.cross_k[i][row : row + 1], encoded.cross_v[i][row : row + 1], src_mask, c.decoder_attention_heads)
+        h = h + ref.linear(att, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+        x = ref.layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
+        h = h + engine.ffn(p, x)
+    h = ref.layernorm(h[:, -1], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"])
+    return ref.linear(h, w["lm_head.weight"])[0]
+
+
+def test_cached_steps_equal_a_full_recompute(engine):
+    sources = [[447, 20, 30, 40, 50, 2], [447, 60, 2]]
+    encoded = engine.encode(sources)
+    state = engine.start(encoded, np.array([0, 1, 1]), 8)  # two rows read source 1, as beams do
+    prefixes = [[], [], []]
+    for tokens in ([2, 2, 2], [470, 470, 470], [5, 9, 11], [100, 200, 300]):
+        logits = engine.step(encoded, state, np.array(tokens))
+        prefixes = [p + [t] for p, t in zip(prefixes, tokens)]
+        for r, row in enumerate([0, 1, 1]):
+            np.testing.assert_allclose(logits[r], full_decoder_logits(engine, encoded, row, prefixes[r]), rtol=1e-4, atol=1e-4)
+    # beams follow their parents: after select, row 0 continues row 2's cache
+    engine.select(state, np.array([2, 0]))
+    logits = engine.step(encoded, state, np.array([7, 7]))
+    np.testing.assert_allclose(logits[0], full_decoder_logits(engine, encoded, 1, prefixes[2] + [7]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits[1], full_decoder_logits(engine, encoded, 0, prefixes[0] + [7]), rtol=1e-4, atol=1e-4)
