@@ -113,6 +113,9 @@ class DecoderState:
     source_rows: np.ndarray  # (N,) index into EncoderOutput's B
     self_k: list[np.ndarray]  # per layer (N, T_max, D)
     self_v: list[np.ndarray]
+    cross_k: list[np.ndarray]  # per layer (N, S, D): each row's source K/V, gathered when the rows change
+    cross_v: list[np.ndarray]
+    src_mask: np.ndarray  # (N, S)
     length: int = 0  # positions filled (the same for every row: rows advance in lockstep)
 
 
@@ -175,9 +178,13 @@ class ReferenceEngine:
     def start(self, encoded: EncoderOutput, source_rows: np.ndarray, max_positions: int) -> DecoderState:
         """An empty cache for len(source_rows) decoder rows with room for `max_positions` tokens each."""
         n, d = len(source_rows), self.config.d_model
+        rows = np.asarray(source_rows, dtype=np.int64)
         zeros = lambda: np.zeros((n, max_positions, d), np.float32)  # noqa: E731
         layers = range(self.config.decoder_layers)
-        return DecoderState(np.asarray(source_rows), [zeros() for _ in layers], [zeros() for _ in layers])
+        return DecoderState(
+            rows, [zeros() for _ in layers], [zeros() for _ in layers],
+            [k[rows] for k in encoded.cross_k], [v[rows] for v in encoded.cross_v], encoded.mask[rows],
+        )
 
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
         """Feed one token per row at position state.length; return the next-token logits (N, V) float32."""
@@ -187,7 +194,6 @@ class ReferenceEngine:
         # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
         positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
         h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(t + 1))[:, None, :]
-        src_mask = encoded.mask[state.source_rows]  # (N, S)
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}."
             x = layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
@@ -201,8 +207,7 @@ class ReferenceEngine:
             x = layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"])
             a = p + "encoder_attn."
             q = linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])
-            rows = state.source_rows
-            out = attention(q, encoded.cross_k[i][rows], encoded.cross_v[i][rows], src_mask, c.decoder_attention_heads)
+            out = attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, c.decoder_attention_heads)
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
@@ -216,7 +221,12 @@ class ReferenceEngine:
     def select(self, state: DecoderState, rows: np.ndarray) -> None:
         """Keep decoder rows `rows`, in that order: beams follow their parents, finished rows leave."""
         rows = np.asarray(rows, dtype=np.int64)
-        state.source_rows = state.source_rows[rows]
+        sources = state.source_rows[rows]
+        if not np.array_equal(sources, state.source_rows):  # beams that swap within a sentence read the same source
+            state.cross_k = [k[rows] for k in state.cross_k]
+            state.cross_v = [v[rows] for v in state.cross_v]
+            state.src_mask = state.src_mask[rows]
+        state.source_rows = sources
         state.self_k = [gather_rows(k, rows, state.length) for k in state.self_k]
         state.self_v = [gather_rows(v, rows, state.length) for v in state.self_v]
 
