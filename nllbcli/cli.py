@@ -40,6 +40,13 @@ def load_model(model: str, device: str):
     return load_translator(model, device)
 
 
+def load_tokenizer(model: str):
+    """The model's tokenizer alone, without its weights."""
+    from .translator import load_tokenizer
+
+    return load_tokenizer(model)
+
+
 model_option = click.option(
     "-m",
     "--model",
@@ -107,12 +114,13 @@ def translate(input, output, src, tgt, model, device, input_format, output_forma
     decode = DecodeOptions(beam_size, max_length, length_penalty)
     batching = BatchOptions(max_batch_tokens)
     try:
-        translator = load_model(model, device)
+        tokenizer = load_tokenizer(model)  # languages are checked before the weights load
         for option, code in (("--src", src), ("--tgt", tgt)):
             try:
-                translator.tokenizer.lang_id(code)
+                tokenizer.lang_id(code)
             except NllbError as error:
                 raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+        translator = load_model(model, device)
         translate_file(translator, job, decode, batching, progress=show_progress(quiet, output))
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
@@ -130,7 +138,7 @@ def translate(input, output, src, tgt, model, device, input_format, output_forma
 def langs(model):
     """List the model's language codes, one per line."""
     try:
-        codes = load_model(model, "cpu").tokenizer.lang_codes
+        codes = load_tokenizer(model).lang_codes
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo("\n".join(codes))

@@ -50,6 +50,11 @@ def choose_device(device: str) -> str:
     return f"cuda:{index}"
 
 
+def load_tokenizer(model: str) -> NllbTokenizer:
+    """The tokenizer of a model directory alone: quick, so languages are checked before the weights load."""
+    return NllbTokenizer.from_model_dir(resolve_model_dir(model))
+
+
 def load_translator(model: str, device: str = "auto") -> Translator:
     """Load a model directory (or a hub id from the local Hugging Face cache) onto a device."""
     where = choose_device(device)

@@ -59,5 +59,6 @@ def fake(monkeypatch):
         return translator
 
     monkeypatch.setattr("nllbcli.cli.load_model", load_model)
+    monkeypatch.setattr("nllbcli.cli.load_tokenizer", lambda model: translator.tokenizer)
     translator.loaded = loaded
     return translator

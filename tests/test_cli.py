@@ -396,11 +396,11 @@ def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
     source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
     rows = write_input(source, fmt, SENTENCES)
     args = ["--model", TINY, "--device", "cpu", "--beam-size", str(beam_size), "--max-length", "12", "--max-batch-tokens", "40"]
-    # por_Latn: the one target into which tiny-a's random weights say more than the language token
-    result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "por_Latn"] + args + [str(source), str(target)])
+    result = CliRunner().invoke(cli, TRANSLATE + args + [str(source), str(target)])
     assert result.exit_code == 0, result.output
     options = DecodeOptions(beam_size=beam_size, max_length=12)
-    expected = [tiny.translate([text], "eng_Latn", "por_Latn", options)[0] if text else "" for text in SENTENCES]
+    expected = [tiny.translate([text], "eng_Latn", "fra_Latn", options)[0] if text else "" for text in SENTENCES]
+    assert sum(map(bool, expected)) >= 3  # the random weights do say something
     output = read_output(target, fmt)
     assert output == (expected if fmt == "text" else [{**row, "translation": t} for row, t in zip(rows, expected)])
 
@@ -437,8 +437,52 @@ def test_tiny_model_unknown_language():
     assert result.stderr.count("\n") == 1
 
 
+def test_languages_are_checked_before_the_weights_load(tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    (model / "model.safetensors").unlink()  # loading the weights would fail: the language check must come first
+    result = CliRunner().invoke(cli, TRANSLATE[:4] + ["fra_Latm", "--model", str(model)], input="Hello\n")
+    assert result.exit_code == 2 and "fra_Latn" in result.stderr and result.stderr.count("\n") == 1
+
+
 def test_real_model_not_found(tmp_path):
     result = CliRunner().invoke(cli, TRANSLATE + ["--model", str(tmp_path / "nope")], input="Hello\n")
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ") and str(tmp_path / "nope") in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_failure_after_chunks_were_written_leaves_no_file(fake, tmp_path, monkeypatch, fmt):
+    monkeypatch.chdir(tmp_path)
+    texts = ["ab"] * 3000 + [None]
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), "in.parquet")
+    else:
+        (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    result = CliRunner().invoke(cli, TRANSLATE + [f"in.{fmt}", f"out.{fmt}"])
+    where = "in.parquet: row 3001" if fmt == "parquet" else "in.jsonl:3001"
+    assert_one_line_error(result, 1, f"{where}: field 'text' is null, not a string.")
+    assert sum(map(len, fake.batches)) == 2048  # the first chunk was translated and written before the bad row was read
+    assert os.listdir(tmp_path) == [f"in.{fmt}"]
+
+
+SAMPLE = os.path.join(os.path.dirname(__file__), "..", "data", "samples")
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(SAMPLE, "model", "config.json")), reason="no sample model yet")
+def test_sample_model_translates_the_demo_file(tmp_path):
+    from nllbcli.options import DecodeOptions
+    from nllbcli.translator import load_translator
+
+    model = os.path.join(SAMPLE, "model")
+    source = os.path.join(SAMPLE, "demo.eng_Latn.jsonl")
+    result = CliRunner().invoke(cli, TRANSLATE + ["--model", model, "--beam-size", "1", source, str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 0, result.output
+    rows = read_output(tmp_path / "out.jsonl", "jsonl")
+    texts = [row["text"] for row in rows]
+    expected = load_translator(model, "cpu").translate(texts, "eng_Latn", "fra_Latn", DecodeOptions(beam_size=1))
+    assert [row["translation"] for row in rows] == expected
+    assert all(expected)
