@@ -7,8 +7,10 @@ sentence, finished hypotheses scored `sum(log p) / length ** length_penalty` (le
 tokens, the language token included), and the same stop heuristic. Sentences are independent: one that is
 done (its finished beams can no longer change) leaves the batch, which changes nothing for the others.
 
-The search talks to the engine through four calls (encode, start, step, select), so it does not know whether
-the engine runs on NumPy or CuPy.
+The search talks to the engine through a few calls (encode, start, step_argmax or step_topk, select), so it
+does not know whether the engine runs on NumPy or CuPy. Beam search needs only each beam's 2K best next
+tokens: the 2K best continuations of a sentence over all its beams are among them, because a beam's score is
+added to every token of that beam alike. So the engine can choose them where the logits are made.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import numpy as np
 
 from .checkpoint import ModelConfig
-from .engine.reference import log_softmax
 from .options import DecodeOptions
 
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
@@ -43,8 +44,7 @@ def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelCo
     alive = np.arange(batch)  # which sentence each decoder row belongs to
     tokens = np.full(batch, tgt_lang_id)
     for _ in range(options.max_length - 1):  # the language token was the first generated token
-        logits = engine.step(encoded, state, tokens)  # (N, V)
-        tokens = logits.argmax(axis=-1)  # first maximum on ties, as torch.argmax
+        tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
         keep = []
         for row, (sentence, token) in enumerate(zip(alive, tokens)):
             outputs[sentence].append(int(token))
@@ -99,11 +99,13 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
         return [[] for _ in range(batch)]
     while True:
         n = len(sentences)
-        logits = engine.step(encoded, state, tokens)  # (n*K, V)
-        vocab = logits.shape[-1]
-        scores = log_softmax(logits.astype(np.float32)).reshape(n, k, vocab) + run_score[:, :, None]
-        top_score, top_index = topk_desc(scores.reshape(n, k * vocab), keep)  # (n, 2K)
-        top_beam, top_token = top_index // vocab, top_index % vocab
+        row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
+        row_lp, row_ids = np.asarray(row_lp, dtype=np.float32), np.asarray(row_ids)
+        # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
+        scores = row_lp.reshape(n, k, keep) + run_score[:, :, None]
+        top_score, top_index = topk_desc(scores.reshape(n, k * keep), keep)  # (n, 2K)
+        top_beam = top_index // keep
+        top_token = np.take_along_axis(row_ids.reshape(n, k * keep), top_index, axis=1)
         top_seq = np.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
         top_seq[:, :, cur_len] = top_token
         hits = (top_token == eos) | (cur_len + 1 >= max_len)  # (n, 2K): ended, or out of room

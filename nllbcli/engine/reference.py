@@ -218,6 +218,17 @@ class ReferenceEngine:
         h = layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"])  # (N, D)
         return linear(h, w["lm_head.weight"])  # (N, V)
 
+    def step_argmax(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> np.ndarray:
+        """Greedy: feed one token per row and return each row's most likely next token (N,); ties: lower id."""
+        return self.step(encoded, state, tokens).argmax(axis=-1)
+
+    def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
+        """Beam search: feed one token per row and return each row's k best next tokens by log-probability,
+        best first (ties: lower id), as (log-probs (N, k) float32, ids (N, k))."""
+        from ..search import topk_desc
+
+        return topk_desc(log_softmax(self.step(encoded, state, tokens)), k)
+
     def select(self, state: DecoderState, rows: np.ndarray) -> None:
         """Keep decoder rows `rows`, in that order: beams follow their parents, finished rows leave."""
         rows = np.asarray(rows, dtype=np.int64)

@@ -1,0 +1,211 @@
+// gemm_kernel: C = epilogue(A @ W^T), bf16 tensor cores (mma.sync m16n8k16), fp32 accumulation.
+//
+// A (M, K) bf16 row-major; W (N, K) bf16 row-major (nn.Linear's weight layout, so both operands are
+// K-contiguous); K % 8 == 0 (16-byte rows for cp.async); M and N any size (edges are zero-filled/guarded).
+// Epilogues:
+//   EPILOGUE_STORE  out[m, n] = relu?(acc + bias[n]) + residual[m, n], stored bf16 or f32 (out_f32);
+//                   bias (N,) f32 and residual (M, N) f32 may be null.
+//   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
+//                   and its column go to part_val/part_idx[m, blockIdx.x] (ties: lower column);
+//                   argmax_reduce_kernel then reduces the gridDim.x partials per row.
+// Launch: grid (ceil(N/BN), ceil(M/BM)), block 32 * (BM/WM) * (BN/WN) threads. Tile sizes are -D defines
+// set by the loader: BM x BN per block, WM x WN per warp (multiples of 16 x 16), BK = 32.
+// Shared memory: two stages of A and W tiles, rows padded to 40 bf16 (80 bytes) so that the eight rows an
+// ldmatrix reads fall on distinct banks; cp.async fills one stage while the tensor cores read the other.
+#include "common.cuh"
+
+#ifndef BM
+#define BM 128
+#define BN 128
+#define WM 64
+#define WN 32
+#endif
+#define BK 32
+#define LDS (BK + 8)
+#define WARPS_M (BM / WM)
+#define WARPS_N (BN / WN)
+#define THREADS (32 * WARPS_M * WARPS_N)
+#define MT (WM / 16)
+#define NT (WN / 8)
+#define EPILOGUE_STORE 0
+#define EPILOGUE_ARGMAX 1
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
+    unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    int bytes = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros, read nothing
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global), "r"(bytes));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3, const void* smem) {
+    unsigned addr = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsigned* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
+__device__ __forceinline__ bool beats(float v, int i, float best, int at) {
+    return v > best || (v == best && i < at);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
+            const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
+            float* __restrict__ part_val, int* __restrict__ part_idx,
+            int M, int N, int K, int relu, int epilogue, int out_f32) {
+    __shared__ __align__(16) __nv_bfloat16 As[2][BM * LDS];
+    __shared__ __align__(16) __nv_bfloat16 Ws[2][BN * LDS];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
+    const int block_m = blockIdx.y * BM, block_n = blockIdx.x * BN;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+
+    auto load_stage = [&](int stage, int k0) {
+        for (int c = tid; c < BM * (BK / 8); c += THREADS) {
+            const int row = c / (BK / 8), col = (c % (BK / 8)) * 8, gm = block_m + row, gk = k0 + col;
+            const bool ok = gm < M && gk < K;
+            cp_async_16(&As[stage][row * LDS + col], ok ? (const void*)(A + (size_t)gm * K + gk) : (const void*)A, ok);
+        }
+        for (int c = tid; c < BN * (BK / 8); c += THREADS) {
+            const int row = c / (BK / 8), col = (c % (BK / 8)) * 8, gn = block_n + row, gk = k0 + col;
+            const bool ok = gn < N && gk < K;
+            cp_async_16(&Ws[stage][row * LDS + col], ok ? (const void*)(W + (size_t)gn * K + gk) : (const void*)W, ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+
+    const int k_tiles = CEIL_DIV(K, BK);
+    load_stage(0, 0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int stage = kt & 1;
+        if (kt + 1 < k_tiles) {
+            load_stage(stage ^ 1, (kt + 1) * BK);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        const __nv_bfloat16* as = As[stage];
+        const __nv_bfloat16* ws = Ws[stage];
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            unsigned a[MT][4], b[NT][2];
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const int row = warp_m * WM + i * 16 + (lane & 15), col = kk + (lane >> 4) * 8;
+                ldmatrix_x4(a[i][0], a[i][1], a[i][2], a[i][3], as + row * LDS + col);
+            }
+#pragma unroll
+            for (int j = 0; j < NT; j += 2) {
+                const int row = warp_n * WN + j * 8 + (lane & 7) + (lane >> 4) * 8, col = kk + ((lane >> 3) & 1) * 8;
+                ldmatrix_x4(b[j][0], b[j][1], b[j + 1][0], b[j + 1][1], ws + row * LDS + col);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma_bf16(acc[i][j], a[i], b[j]);
+        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
+    }
+
+    if (epilogue == EPILOGUE_STORE) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + (e >> 1) * 8;
+                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + (e & 1);
+                    if (m >= M || n >= N) continue;
+                    float v = acc[i][j][e];
+                    if (bias) v += bias[n];
+                    if (relu) v = fmaxf(v, 0.f);
+                    if (residual) v += residual[(size_t)m * N + n];
+                    if (out_f32) ((float*)out)[(size_t)m * N + n] = v;
+                    else ((__nv_bfloat16*)out)[(size_t)m * N + n] = float_to_bf16(v);
+                }
+        return;
+    }
+
+    // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps.
+    __shared__ float red_val[WARPS_N][BM];
+    __shared__ int red_idx[WARPS_N][BM];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float best = -INFINITY;
+            int at = 0x7fffffff;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e;
+                    const float v = acc[i][j][half * 2 + e];
+                    if (n < N && beats(v, n, best, at)) { best = v; at = n; }
+                }
+#pragma unroll
+            for (int offset = 1; offset < 4; offset <<= 1) {
+                const float v = __shfl_xor_sync(0xffffffff, best, offset);
+                const int n = __shfl_xor_sync(0xffffffff, at, offset);
+                if (beats(v, n, best, at)) { best = v; at = n; }
+            }
+            if ((lane & 3) == 0) {
+                const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                red_val[warp_n][row] = best;
+                red_idx[warp_n][row] = at;
+            }
+        }
+    __syncthreads();
+    for (int row = tid; row < BM; row += THREADS) {
+        const int m = block_m + row;
+        if (m >= M) continue;
+        float best = red_val[0][row];
+        int at = red_idx[0][row];
+        for (int w = 1; w < WARPS_N; ++w)
+            if (beats(red_val[w][row], red_idx[w][row], best, at)) { best = red_val[w][row]; at = red_idx[w][row]; }
+        part_val[(size_t)m * gridDim.x + blockIdx.x] = best;
+        part_idx[(size_t)m * gridDim.x + blockIdx.x] = at;
+    }
+}
+
+// argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m].
+// Launch: grid (M), block 128 threads.
+extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_val, const int* __restrict__ part_idx,
+                                                float* __restrict__ values, int* __restrict__ ids, int parts) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float best = -INFINITY;
+    int at = 0x7fffffff;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        const float v = part_val[(size_t)m * parts + p];
+        const int n = part_idx[(size_t)m * parts + p];
+        if (beats(v, n, best, at)) { best = v; at = n; }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float v = __shfl_xor_sync(0xffffffff, best, offset);
+        const int n = __shfl_xor_sync(0xffffffff, at, offset);
+        if (beats(v, n, best, at)) { best = v; at = n; }
+    }
+    if (lane == 0) { sv[warp] = best; si[warp] = at; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w)
+            if (beats(sv[w], si[w], best, at)) { best = sv[w]; at = si[w]; }
+        values[m] = best;
+        ids[m] = at;
+    }
+}

@@ -1,0 +1,201 @@
+"""Loads kernels_cu/*.cu once per process (cupy.RawModule) and launches them: one launcher per kernel.
+
+Each launcher checks its preconditions and computes the grid and block; the kernel sources say what they
+compute, their layouts and launch shapes. CuPy compiles for the GPU in hand (NVRTC, -arch=sm_XY) and caches
+the binary on disk keyed by the source text and options, so `common.cuh` is pasted into each source rather
+than included by path: a change to the header then changes the key.
+
+Letters: M rows, N output columns, K reduction length, D d_model, H heads, E head size.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import cupy as cp
+
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
+INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
+
+
+def kernel_dir() -> Path:
+    """The kernel sources: beside the package in a checkout, or installed inside it as nllbcli/kernels_cu."""
+    installed = Path(__file__).resolve().parents[1] / "kernels_cu"
+    return installed if installed.is_dir() else KERNEL_DIR
+
+
+def read_source(name: str) -> str:
+    """A kernel file with its local includes pasted in."""
+    folder = kernel_dir()
+    text = (folder / name).read_text(encoding="utf-8")
+    return INCLUDE.sub(lambda m: (folder / m.group(1)).read_text(encoding="utf-8"), text)
+
+
+@lru_cache(maxsize=None)
+def arch() -> str:
+    return f"sm_{cp.cuda.Device().compute_capability}"  # "90" on an H100 or H200
+
+
+@lru_cache(maxsize=None)
+def module(name: str, defines: tuple[tuple[str, int], ...] = ()) -> cp.RawModule:
+    """Compile (or fetch from CuPy's cache) one kernel file for this GPU, with `-D` defines."""
+    options = ("-std=c++17", f"-arch={arch()}", "--use_fast_math") + tuple(f"-D{k}={v}" for k, v in defines)
+    return cp.RawModule(code=read_source(name), options=options)
+
+
+def function(file: str, kernel: str, **defines: int):
+    return module(file, tuple(sorted(defines.items()))).get_function(kernel)
+
+
+def check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def check_array(name: str, a: cp.ndarray, dtype, shape: tuple | None = None) -> None:
+    check(a.dtype == dtype, f"{name} must be {cp.dtype(dtype).name}, not {a.dtype}")
+    check(a.flags.c_contiguous, f"{name} must be C-contiguous")
+    if shape is not None:
+        check(a.shape == shape, f"{name} has shape {a.shape}, expected {shape}")
+
+
+BF16 = cp.dtype("bfloat16")
+F32 = cp.dtype(cp.float32)
+
+
+# ------------------------------------------------------------------------------------------------ gemm.cu
+
+GEMM_TILES = {"large": dict(BM=128, BN=128, WM=64, WN=32), "small": dict(BM=64, BN=64, WM=32, WN=32)}
+EPILOGUE_STORE, EPILOGUE_ARGMAX = 0, 1
+
+
+def gemm_tile(m: int, n: int) -> str:
+    """Large tiles when they still fill the GPU, else small ones (decode steps have few rows)."""
+    blocks = -(-m // 128) * -(-n // 128)
+    return "large" if blocks >= 2 * cp.cuda.Device().attributes["MultiProcessorCount"] else "small"
+
+
+def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
+         relu: bool = False, out: cp.ndarray | None = None, out_dtype=BF16, tile: str | None = None) -> cp.ndarray:
+    """out = relu?(a @ w.T + bias) + residual. a (M, K) bf16, w (N, K) bf16 (nn.Linear's layout), bias (N,)
+    f32, residual (M, N) f32; out (M, N) bf16 or f32, fp32 accumulation. K % 8 == 0."""
+    m, k = a.shape
+    n = w.shape[0]
+    check_array("a", a, BF16)
+    check_array("w", w, BF16, (n, k))
+    check(k % 8 == 0, f"gemm needs K % 8 == 0 (16-byte rows), got K={k}")
+    if bias is not None:
+        check_array("bias", bias, F32, (n,))
+    if residual is not None:
+        check_array("residual", residual, F32, (m, n))
+    if out is None:
+        out = cp.empty((m, n), dtype=out_dtype)
+    check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
+    check_array("out", out, out.dtype, (m, n))
+    t = GEMM_TILES[tile or gemm_tile(m, n)]
+    kernel = function("gemm.cu", "gemm_kernel", **t)
+    grid = (-(-n // t["BN"]), -(-m // t["BM"]))
+    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
+    kernel(grid, (threads,), (
+        a, w, bias if bias is not None else 0, residual if residual is not None else 0, out, 0, 0,
+        cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(1 if relu else 0),
+        cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0),
+    ))
+    return out
+
+
+def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small") -> tuple[cp.ndarray, cp.ndarray]:
+    """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
+    h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id."""
+    m, k = h.shape
+    n = w.shape[0]
+    check_array("h", h, BF16)
+    check_array("w", w, BF16, (n, k))
+    check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
+    t = GEMM_TILES[tile]
+    blocks_n = -(-n // t["BN"])
+    part_val = cp.empty((m, blocks_n), dtype=F32)
+    part_idx = cp.empty((m, blocks_n), dtype=cp.int32)
+    kernel = function("gemm.cu", "gemm_kernel", **t)
+    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
+    kernel((blocks_n, -(-m // t["BM"])), (threads,), (
+        h, w, 0, 0, 0, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
+        cp.int32(EPILOGUE_ARGMAX), cp.int32(0),
+    ))
+    ids = cp.empty((m,), dtype=cp.int32)
+    values = cp.empty((m,), dtype=F32)
+    function("gemm.cu", "argmax_reduce_kernel", **t)((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
+    return ids, values
+
+
+# ------------------------------------------------------------------------------------------------ the rest
+
+def layernorm(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 1e-5, out: cp.ndarray | None = None) -> cp.ndarray:
+    """LayerNorm of the f32 residual stream x (M, D) with f32 weight and bias -> bf16 (M, D)."""
+    m, d = x.shape
+    check_array("x", x, F32)
+    check_array("weight", weight, F32, (d,))
+    check_array("bias", bias, F32, (d,))
+    out = cp.empty((m, d), dtype=BF16) if out is None else out
+    check_array("out", out, BF16, (m, d))
+    if m:
+        function("layernorm.cu", "layernorm_kernel")((m,), (256,), (x, weight, bias, out, cp.int32(d), cp.float32(eps)))
+    return out
+
+
+def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.ndarray, scale: float,
+          out: cp.ndarray | None = None) -> cp.ndarray:
+    """table[ids] * scale + positions[pos]: ids, pos (M,) int32; table (V, D) bf16; positions (P, D) f32 -> f32 (M, D)."""
+    (m,), d = ids.shape, table.shape[1]
+    check_array("ids", ids, cp.int32)
+    check_array("pos", pos, cp.int32, (m,))
+    check_array("table", table, BF16)
+    check_array("positions", positions, F32)
+    check(positions.shape[1] == d, "positions and table differ in width")
+    out = cp.empty((m, d), dtype=F32) if out is None else out
+    check_array("out", out, F32, (m, d))
+    if m:
+        function("embed.cu", "embed_kernel")((m,), (128,), (ids, pos, table, positions, out, cp.int32(d), cp.float32(scale)))
+    return out
+
+
+MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
+
+
+def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, group: cp.ndarray, length: cp.ndarray, heads: int,
+              out: cp.ndarray | None = None) -> cp.ndarray:
+    """Each query row attends to the first length[group[row]] keys of its group, per head.
+
+    q (R, D) bf16 (or a (R, >=D) view whose rows are D-contiguous); k, v (G, T, D) bf16, key j of group g
+    at [g, j]; group (R,) int32; length (G,) int32 in 1..T. -> (R, D) bf16."""
+    r = q.shape[0]
+    g, t, d = k.shape
+    check(q.dtype == BF16 and q.strides[1] == 2, "q must be bf16 with contiguous rows")
+    check_array("k", k, BF16)
+    check_array("v", v, BF16, k.shape)
+    check_array("group", group, cp.int32, (r,))
+    check_array("length", length, cp.int32, (g,))
+    check(d % heads == 0 and d // heads <= 256, f"head size {d // heads} must divide D and be at most 256")
+    check(t <= MAX_KEYS, f"at most {MAX_KEYS} keys per query, got {t}")
+    out = cp.empty((r, d), dtype=BF16) if out is None else out
+    check_array("out", out, BF16, (r, d))
+    if r:
+        function("attention.cu", "attention_kernel")((r, heads), (128,), (
+            q, cp.int32(q.strides[0] // 2), k, v, cp.int64(t * d), cp.int32(d), group, length, out,
+            cp.int32(d // heads), cp.float32((d // heads) ** -0.5),
+        ))
+    return out
+
+
+def cache_write(src: cp.ndarray, slot: cp.ndarray, pos: cp.ndarray, pool: cp.ndarray) -> None:
+    """pool[slot[r], pos[r]] = src[r]: src (R, D) bf16, slot and pos (R,) int32, pool (S, T, D) bf16."""
+    r, d = src.shape
+    check_array("src", src, BF16)
+    check_array("slot", slot, cp.int32, (r,))
+    check_array("pos", pos, cp.int32, (r,))
+    check_array("pool", pool, BF16)
+    check(pool.shape[2] == d and d % 8 == 0, "pool rows must match src rows, with D % 8 == 0")
+    if r:
+        function("cache.cu", "cache_write_kernel")((r,), (128,), (src, slot, pos, pool, cp.int32(pool.shape[1]), cp.int32(d)))
