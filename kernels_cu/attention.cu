@@ -1,14 +1,14 @@
-// attention_kernel: softmax(q k^T * scale) v for one query row and one head, over the keys of its group.
+// attention_kernel: softmax(q k^T * scale) v for one query row and one head, over a run of keys.
 //
-// One kernel serves the three attentions, because each query reads a contiguous run of keys:
-//   encoder self-attention: query rows b*S+i, group b, keys = that source's K/V rows, length = its length
-//     (the source padding mask is the length: padded keys are never read);
-//   decoder self-attention: one query per live sequence, group = its cache slot, keys = the slot's cache
-//     rows 0..t (the step's own K/V written first);
-//   cross-attention: one query per live sequence, group = its slot in the cross K/V pool, length = its source.
-// q (rows, ldq) bf16, head h at columns h*E..h*E+E; k, v bf16 with key j of group g at
-// k[g * group_stride + j * key_stride + h*E + e]; group (rows,) int32; length (groups,) int32 >= 1;
-// out (rows, H*E) bf16. Scores and the softmax in f32; at most MAX_KEYS keys (scores live in shared memory).
+// One kernel serves the three attentions, because each query reads a contiguous run of key rows:
+//   encoder self-attention: query b*S+i reads its source's rows b*S .. b*S+len-1 (the source padding mask
+//     is the length: padded keys are never read);
+//   decoder self-attention: one query per live sequence reads its cache slot's rows 0..t (the step's own
+//     K/V written first);
+//   cross-attention: one query per live sequence reads its source's run in the cross K/V rows.
+// q (rows, ldq) bf16, head h at columns h*E..h*E+E; key j of query r at k[(start[r] + j) * ldk + h*E + e]
+// (v alike); start, length (rows,) int32, length >= 1; out (rows, H*E) bf16. Scores and the softmax in f32;
+// at most MAX_KEYS keys (the scores live in shared memory); E <= 256.
 // Launch: grid (rows, H), block 128 threads.
 #include "common.cuh"
 
@@ -16,22 +16,21 @@
 
 extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q, int ldq,
                                             const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v,
-                                            long long group_stride, int key_stride,
-                                            const int* __restrict__ group, const int* __restrict__ length,
+                                            int ldk, const int* __restrict__ start, const int* __restrict__ length,
                                             __nv_bfloat16* __restrict__ out, int E, float scale) {
     __shared__ float scores[MAX_KEYS];
     __shared__ float qs[256];
     __shared__ float scratch[32];
     const int row = blockIdx.x, h = blockIdx.y, H = gridDim.y;
-    const int g = group[row], n = length[g];
-    const __nv_bfloat16* kg = k + g * group_stride + h * E;
-    const __nv_bfloat16* vg = v + g * group_stride + h * E;
+    const int n = length[row];
+    const __nv_bfloat16* kg = k + (size_t)start[row] * ldk + h * E;
+    const __nv_bfloat16* vg = v + (size_t)start[row] * ldk + h * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) qs[e] = bf16_to_float(q[(size_t)row * ldq + h * E + e]);
     __syncthreads();
 
     float local_max = -INFINITY;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const __nv_bfloat16* key = kg + (size_t)j * key_stride;
+        const __nv_bfloat16* key = kg + (size_t)j * ldk;
         float dot = 0.f;
         for (int e = 0; e < E; ++e) dot += qs[e] * bf16_to_float(key[e]);
         scores[j] = dot * scale;
@@ -54,7 +53,7 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
     const float inv = 1.f / block_sum(local_sum, scratch);  // block_sum syncs: scores are all written
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         float acc = 0.f;
-        for (int j = 0; j < n; ++j) acc += scores[j] * bf16_to_float(vg[(size_t)j * key_stride + e]);
+        for (int j = 0; j < n; ++j) acc += scores[j] * bf16_to_float(vg[(size_t)j * ldk + e]);
         out[(size_t)row * H * E + h * E + e] = float_to_bf16(acc * inv);
     }
 }

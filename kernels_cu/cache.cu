@@ -1,14 +1,16 @@
-// cache_write_kernel: pool[slot[r], pos[r], :] = src[r, :], placing each new K or V row in its cache slot.
+// copy_rows_kernel: dst[dst_rows[r], 0:width] = src[src_rows[r], 0:width] for r < R.
 //
-// src (R, D) bf16 (one projected row per live sequence, or per source token at prefill); slot, pos (R,)
-// int32; pool (slots, rows_per_slot, D) bf16. Launch: grid (R), block 128 threads; D % 8 == 0 (16-byte copies).
+// Moves K/V rows into the cache pools: a step's new K or V (one row per live sequence) to its slot's
+// position, the encoder's cross K/V (one row per real source token) to the source's run of cross rows, and
+// a parent beam's cache rows to a child's slot. src (*, ld_src) and dst (*, ld_dst) bf16, rows of `width`
+// elements; src_rows, dst_rows (R,) int32. width, ld_src, ld_dst % 8 == 0 and 16-byte aligned bases
+// (16-byte copies). Launch: grid (R), block 128 threads.
 #include "common.cuh"
 
-extern "C" __global__ void cache_write_kernel(const __nv_bfloat16* __restrict__ src, const int* __restrict__ slot,
-                                              const int* __restrict__ pos, __nv_bfloat16* __restrict__ pool,
-                                              int rows_per_slot, int D) {
-    const int r = blockIdx.x;
-    const uint4* from = (const uint4*)(src + (size_t)r * D);
-    uint4* to = (uint4*)(pool + ((size_t)slot[r] * rows_per_slot + pos[r]) * D);
-    for (int c = threadIdx.x; c < D / 8; c += blockDim.x) to[c] = from[c];
+extern "C" __global__ void copy_rows_kernel(const __nv_bfloat16* __restrict__ src, long long ld_src,
+                                            const int* __restrict__ src_rows, __nv_bfloat16* __restrict__ dst,
+                                            long long ld_dst, const int* __restrict__ dst_rows, int width) {
+    const uint4* from = (const uint4*)(src + src_rows[blockIdx.x] * ld_src);
+    uint4* to = (uint4*)(dst + dst_rows[blockIdx.x] * ld_dst);
+    for (int c = threadIdx.x; c < width / 8; c += blockDim.x) to[c] = from[c];
 }

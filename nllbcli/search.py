@@ -29,7 +29,10 @@ def generate(engine, sources: list[list[int]], tgt_lang_id: int, config: ModelCo
         return []
     encoded = engine.encode(sources)
     search = greedy_search if options.beam_size == 1 else beam_search
-    return search(engine, encoded, len(sources), tgt_lang_id, config, options)
+    try:
+        return search(engine, encoded, len(sources), tgt_lang_id, config, options)
+    finally:
+        engine.release_sources(encoded)
 
 
 def strip_output(tokens: list[int], eos: int) -> list[int]:
@@ -55,6 +58,7 @@ def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelCo
                 break
             engine.select(state, np.array(keep))
             alive, tokens = alive[keep], tokens[keep]
+    engine.release(state)
     return [strip_output(o, eos) for o in outputs]
 
 
@@ -96,6 +100,7 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
     tokens = np.full(batch * k, tgt_lang_id)
     cur_len = 2
     if max_len <= cur_len:  # max_length 1: the language token alone
+        engine.release(state)
         return [[] for _ in range(batch)]
     while True:
         n = len(sentences)
@@ -147,4 +152,5 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
         run_seq, run_score, parents = run_seq[live], run_score[live], parents[live]
         fin_seq, fin_score, fin_done = fin_seq[live], fin_score[live], fin_done[live]
         sentences = sentences[live]
+    engine.release(state)
     return [strip_output(results[i], eos) for i in range(batch)]

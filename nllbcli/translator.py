@@ -15,12 +15,35 @@ from .tokenizer import NllbTokenizer
 class Translator:
     config: ModelConfig
     tokenizer: NllbTokenizer
-    engine: ReferenceEngine
+    engine: ReferenceEngine  # or engine.cuda.CudaEngine: the same calls
     device: str  # "cpu" or "cuda:N": where the engine runs
 
     def generate(self, sources: list[list[int]], tgt_lang: str, options: DecodeOptions) -> list[list[int]]:
-        """Token ids of each translation: after the language token, without </s>. Same order as `sources`."""
-        return generate(self.engine, sources, self.tokenizer.lang_id(tgt_lang), self.config, options)
+        """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
+
+        A batch larger than the engine's KV pool holds at once goes in parts; a sentence's translation does
+        not depend on its batch, so the parts give the same result."""
+        lang = self.tokenizer.lang_id(tgt_lang)
+        rows, source_rows = self.engine.capacity(options.max_length)
+        if options.beam_size > rows:
+            raise ValueError(
+                f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
+                f"{options.beam_size} beams: lower --beam-size or --max-length"
+            )
+        outputs: list[list[int]] = []
+        part: list[list[int]] = []
+        tokens = 0
+        for ids in sources:
+            if len(ids) > source_rows:
+                raise ValueError(f"a source of {len(ids)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)")
+            if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(ids) > source_rows):
+                outputs += generate(self.engine, part, lang, self.config, options)
+                part, tokens = [], 0
+            part.append(ids)
+            tokens += len(ids)
+        if part:
+            outputs += generate(self.engine, part, lang, self.config, options)
+        return outputs
 
     def translate(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few texts as one batch (the pipeline batches large inputs itself)."""
@@ -61,8 +84,8 @@ def load_translator(model: str, device: str = "auto") -> Translator:
     model_dir = resolve_model_dir(model)
     config, weights = load_checkpoint(model_dir)
     tokenizer = NllbTokenizer.from_model_dir(model_dir, config)
-    if where != "cpu":
-        if device != "auto":
-            raise ValueError(f"the GPU engine is not built yet: run with --device cpu (asked for {device})")
-        where = "cpu"  # until the CuPy engine lands, auto means the CPU reference everywhere
-    return Translator(config, tokenizer, ReferenceEngine(config, weights), where)
+    if where == "cpu":
+        return Translator(config, tokenizer, ReferenceEngine(config, weights), where)
+    from .engine.cuda import CudaEngine
+
+    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1])), where)

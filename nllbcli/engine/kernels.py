@@ -164,38 +164,41 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.nda
 MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
 
 
-def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, group: cp.ndarray, length: cp.ndarray, heads: int,
+def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray, length: cp.ndarray, heads: int,
               out: cp.ndarray | None = None) -> cp.ndarray:
-    """Each query row attends to the first length[group[row]] keys of its group, per head.
+    """Query r attends to key rows start[r] .. start[r] + length[r] - 1, per head.
 
-    q (R, D) bf16 (or a (R, >=D) view whose rows are D-contiguous); k, v (G, T, D) bf16, key j of group g
-    at [g, j]; group (R,) int32; length (G,) int32 in 1..T. -> (R, D) bf16."""
-    r = q.shape[0]
-    g, t, d = k.shape
-    check(q.dtype == BF16 and q.strides[1] == 2, "q must be bf16 with contiguous rows")
-    check_array("k", k, BF16)
-    check_array("v", v, BF16, k.shape)
-    check_array("group", group, cp.int32, (r,))
-    check_array("length", length, cp.int32, (g,))
+    q (R, D) bf16, or a column slice of a wider array whose rows hold D contiguous values (a fused QKV);
+    k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1.
+    -> (R, D) bf16."""
+    r, d = q.shape
+    check(q.dtype == BF16 and k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
+    check(q.strides[1] == k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
+    check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
+    check_array("start", start, cp.int32, (r,))
+    check_array("length", length, cp.int32, (r,))
     check(d % heads == 0 and d // heads <= 256, f"head size {d // heads} must divide D and be at most 256")
-    check(t <= MAX_KEYS, f"at most {MAX_KEYS} keys per query, got {t}")
     out = cp.empty((r, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (r, d))
     if r:
         function("attention.cu", "attention_kernel")((r, heads), (128,), (
-            q, cp.int32(q.strides[0] // 2), k, v, cp.int64(t * d), cp.int32(d), group, length, out,
+            q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start, length, out,
             cp.int32(d // heads), cp.float32((d // heads) ** -0.5),
         ))
     return out
 
 
-def cache_write(src: cp.ndarray, slot: cp.ndarray, pos: cp.ndarray, pool: cp.ndarray) -> None:
-    """pool[slot[r], pos[r]] = src[r]: src (R, D) bf16, slot and pos (R,) int32, pool (S, T, D) bf16."""
-    r, d = src.shape
-    check_array("src", src, BF16)
-    check_array("slot", slot, cp.int32, (r,))
-    check_array("pos", pos, cp.int32, (r,))
-    check_array("pool", pool, BF16)
-    check(pool.shape[2] == d and d % 8 == 0, "pool rows must match src rows, with D % 8 == 0")
+def copy_rows(src: cp.ndarray, src_rows: cp.ndarray, dst: cp.ndarray, dst_rows: cp.ndarray) -> None:
+    """dst[dst_rows[r]] = src[src_rows[r]]: 2-D bf16 arrays or column slices of equal width (a multiple of 8)."""
+    (r,), width = src_rows.shape, src.shape[1]
+    check(src.dtype == BF16 and dst.dtype == BF16, "copy_rows moves bf16 rows")
+    check(dst.shape[1] == width and width % 8 == 0, "src and dst rows must be equally wide, a multiple of 8")
+    check(src.strides[1] == dst.strides[1] == 2, "rows must be contiguous")
+    check(src.strides[0] % 16 == 0 and dst.strides[0] % 16 == 0 and src.data.ptr % 16 == 0 and dst.data.ptr % 16 == 0,
+          "copy_rows needs 16-byte aligned rows")
+    check_array("src_rows", src_rows, cp.int32)
+    check_array("dst_rows", dst_rows, cp.int32, (r,))
     if r:
-        function("cache.cu", "cache_write_kernel")((r,), (128,), (src, slot, pos, pool, cp.int32(pool.shape[1]), cp.int32(d)))
+        function("cache.cu", "copy_rows_kernel")((r,), (128,), (
+            src, cp.int64(src.strides[0] // 2), src_rows, dst, cp.int64(dst.strides[0] // 2), dst_rows, cp.int32(width),
+        ))

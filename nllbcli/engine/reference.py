@@ -133,6 +133,16 @@ class ReferenceEngine:
             self.pos_table = sinusoidal_positions(length + self.config.pad_token_id + 3, self.config.d_model, self.config.pad_token_id)
         return self.pos_table
 
+    def capacity(self, max_length: int) -> tuple[int, int]:
+        """Decoder rows and source tokens at once: unbounded here (host memory)."""
+        return 1 << 62, 1 << 62
+
+    def release(self, state: "DecoderState") -> None:
+        """Nothing to give back: the arrays go with the state."""
+
+    def release_sources(self, encoded: "EncoderOutput") -> None:
+        """Nothing to give back."""
+
     # -- encoder
 
     def encode(self, sources: list[list[int]]) -> EncoderOutput:

@@ -1,0 +1,131 @@
+"""First GPU measurements: the project's GEMM against cuBLAS (cupy.matmul) and the engine's generation speed.
+
+    python bench/engine_bench.py [--out results.json] [--quick]
+
+Shapes are NLLB-200-distilled-600M's (d_model 1,024, FFN 4,096, 12+12 layers, 256,206-row output
+projection) with random weights, so no checkpoint is needed. The workload of generation: sources of 10 to
+60 tokens sorted by length, 40 generated tokens (max_length 41 with the language token), greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nllbcli.checkpoint import ModelConfig  # noqa: E402
+from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.options import DecodeOptions  # noqa: E402
+from nllbcli.search import generate  # noqa: E402
+
+NLLB_600M = ModelConfig(vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)
+
+
+def timed(fn, repeat=20) -> float:
+    """Median seconds of fn() over `repeat` runs after two warm-up runs, timed with CUDA events."""
+    fn(), fn()
+    times = []
+    for _ in range(repeat):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1000)
+    return float(np.median(times))
+
+
+def bench_gemm(results: list) -> None:
+    rng = cp.random.default_rng(0)
+    for m, k, n, what in [(35840, 1024, 4096, "encoder FFN1"), (1024, 1024, 3072, "decode QKV, 1,024 rows"),
+                          (1024, 1024, 4096, "decode FFN1, 1,024 rows"), (64, 1024, 4096, "decode FFN1, 64 rows"),
+                          (256, 4096, 1024, "decode FFN2, 256 rows")]:
+        a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
+        w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
+        wt = w.T
+        ours = timed(lambda: kernels.gemm(a, w))
+        cublas = timed(lambda: cp.matmul(a, wt))
+        flops = 2 * m * n * k
+        results.append({"what": f"gemm {what}", "shape": [m, k, n], "ours_ms": ours * 1e3, "cublas_ms": cublas * 1e3,
+                        "ours_tflops": flops / ours / 1e12, "cublas_tflops": flops / cublas / 1e12})
+        print(json.dumps(results[-1]), flush=True)
+    for m in (64, 1024):
+        h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
+        w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
+        wt = w.T
+        ours = timed(lambda: kernels.logits_argmax(h, w), repeat=10)
+        cublas = timed(lambda: cp.matmul(h, wt).argmax(axis=1), repeat=10)
+        results.append({"what": f"logits+argmax {m} rows", "ours_ms": ours * 1e3, "cublas_matmul_argmax_ms": cublas * 1e3,
+                        "ours_weight_tbps": w.nbytes / ours / 1e12, "ours_tflops": 2 * m * 1024 * 256206 / ours / 1e12})
+        print(json.dumps(results[-1]), flush=True)
+        del w, wt
+
+
+def random_weights(config: ModelConfig) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    d, out = config.d_model, {}
+    normal = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * 0.02)  # noqa: E731
+    shared = normal(config.vocab_size, d)
+    out.update({"encoder.embed_tokens.weight": shared, "decoder.embed_tokens.weight": shared, "lm_head.weight": shared})
+    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim), ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
+        for i in range(layers):
+            p = f"{side}.layers.{i}."
+            for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+                for proj in "qkvo":
+                    name = f"{p}{attn}.{'out' if proj == 'o' else proj}_proj."
+                    out[name + "weight"], out[name + "bias"] = normal(d, d), normal(d)
+                out[f"{p}{attn}_layer_norm.weight"], out[f"{p}{attn}_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+            out[p + "fc1.weight"], out[p + "fc1.bias"] = normal(ffn, d), normal(ffn)
+            out[p + "fc2.weight"], out[p + "fc2.bias"] = normal(d, ffn), normal(d)
+            out[p + "final_layer_norm.weight"], out[p + "final_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+        out[f"{side}.layer_norm.weight"], out[f"{side}.layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+    return out
+
+
+def bench_engine(results: list, batches: list[int]) -> None:
+    config = NLLB_600M
+    t0 = time.perf_counter()
+    engine = CudaEngine(config, random_weights(config))
+    results.append({"what": "engine load (random 600M weights, host to GPU)", "seconds": time.perf_counter() - t0})
+    rng = np.random.default_rng(1)
+    for batch in batches:
+        lengths = np.sort(rng.integers(10, 61, batch))
+        sources = [[256047] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
+        options = DecodeOptions(beam_size=1, max_length=41)
+        engine.capacity(options.max_length)
+        generate(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        outputs = generate(engine, sources, 256057, config, options)
+        cp.cuda.Device().synchronize()
+        seconds = time.perf_counter() - t
+        tokens = sum(len(o) + 1 for o in outputs)  # the language token counts, as in transformers' max_new_tokens
+        results.append({"what": f"engine greedy, batch {batch}", "generated_tokens": tokens, "seconds": seconds,
+                        "tokens_per_s": tokens / seconds, "pool_gib": engine.pool.nbytes / 2**30,
+                        "peak_gib": cp.get_default_memory_pool().total_bytes() / 2**30})
+        print(json.dumps(results[-1]), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--batches", default="256,1024")
+    args = parser.parse_args()
+    results = [{"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cp.__version__}]
+    bench_gemm(results)
+    bench_engine(results, [int(b) for b in args.batches.split(",")])
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

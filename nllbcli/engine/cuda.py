@@ -1,0 +1,268 @@
+"""The GPU engine: the M2M-100/NLLB model on CuPy with the project's kernels (kernels_cu/), bf16 weights.
+
+Same calls as the reference engine, so the search code runs on either. Numbers: weights and GEMM inputs in
+bf16, accumulation, LayerNorm statistics, softmax and the residual stream in f32. The encoder runs once per
+sentence and writes its cross K/V into the pool; each decoder step feeds one token per live sequence and
+reads its slot's cache. The output projection is fused with the argmax for greedy search.
+
+Letters: B sources, S longest source, N decoder rows, D d_model, V vocabulary, L decoder layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cupy as cp
+import numpy as np
+
+from ..checkpoint import ModelConfig
+from ..errors import NllbError
+from . import kernels
+from .kvpool import KVPool, PoolFull, plan_pool
+from .reference import sinusoidal_positions
+
+BF16 = cp.dtype("bfloat16")
+DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
+MAX_POOL_BYTES = 16 << 30
+
+
+def to_bf16(a: np.ndarray) -> cp.ndarray:
+    return cp.asarray(a, dtype=cp.float32).astype(BF16)
+
+
+def to_f32(a: np.ndarray) -> cp.ndarray:
+    return cp.asarray(a, dtype=cp.float32)
+
+
+def i32(a) -> cp.ndarray:
+    return cp.asarray(np.asarray(a, dtype=np.int32))
+
+
+@dataclass
+class CudaEncoded:
+    """Each source's run of cross K/V rows in the pool."""
+
+    start: np.ndarray  # (B,) first cross row
+    length: np.ndarray  # (B,) source tokens
+    released: bool = False
+
+
+@dataclass
+class CudaState:
+    """Decoder rows: the cache slot and the source of each, advancing in lockstep."""
+
+    slots: np.ndarray  # (N,) self-attention cache slot
+    source_rows: np.ndarray  # (N,) index into the encoded batch
+    length: int = 0  # positions filled
+
+
+class CudaEngine:
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], device: int = 0, pool_bytes: int | None = None):
+        if config.activation_function != "relu":
+            raise NllbError(f"the GPU engine runs ReLU models (M2M-100, NLLB), not {config.activation_function}: use --device cpu")
+        self.config = config
+        self.device = cp.cuda.Device(device)
+        self.device.use()
+        self.pool_bytes = pool_bytes
+        self.pool: KVPool | None = None
+        c, w, d = config, weights, config.d_model
+        self.embed_table = to_bf16(w["encoder.embed_tokens.weight"])
+        same = lambda a, b: w[a] is w[b] or np.array_equal(w[a], w[b])  # noqa: E731
+        self.decoder_table = self.embed_table if same("decoder.embed_tokens.weight", "encoder.embed_tokens.weight") else to_bf16(w["decoder.embed_tokens.weight"])
+        self.lm_head = self.decoder_table if same("lm_head.weight", "decoder.embed_tokens.weight") else to_bf16(w["lm_head.weight"])
+        self.positions = to_f32(sinusoidal_positions(c.max_position_embeddings + 2, d, c.pad_token_id))
+
+        def attention(prefix: str) -> dict:
+            qkv_w = np.concatenate([w[prefix + f"{p}_proj.weight"] for p in "qkv"])  # (3D, D): one GEMM for q, k, v
+            qkv_b = np.concatenate([w[prefix + f"{p}_proj.bias"] for p in "qkv"])
+            return {"qkv_w": to_bf16(qkv_w), "qkv_b": to_f32(qkv_b), "o_w": to_bf16(w[prefix + "out_proj.weight"]),
+                    "o_b": to_f32(w[prefix + "out_proj.bias"])}
+
+        def common(p: str) -> dict:
+            return {
+                "ln1_w": to_f32(w[p + "self_attn_layer_norm.weight"]), "ln1_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
+                "ln3_w": to_f32(w[p + "final_layer_norm.weight"]), "ln3_b": to_f32(w[p + "final_layer_norm.bias"]),
+                "fc1_w": to_bf16(w[p + "fc1.weight"]), "fc1_b": to_f32(w[p + "fc1.bias"]),
+                "fc2_w": to_bf16(w[p + "fc2.weight"]), "fc2_b": to_f32(w[p + "fc2.bias"]),
+                **attention(p + "self_attn."),
+            }
+
+        self.encoder = [common(f"encoder.layers.{i}.") for i in range(c.encoder_layers)]
+        self.decoder = []
+        cross_w, cross_b = [], []
+        for i in range(c.decoder_layers):
+            p = f"decoder.layers.{i}."
+            layer = common(p)
+            layer.update({
+                "ln2_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]), "ln2_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
+                "cq_w": to_bf16(w[p + "encoder_attn.q_proj.weight"]), "cq_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
+                "co_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]), "co_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
+            })
+            self.decoder.append(layer)
+            cross_w += [w[p + "encoder_attn.k_proj.weight"], w[p + "encoder_attn.v_proj.weight"]]
+            cross_b += [w[p + "encoder_attn.k_proj.bias"], w[p + "encoder_attn.v_proj.bias"]]
+        # every layer's cross K and V in one GEMM at prefill: (2 L D, D), row layout as the pool's cross rows
+        self.cross_w, self.cross_b = to_bf16(np.concatenate(cross_w)), to_f32(np.concatenate(cross_b))
+        self.enc_ln = (to_f32(w["encoder.layer_norm.weight"]), to_f32(w["encoder.layer_norm.bias"]))
+        self.dec_ln = (to_f32(w["decoder.layer_norm.weight"]), to_f32(w["decoder.layer_norm.bias"]))
+
+    # -- the pool
+
+    def capacity(self, max_length: int) -> tuple[int, int]:
+        """Decoder rows and source tokens the pool holds at once; makes the pool on first use (or when a
+        longer max_length needs longer slots: the pool is otherwise never grown)."""
+        cache_rows = max_length + 1
+        if self.pool is None or self.pool.plan.cache_rows < cache_rows:
+            self.pool = None
+            cp.get_default_memory_pool().free_all_blocks()
+            free = self.device.mem_info[0]
+            budget = self.pool_bytes or min(MAX_POOL_BYTES, int(free * DEFAULT_POOL_FRACTION))
+            plan = plan_pool(self.config.decoder_layers, self.config.d_model, cache_rows, budget, self.config.max_position_embeddings + 2)
+            self.pool = KVPool(self.config.decoder_layers, self.config.d_model, plan)
+            needed_rows = max(self.config.max_position_embeddings, max_length) + 3
+            if self.positions.shape[0] < needed_rows:
+                c = self.config
+                self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
+        return self.pool.plan.slots, self.pool.plan.cross_rows
+
+    # -- encoder
+
+    def encode(self, sources: list[list[int]]) -> CudaEncoded:
+        """The encoder over the batch; each source's cross K/V (every decoder layer) into its run of pool rows."""
+        c = self.config
+        pool = self.pool
+        if pool is None:
+            raise RuntimeError("call capacity() before encode()")
+        b, s = len(sources), max(len(x) for x in sources)
+        lengths = np.array([len(x) for x in sources])
+        ids = np.full((b, s), c.pad_token_id, dtype=np.int32)
+        for i, src in enumerate(sources):
+            ids[i, : len(src)] = src
+        mask = ids != c.pad_token_id
+        pos = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
+        h = kernels.embed(i32(ids.reshape(-1)), i32(pos.reshape(-1)), self.embed_table, self.positions, c.embed_scale)
+        start = i32(np.repeat(np.arange(b) * s, s))  # query b*S+i reads its own source's rows
+        length = i32(np.repeat(lengths, s))
+        d = c.d_model
+        for layer in self.encoder:
+            x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
+            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (B*S, 3D)
+            a = kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], start, length, c.encoder_attention_heads)
+            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
+            x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
+            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
+            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
+        x = kernels.layernorm(h, *self.enc_ln)
+        kv = kernels.gemm(x, self.cross_w, self.cross_b)  # (B*S, 2 L D)
+        starts = []
+        try:
+            for n in lengths:
+                starts.append(pool.cross_runs.claim(int(n)))
+        except PoolFull:
+            for st, n in zip(starts, lengths):
+                pool.cross_runs.release(st, int(n))
+            raise
+        src_rows = np.concatenate([np.arange(n) + i * s for i, n in enumerate(lengths)])
+        dst_rows = np.concatenate([np.arange(n) + st for st, n in zip(starts, lengths)])
+        kernels.copy_rows(kv, i32(src_rows), pool.cross, i32(dst_rows))
+        return CudaEncoded(np.array(starts), lengths)
+
+    # -- decoder
+
+    def start(self, encoded: CudaEncoded, source_rows: np.ndarray, max_positions: int) -> CudaState:
+        pool = self.pool
+        if max_positions > pool.plan.cache_rows:
+            raise PoolFull(f"{max_positions} decoder positions needed, the pool's slots hold {pool.plan.cache_rows}")
+        return CudaState(np.array(pool.slots.claim(len(source_rows))), np.asarray(source_rows))
+
+    def decode(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray) -> cp.ndarray:
+        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16."""
+        c, pool, d = self.config, self.pool, self.config.d_model
+        t, n = state.length, len(state.slots)
+        tokens = np.asarray(tokens)
+        pos = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
+        h = kernels.embed(i32(tokens), i32(pos), self.decoder_table, self.positions, c.embed_scale)
+        rows_per_slot = pool.plan.cache_rows
+        self_start = i32(state.slots * rows_per_slot)
+        self_len = i32(np.full(n, t + 1))
+        new_rows = i32(state.slots * rows_per_slot + t)
+        every = i32(np.arange(n))
+        cross_start = i32(encoded.start[state.source_rows])
+        cross_len = i32(encoded.length[state.source_rows])
+        for i, layer in enumerate(self.decoder):
+            x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
+            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (N, 3D)
+            kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
+            kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
+            a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], self_start, self_len, c.decoder_attention_heads)
+            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
+            x = kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"])
+            q = kernels.gemm(x, layer["cq_w"], layer["cq_b"])
+            a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads)
+            h = kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out_dtype=kernels.F32)
+            x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
+            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
+            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
+        state.length = t + 1
+        return kernels.layernorm(h, *self.dec_ln)
+
+    def step(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray, want_logits: bool = True):
+        """Next-token logits (N, V) f32 on the host (for tests; the search uses the fused calls below)."""
+        x = self.decode(encoded, state, tokens)
+        if not want_logits:
+            return None
+        return cp.asnumpy(kernels.gemm(x, self.lm_head, out_dtype=kernels.F32))
+
+    def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray) -> np.ndarray:
+        ids, _ = kernels.logits_argmax(self.decode(encoded, state, tokens), self.lm_head)
+        return cp.asnumpy(ids).astype(np.int64)
+
+    def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray, k: int):
+        logits = kernels.gemm(self.decode(encoded, state, tokens), self.lm_head, out_dtype=kernels.F32)  # (N, V)
+        lse = cp.log(cp.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) + logits.max(axis=1, keepdims=True)
+        candidates = cp.argpartition(-logits, k - 1, axis=1)[:, :k]
+        values = cp.take_along_axis(logits, candidates, axis=1) - lse
+        values, candidates = cp.asnumpy(values).astype(np.float32), cp.asnumpy(candidates).astype(np.int64)
+        order = np.lexsort((candidates, -values), axis=1)  # best first, ties to the lower id
+        return np.take_along_axis(values, order, axis=1), np.take_along_axis(candidates, order, axis=1)
+
+    def select(self, state: CudaState, rows: np.ndarray) -> None:
+        """Keep decoder rows `rows`, in that order. A row keeps its parent's slot the first time the parent is
+        chosen; a second child gets a free slot and a copy of the parent's cache rows; unchosen slots go back."""
+        pool, t = self.pool, state.length
+        rows = np.asarray(rows, dtype=np.int64)
+        old = state.slots
+        taken: set[int] = set()
+        new = np.empty(len(rows), dtype=np.int64)
+        copies = []
+        for i, r in enumerate(rows):
+            s = int(old[r])
+            if s in taken:
+                copies.append((i, s))
+            else:
+                taken.add(s)
+                new[i] = s
+        unused = [int(s) for s in old if int(s) not in taken]
+        for i, s in copies:
+            new[i] = unused.pop() if unused else pool.slots.claim(1)[0]
+        pool.slots.release(unused)
+        if copies and t:
+            per = pool.plan.cache_rows
+            src = np.concatenate([s * per + np.arange(t) for _, s in copies])
+            dst = np.concatenate([new[i] * per + np.arange(t) for i, _ in copies])
+            src, dst = i32(src), i32(dst)
+            for i in range(self.config.decoder_layers):
+                kernels.copy_rows(pool.self_k[i], src, pool.self_k[i], dst)
+                kernels.copy_rows(pool.self_v[i], src, pool.self_v[i], dst)
+        state.slots = new
+        state.source_rows = state.source_rows[rows]
+
+    def release(self, state: CudaState) -> None:
+        self.pool.slots.release(state.slots)
+        state.slots = state.slots[:0]
+
+    def release_sources(self, encoded: CudaEncoded) -> None:
+        if not encoded.released:
+            for st, n in zip(encoded.start, encoded.length):
+                self.pool.cross_runs.release(int(st), int(n))
+            encoded.released = True

@@ -1,0 +1,115 @@
+"""The fixed KV pool of the GPU engine and its allocators.
+
+Preallocated once and never grown:
+- self-attention K and V, per decoder layer, as `[slots, cache_rows, D]` (stored flat as
+  `(slots * cache_rows, D)`): a slot per live sequence (per beam), claimed when it starts, freed the
+  moment it ends, so the next sentence can reuse it;
+- cross-attention K/V as rows of `(cross_rows, 2 * layers * D)`: a source token's K and V for every
+  decoder layer in one row (layer l's K at columns 2lD.., its V at 2lD+D..), written once at prefill
+  because they depend only on the encoder output. Each source claims a contiguous run of rows, as long
+  as the source, instead of a fixed `max_source_len` run: short sources then cost no padding.
+
+Running out is an error that names the option to change, never a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cupy as cp
+
+from ..errors import NllbError
+
+BF16 = cp.dtype("bfloat16")
+
+
+class SlotAllocator:
+    """Slot numbers 0..size-1, handed out and taken back."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.free = list(range(size - 1, -1, -1))  # a stack: the lowest numbers go first
+
+    @property
+    def available(self) -> int:
+        return len(self.free)
+
+    def claim(self, n: int) -> list[int]:
+        if n > len(self.free):
+            raise PoolFull(f"{n} cache slots needed, {len(self.free)} of {self.size} free")
+        return [self.free.pop() for _ in range(n)]
+
+    def release(self, slots) -> None:
+        self.free.extend(int(s) for s in slots)
+
+
+class RunAllocator:
+    """Contiguous runs of rows out of `size` (first fit), for the cross K/V of each source."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.free: list[tuple[int, int]] = [(0, size)]  # (start, length), sorted by start
+
+    @property
+    def available(self) -> int:
+        return sum(n for _, n in self.free)
+
+    def claim(self, n: int) -> int:
+        for i, (start, length) in enumerate(self.free):
+            if length >= n:
+                self.free[i : i + 1] = [(start + n, length - n)] if length > n else []
+                return start
+        raise PoolFull(f"a run of {n} cross K/V rows needed, the longest free run is {max((n for _, n in self.free), default=0)}")
+
+    def release(self, start: int, n: int) -> None:
+        self.free.append((start, n))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for s, length in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == s:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((s, length))
+        self.free = merged
+
+
+class PoolFull(NllbError):
+    """The pool cannot hold a request; the caller turns this into advice on which option to change."""
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    slots: int  # live sequences (beams) at once
+    cache_rows: int  # decoder positions per slot: the decoder start plus max_length tokens
+    cross_rows: int  # source tokens at once, all sources together
+
+
+def plan_pool(layers: int, d_model: int, cache_rows: int, budget_bytes: int, max_source: int) -> PoolPlan:
+    """Split a memory budget between self-attention slots (3/4) and cross K/V rows (1/4)."""
+    per_slot = layers * 2 * cache_rows * d_model * BF16.itemsize
+    per_cross_row = layers * 2 * d_model * BF16.itemsize
+    slots = max(1, min(16384, budget_bytes * 3 // 4 // per_slot))
+    cross_rows = max(max_source, min(1 << 20, budget_bytes // 4 // per_cross_row))
+    return PoolPlan(int(slots), int(cache_rows), int(cross_rows))
+
+
+class KVPool:
+    def __init__(self, layers: int, d_model: int, plan: PoolPlan):
+        self.plan = plan
+        self.d = d_model
+        rows = plan.slots * plan.cache_rows
+        self.self_k = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
+        self.self_v = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
+        self.cross = cp.empty((plan.cross_rows, 2 * layers * d_model), dtype=BF16)
+        self.slots = SlotAllocator(plan.slots)
+        self.cross_runs = RunAllocator(plan.cross_rows)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.self_k + self.self_v) + self.cross.nbytes
+
+    def cross_k(self, layer: int) -> cp.ndarray:
+        return self.cross[:, 2 * layer * self.d : (2 * layer + 1) * self.d]
+
+    def cross_v(self, layer: int) -> cp.ndarray:
+        return self.cross[:, (2 * layer + 1) * self.d : (2 * layer + 2) * self.d]

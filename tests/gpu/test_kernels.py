@@ -1,0 +1,132 @@
+"""Every CUDA kernel against NumPy on fresh random inputs, with the output poisoned before the launch."""
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine import reference as ref  # noqa: E402
+
+rng = np.random.default_rng(1234)
+BF16 = "bfloat16"
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    """Round to bfloat16 and back (round to nearest even), as the device will hold it."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def to_device_bf16(a: np.ndarray):
+    return cp.asarray(a, dtype=cp.float32).astype(BF16)
+
+
+def poisoned(shape, dtype):
+    out = cp.empty(shape, dtype=dtype)
+    out.fill(float("nan")) if cp.dtype(dtype).kind == "f" or str(dtype) == BF16 else out.fill(-7)
+    return out
+
+
+def rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    assert not np.isnan(got).any()
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+@pytest.mark.parametrize("tile", ["small", "large"])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (37, 1000, 72), (300, 515, 1024), (129, 130, 40), (512, 384, 256)])
+@pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "bias_residual_f32"])
+def test_gemm_matches_reference(tile, m, n, k, epilogue):
+    a = bf16(rng.normal(size=(m, k)).astype(np.float32))
+    w = bf16(rng.normal(size=(n, k)).astype(np.float32) / np.sqrt(k))
+    bias = rng.normal(size=n).astype(np.float32)
+    residual = rng.normal(size=(m, n)).astype(np.float32)
+    want = a.astype(np.float64) @ w.T.astype(np.float64)
+    kwargs = {}
+    if epilogue != "plain":
+        want = want + bias
+        kwargs["bias"] = cp.asarray(bias)
+    if epilogue == "bias_relu":
+        want = np.maximum(want, 0)
+        kwargs["relu"] = True
+    if epilogue == "bias_residual_f32":
+        want = want + residual
+        kwargs["residual"] = cp.asarray(residual)
+    out_dtype = cp.float32 if epilogue.endswith("f32") else BF16
+    out = poisoned((m, n), out_dtype)
+    kernels.gemm(to_device_bf16(a), to_device_bf16(w), out=out, tile=tile, **kwargs)
+    got = cp.asnumpy(out.astype(cp.float32))
+    assert rel_err(got, want) < (1e-5 if out_dtype == cp.float32 else 1e-2)
+
+
+@pytest.mark.parametrize("tile", ["small", "large"])
+@pytest.mark.parametrize("m,v,d", [(1, 606, 64), (7, 5000, 96), (130, 2051, 128)])
+def test_logits_argmax_matches_reference(tile, m, v, d):
+    h = bf16(rng.normal(size=(m, d)).astype(np.float32))
+    w = bf16(rng.normal(size=(v, d)).astype(np.float32))
+    logits = h.astype(np.float64) @ w.T.astype(np.float64)
+    ids, values = kernels.logits_argmax(to_device_bf16(h), to_device_bf16(w), tile=tile)
+    ids, values = cp.asnumpy(ids), cp.asnumpy(values)
+    np.testing.assert_allclose(values, logits.max(axis=1), rtol=1e-5)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 1e-4 * np.abs(top2[:, 1])  # a near-tie may go either way in f32
+    assert (ids[clear] == logits.argmax(axis=1)[clear]).all()
+
+
+def test_logits_argmax_breaks_ties_towards_the_lower_id():
+    h = to_device_bf16(np.ones((3, 16), np.float32))
+    w = np.zeros((300, 16), np.float32)
+    w[[17, 140, 290]] = 1.0  # three equal maxima, in different column blocks
+    ids, _ = kernels.logits_argmax(h, to_device_bf16(w))
+    assert cp.asnumpy(ids).tolist() == [17, 17, 17]
+
+
+@pytest.mark.parametrize("m,d", [(1, 64), (33, 1024), (5, 48)])
+def test_layernorm_matches_reference(m, d):
+    x = rng.normal(2.0, 3.0, size=(m, d)).astype(np.float32)
+    w, b = rng.normal(1, 0.3, d).astype(np.float32), rng.normal(0, 0.3, d).astype(np.float32)
+    out = poisoned((m, d), BF16)
+    kernels.layernorm(cp.asarray(x), cp.asarray(w), cp.asarray(b), out=out)
+    want = ref.layernorm(x.astype(np.float64), w, b)
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
+
+
+def test_embed_matches_reference():
+    v, d, p = 500, 64, 70
+    table = bf16(rng.normal(size=(v, d)).astype(np.float32))
+    positions = ref.sinusoidal_positions(p, d, 1)
+    ids = rng.integers(0, v, 40).astype(np.int32)
+    pos = rng.integers(1, p, 40).astype(np.int32)
+    out = poisoned((40, d), cp.float32)
+    kernels.embed(cp.asarray(ids), cp.asarray(pos), to_device_bf16(table), cp.asarray(positions), 8.0, out=out)
+    np.testing.assert_allclose(cp.asnumpy(out), ref.embed(ids, pos, table, 8.0, positions), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("heads,d", [(16, 1024), (2, 48), (8, 64)])
+def test_attention_matches_reference(heads, d):
+    """Queries over runs of key rows, reading q, k and v as column slices of one fused QKV array."""
+    rows, keys = 9, 60
+    qkv = bf16(rng.normal(size=(keys, 3 * d)).astype(np.float32))
+    device_qkv = to_device_bf16(qkv)
+    start = rng.integers(0, keys // 2, rows).astype(np.int32)
+    length = np.array([rng.integers(1, keys - s + 1) for s in start], dtype=np.int32)
+    out = poisoned((rows, d), BF16)
+    kernels.attention(device_qkv[:rows, :d], device_qkv[:, d : 2 * d], device_qkv[:, 2 * d :], cp.asarray(start),
+                      cp.asarray(length), heads, out=out)
+    q, k, v = qkv[:rows, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
+    want = np.stack([
+        ref.attention(q[r][None, None].astype(np.float64), k[s : s + n][None].astype(np.float64),
+                      v[s : s + n][None].astype(np.float64), None, heads)[0, 0]
+        for r, (s, n) in enumerate(zip(start, length))
+    ])
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
+
+
+def test_copy_rows_places_rows():
+    pool = cp.zeros((24, 16), dtype=BF16)
+    src = bf16(rng.normal(size=(3, 48)).astype(np.float32))
+    device_src = to_device_bf16(src)
+    kernels.copy_rows(device_src[:, 16:32], cp.asarray([0, 1, 2], dtype=cp.int32), pool, cp.asarray([17, 0, 3], dtype=cp.int32))
+    want = np.zeros((24, 16), np.float32)
+    want[17], want[0], want[3] = src[:, 16:32]
+    np.testing.assert_array_equal(cp.asnumpy(pool.astype(cp.float32)), want)
