@@ -66,7 +66,6 @@ def bench_gemm(results: list) -> None:
         results.append({"what": f"logits+argmax {m} rows", "ours_ms": ours * 1e3, "cublas_matmul_argmax_ms": cublas * 1e3,
                         "ours_weight_tbps": w.nbytes / ours / 1e12, "ours_tflops": 2 * m * 1024 * 256206 / ours / 1e12})
         print(json.dumps(results[-1]), flush=True)
-        del w, wt
 
 
 def random_weights(config: ModelConfig) -> dict[str, np.ndarray]:

@@ -28,7 +28,7 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
     for (int e = threadIdx.x; e < E; e += blockDim.x) qs[e] = bf16_to_float(q[(size_t)row * ldq + h * E + e]);
     __syncthreads();
 
-    float local_max = -INFINITY;
+    float local_max = NEG_INF;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const __nv_bfloat16* key = kg + (size_t)j * ldk;
         float dot = 0.f;
@@ -41,7 +41,7 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
     __shared__ float maxes[32];
     if ((threadIdx.x & 31) == 0) maxes[threadIdx.x >> 5] = local_max;
     __syncthreads();
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (int w = 0; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, maxes[w]);
 
     float local_sum = 0.f;

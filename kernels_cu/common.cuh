@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+#define NEG_INF (__int_as_float(0xff800000))  // NVRTC has no INFINITY macro
 
 __device__ __forceinline__ float bf16_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 float_to_bf16(float x) { return __float2bfloat16_rn(x); }

@@ -146,7 +146,7 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
     for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            float best = -INFINITY;
+            float best = NEG_INF;
             int at = 0x7fffffff;
 #pragma unroll
             for (int j = 0; j < NT; ++j)
@@ -188,7 +188,7 @@ extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_v
     __shared__ float sv[32];
     __shared__ int si[32];
     const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float best = -INFINITY;
+    float best = NEG_INF;
     int at = 0x7fffffff;
     for (int p = threadIdx.x; p < parts; p += blockDim.x) {
         const float v = part_val[(size_t)m * parts + p];

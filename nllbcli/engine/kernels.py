@@ -15,6 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import cupy as cp
+import numpy as np
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
@@ -63,6 +64,7 @@ def check_array(name: str, a: cp.ndarray, dtype, shape: tuple | None = None) -> 
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
+NULL = np.uint64(0)  # an absent pointer argument
 
 
 # ------------------------------------------------------------------------------------------------ gemm.cu
@@ -99,7 +101,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     grid = (-(-n // t["BN"]), -(-m // t["BM"]))
     threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
     kernel(grid, (threads,), (
-        a, w, bias if bias is not None else 0, residual if residual is not None else 0, out, 0, 0,
+        a, w, bias if bias is not None else NULL, residual if residual is not None else NULL, out, NULL, NULL,
         cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(1 if relu else 0),
         cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0),
     ))
@@ -121,7 +123,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small") -> tuple[cp
     kernel = function("gemm.cu", "gemm_kernel", **t)
     threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
     kernel((blocks_n, -(-m // t["BM"])), (threads,), (
-        h, w, 0, 0, 0, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
+        h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
         cp.int32(EPILOGUE_ARGMAX), cp.int32(0),
     ))
     ids = cp.empty((m,), dtype=cp.int32)
