@@ -89,16 +89,16 @@ def random_weights(config: ModelConfig) -> dict[str, np.ndarray]:
     return out
 
 
-def bench_engine(results: list, batches: list[int]) -> None:
+def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
     config = NLLB_600M
     t0 = time.perf_counter()
     engine = CudaEngine(config, random_weights(config))
     results.append({"what": "engine load (random 600M weights, host to GPU)", "seconds": time.perf_counter() - t0})
     rng = np.random.default_rng(1)
-    for batch in batches:
+    for batch, beams in runs:
         lengths = np.sort(rng.integers(10, 61, batch))
         sources = [[256047] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
-        options = DecodeOptions(beam_size=1, max_length=41)
+        options = DecodeOptions(beam_size=beams, max_length=41)
         engine.capacity(options.max_length)
         generate(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
         cp.cuda.Device().synchronize()
@@ -107,7 +107,7 @@ def bench_engine(results: list, batches: list[int]) -> None:
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
         tokens = sum(len(o) + 1 for o in outputs)  # the language token counts, as in transformers' max_new_tokens
-        results.append({"what": f"engine greedy, batch {batch}", "generated_tokens": tokens, "seconds": seconds,
+        results.append({"what": f"engine batch {batch}, beam {beams}", "generated_tokens": tokens, "seconds": seconds,
                         "tokens_per_s": tokens / seconds, "pool_gib": engine.pool.nbytes / 2**30,
                         "peak_gib": cp.get_default_memory_pool().total_bytes() / 2**30})
         print(json.dumps(results[-1]), flush=True)
@@ -116,11 +116,11 @@ def bench_engine(results: list, batches: list[int]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--batches", default="256,1024")
+    parser.add_argument("--runs", default="256x1,1024x1,256x4", help="batch x beams, comma-separated")
     args = parser.parse_args()
     results = [{"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cp.__version__}]
     bench_gemm(results)
-    bench_engine(results, [int(b) for b in args.batches.split(",")])
+    bench_engine(results, [tuple(int(x) for x in run.split("x")) for run in args.runs.split(",")])
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0

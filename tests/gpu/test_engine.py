@@ -12,6 +12,7 @@ from nllbcli.checkpoint import load_checkpoint  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
 from nllbcli.engine.reference import ReferenceEngine  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
+from nllbcli.tokenizer import NllbTokenizer  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,18 +20,30 @@ SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
 
 
+MODELS = {"tiny-a": ROOT / "tests" / "models" / "tiny-a", "tiny-b": ROOT / "tests" / "models" / "tiny-b", "sample": SAMPLE}
+# Largest logit error relative to the largest logit. The GPU rounds every GEMM input to bf16; the tiny
+# models' random weights (std 0.5) amplify that rounding layer after layer, the trained model's do not.
+TOLERANCE = {"tiny-a": 8e-2, "tiny-b": 8e-2, "sample": 2e-2}
+
+
+def bf16_rounded(a: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
 @lru_cache(maxsize=None)
 def engines(name):
-    config, weights = load_checkpoint(ROOT / "tests" / "models" / name)
-    return config, ReferenceEngine(config, weights), CudaEngine(config, weights)
+    config, weights = load_checkpoint(MODELS[name])
+    rounded = {k: bf16_rounded(v) for k, v in weights.items()}  # the reference gets the weights the GPU holds
+    return config, ReferenceEngine(config, rounded), CudaEngine(config, weights)
 
 
-@pytest.mark.parametrize("name", ["tiny-a", "tiny-b"])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_engine_logits_match_reference(name):
     """Teacher-forced steps over a padded batch, with a beam reorder in the middle: logits within bf16 error."""
     config, ref, gpu = engines(name)
     rng = np.random.default_rng(5)
-    lang = config.vocab_size - 206 + 1 + 46  # eng_Latn in the tiny models' layout
+    lang = NllbTokenizer.from_model_dir(MODELS[name]).lang_id("eng_Latn")
     sources = [[lang] + rng.integers(4, 300, n).tolist() + [2] for n in (3, 17, 9)]
     rows = np.array([0, 1, 1, 2, 2, 2])
     gpu.capacity(16)
@@ -41,8 +54,8 @@ def test_engine_logits_match_reference(name):
         want = ref.step(encoded_r, state_r, tokens)
         got = gpu.step(encoded_g, state_g, tokens)
         assert not np.isnan(got).any()
-        scale = np.abs(want).max()
-        assert np.abs(got - want).max() / scale < 3e-2, step
+        error = np.abs(got - want).max() / np.abs(want).max()
+        assert error < TOLERANCE[name], (step, error)
         if step == 3:  # beams follow their parents: row 0 copies row 2's cache, row 2 is dropped
             order = np.array([2, 1, 0, 4, 5, 5])
             ref.select(state_r, order)
@@ -90,3 +103,18 @@ def test_a_batch_larger_than_the_pool_goes_in_parts():
     assert small.engine.pool.plan.slots == 10
     with pytest.raises(ValueError, match="lower --beam-size or --max-length"):
         small.translate(texts[:1], "eng_Latn", "deu_Latn", DecodeOptions(beam_size=12, max_length=64))
+
+
+def test_cli_translates_on_the_gpu(tmp_path):
+    from click.testing import CliRunner
+
+    from nllbcli.cli import cli
+
+    source = ROOT / "data" / "samples" / "demo.eng_Latn.txt"
+    texts = source.read_text(encoding="utf-8").splitlines()
+    for device in ("cuda", "auto"):
+        result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "ita_Latn", "--model", str(SAMPLE),
+                                          "--device", device, str(source), str(tmp_path / "out.txt")])
+        assert result.exit_code == 0, result.output
+        got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+        assert got == sample("cpu").translate(texts, "eng_Latn", "ita_Latn", DecodeOptions())
