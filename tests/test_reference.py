@@ -110,3 +110,9 @@ def test_cached_steps_equal_a_full_recompute(engine):
     logits = engine.step(encoded, state, np.array([7, 7]))
     np.testing.assert_allclose(logits[0], full_decoder_logits(engine, encoded, 1, prefixes[2] + [7]), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(logits[1], full_decoder_logits(engine, encoded, 0, prefixes[0] + [7]), rtol=1e-4, atol=1e-4)
+
+
+def test_bf16_round_is_round_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.005859375, 1.01171875, -3.14159, 0.0], dtype=np.float32)
+    # 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even one, 1.0
+    np.testing.assert_array_equal(ref.bf16_round(x), np.array([1.0, 1.0, 1.0078125, 1.015625, -3.140625, 0.0], np.float32))

@@ -35,6 +35,16 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     return y if bias is None else y + bias
 
 
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to the nearest bfloat16 (ties to even), kept as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)).view(np.float32).reshape(x.shape)
+
+
+def keep(x: np.ndarray) -> np.ndarray:
+    return x
+
+
 def activation(x: np.ndarray, name: str) -> np.ndarray:
     if name == "relu":
         return np.maximum(x, np.float32(0))
@@ -122,9 +132,12 @@ class DecoderState:
 class ReferenceEngine:
     """The float32 model on NumPy, behind the calls the search makes."""
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray]):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False):
         self.config = config
         self.w = weights
+        # bf16_activations: round every GEMM input and every stored K/V to bfloat16 where the GPU engine does,
+        # so that the GPU can be checked against the same numbers, not only against float32.
+        self.r = bf16_round if bf16_activations else keep
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
 
@@ -158,29 +171,29 @@ class ReferenceEngine:
         h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s))  # (B, S, D)
         for i in range(c.encoder_layers):
             p = f"encoder.layers.{i}."
-            x = layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
+            x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             h = h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads)
-            x = layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
+            x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
             h = h + self.ffn(p, x)
-        h = layernorm(h, w["encoder.layer_norm.weight"], w["encoder.layer_norm.bias"])
+        h = self.r(layernorm(h, w["encoder.layer_norm.weight"], w["encoder.layer_norm.bias"]))
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}.encoder_attn."
-            cross_k.append(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"]))  # (B, S, D)
-            cross_v.append(linear(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"]))
+            cross_k.append(self.r(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B, S, D)
+            cross_v.append(self.r(linear(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"])))
         return EncoderOutput(mask, cross_k, cross_v)
 
     def attention_block(self, prefix: str, x: np.ndarray, kv: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
         w = self.w
-        q = linear(x, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"])
-        k = linear(kv, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"])
-        v = linear(kv, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"])
-        out = attention(q, k, v, key_mask, heads)
+        q = self.r(linear(x, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"]))
+        k = self.r(linear(kv, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"]))
+        v = self.r(linear(kv, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"]))
+        out = self.r(attention(q, k, v, key_mask, heads))
         return linear(out, w[prefix + "out_proj.weight"], w[prefix + "out_proj.bias"])
 
     def ffn(self, prefix: str, x: np.ndarray) -> np.ndarray:
         w = self.w
-        hidden = activation(linear(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function)
+        hidden = self.r(activation(linear(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function))
         return linear(hidden, w[prefix + "fc2.weight"], w[prefix + "fc2.bias"])
 
     # -- decoder
@@ -206,26 +219,26 @@ class ReferenceEngine:
         h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(t + 1))[:, None, :]
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}."
-            x = layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"])
+            x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             a = p + "self_attn."
-            q = linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])  # (N, 1, D)
-            state.self_k[i][:, t] = linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"])[:, 0]
-            state.self_v[i][:, t] = linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"])[:, 0]
-            out = attention(q, state.self_k[i][:, : t + 1], state.self_v[i][:, : t + 1], None, c.decoder_attention_heads)
+            q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
+            state.self_k[i][:, t] = self.r(linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
+            state.self_v[i][:, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            out = self.r(attention(q, state.self_k[i][:, : t + 1], state.self_v[i][:, : t + 1], None, c.decoder_attention_heads))
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
-            x = layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"])
+            x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
-            q = linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"])
-            out = attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, c.decoder_attention_heads)
+            q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
+            out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, c.decoder_attention_heads))
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
-            x = layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"])
+            x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
             h = h + self.ffn(p, x)
         state.length = t + 1
         if not want_logits:
             return None
-        h = layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"])  # (N, D)
+        h = self.r(layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"]))  # (N, D)
         return linear(h, w["lm_head.weight"])  # (N, V)
 
     def step_argmax(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> np.ndarray:

@@ -21,9 +21,12 @@ HELDOUT = ROOT / "data" / "samples" / "heldout"
 
 
 MODELS = {"tiny-a": ROOT / "tests" / "models" / "tiny-a", "tiny-b": ROOT / "tests" / "models" / "tiny-b", "sample": SAMPLE}
-# Largest logit error relative to the largest logit. The GPU rounds every GEMM input to bf16; the tiny
-# models' random weights (std 0.5) amplify that rounding layer after layer, the trained model's do not.
-TOLERANCE = {"tiny-a": 8e-2, "tiny-b": 8e-2, "sample": 2e-2}
+# The reference runs with the weights the GPU holds (rounded to bf16) and rounds its activations where the
+# GPU does (GEMM inputs, stored K/V): what is left is f32 summation order and fast exp, so a bug in a
+# position, mask, slot or reorder shows as an error far above this. (Against the plain float32 reference the
+# gap is bf16 rounding amplified over the layers: 2% of the largest logit on the sample model, 8% on the
+# tiny models with their large random weights.)
+TOLERANCE = 1e-2
 
 
 def bf16_rounded(a: np.ndarray) -> np.ndarray:
@@ -35,7 +38,7 @@ def bf16_rounded(a: np.ndarray) -> np.ndarray:
 def engines(name):
     config, weights = load_checkpoint(MODELS[name])
     rounded = {k: bf16_rounded(v) for k, v in weights.items()}  # the reference gets the weights the GPU holds
-    return config, ReferenceEngine(config, rounded), CudaEngine(config, weights)
+    return config, ReferenceEngine(config, rounded, bf16_activations=True), CudaEngine(config, weights)
 
 
 @pytest.mark.parametrize("name", list(MODELS))
@@ -55,7 +58,8 @@ def test_engine_logits_match_reference(name):
         got = gpu.step(encoded_g, state_g, tokens)
         assert not np.isnan(got).any()
         error = np.abs(got - want).max() / np.abs(want).max()
-        assert error < TOLERANCE[name], (step, error)
+        print(f"{name} step {step}: largest logit error {error:.2e} of the largest logit")
+        assert error < TOLERANCE, (step, error)
         if step == 3:  # beams follow their parents: row 0 copies row 2's cache, row 2 is dropped
             order = np.array([2, 1, 0, 4, 5, 5])
             ref.select(state_r, order)
