@@ -10,6 +10,7 @@ Letters: M rows, N output columns, K reduction length, D d_model, H heads, E hea
 
 from __future__ import annotations
 
+import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -42,7 +43,8 @@ def arch() -> str:
 @lru_cache(maxsize=None)
 def module(name: str, defines: tuple[tuple[str, int], ...] = ()) -> cp.RawModule:
     """Compile (or fetch from CuPy's cache) one kernel file for this GPU, with `-D` defines."""
-    options = ("-std=c++17", f"-arch={arch()}", "--use_fast_math") + tuple(f"-D{k}={v}" for k, v in defines)
+    fast = () if os.environ.get("NLLB_EXACT_MATH") == "1" else ("--use_fast_math",)  # exact exp, rsqrt, division
+    options = ("-std=c++17", f"-arch={arch()}") + fast + tuple(f"-D{k}={v}" for k, v in defines)
     return cp.RawModule(code=read_source(name), options=options)
 
 
