@@ -102,7 +102,7 @@ def test_embed_matches_reference():
     np.testing.assert_allclose(cp.asnumpy(out), ref.embed(ids, pos, table, 8.0, positions), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("heads,d", [(16, 1024), (2, 48), (8, 64)])
+@pytest.mark.parametrize("heads,d", [(16, 1024), (2, 48), (8, 64), (4, 64), (4, 256)])
 def test_attention_matches_reference(heads, d):
     """Queries over runs of key rows, reading q, k and v as column slices of one fused QKV array."""
     rows, keys = 9, 60
