@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from nllbcli.checkpoint import ModelConfig, load_checkpoint, read_safetensors, resolve_model_dir
+from nllbcli.engine.reference import bf16_round
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
 from nllbcli.translator import load_translator
@@ -24,8 +25,7 @@ def write_safetensors(path: Path, arrays: dict, dtype: str) -> None:
     for name, array in arrays.items():
         a = np.ascontiguousarray(array, dtype=np.float32)
         if dtype == "BF16":
-            bits = a.view(np.uint32)
-            raw = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16).tobytes()  # round to nearest even
+            raw = (bf16_round(a).view(np.uint32) >> 16).astype(np.uint16).tobytes()
         else:
             raw = a.astype({"F32": np.float32, "F16": np.float16}[dtype]).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}

@@ -10,7 +10,7 @@ cp = pytest.importorskip("cupy")
 
 from nllbcli.checkpoint import load_checkpoint  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.engine.reference import ReferenceEngine  # noqa: E402
+from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.tokenizer import NllbTokenizer  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402
@@ -33,15 +33,10 @@ MODELS = {"tiny-b": ROOT / "tests" / "models" / "tiny-b", "sample": SAMPLE}
 TOLERANCE = {"tiny-b": 1e-2, "sample": 3e-2}
 
 
-def bf16_rounded(a: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
-
-
 @lru_cache(maxsize=None)
 def engines(name):
     config, weights = load_checkpoint(MODELS[name])
-    rounded = {k: bf16_rounded(v) for k, v in weights.items()}  # the reference gets the weights the GPU holds
+    rounded = {k: bf16_round(v) for k, v in weights.items()}  # the reference gets the weights the GPU holds
     return config, ReferenceEngine(config, rounded, bf16_activations=True), CudaEngine(config, weights)
 
 

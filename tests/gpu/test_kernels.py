@@ -12,10 +12,7 @@ rng = np.random.default_rng(1234)
 BF16 = "bfloat16"
 
 
-def bf16(a: np.ndarray) -> np.ndarray:
-    """Round to bfloat16 and back (round to nearest even), as the device will hold it."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+bf16 = ref.bf16_round  # the values as the device will hold them
 
 
 def to_device_bf16(a: np.ndarray):
