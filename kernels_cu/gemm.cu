@@ -8,6 +8,11 @@
 //   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
 //                   and its column go to part_val/part_idx[m, blockIdx.x] (ties: lower column);
 //                   argmax_reduce_kernel then reduces the gridDim.x partials per row.
+//   EPILOGUE_TOPK   the logits are never written either: per row and block, the max and the sum of
+//                   exp(logit - max) over the block's columns go to part_stat[m, blockIdx.x, 0..1], and the
+//                   block's TOPK best columns, best first (ties: lower column), to
+//                   part_val/part_idx[m, blockIdx.x, 0..TOPK-1]; topk_reduce_kernel makes log-probabilities.
+//                   Needs the tile staged in shared memory: BM * BN floats within the A and W stages.
 // Launch: grid (ceil(N/BN), ceil(M/BM)), block 32 * (BM/WM) * (BN/WN) threads. Tile sizes are -D defines
 // set by the loader: BM x BN per block, WM x WN per warp (multiples of 16 x 16), BK = 32.
 // Shared memory: two stages of A and W tiles, rows padded to 40 bf16 (80 bytes) so that the eight rows an
@@ -29,6 +34,10 @@
 #define NT (WN / 8)
 #define EPILOGUE_STORE 0
 #define EPILOGUE_ARGMAX 1
+#define EPILOGUE_TOPK 2
+#ifndef TOPK
+#define TOPK 8
+#endif
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
     unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
@@ -58,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
             const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
             float* __restrict__ part_val, int* __restrict__ part_idx,
-            int M, int N, int K, int relu, int epilogue, int out_f32) {
+            int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat) {
     __shared__ __align__(16) __nv_bfloat16 As[2][BM * LDS];
     __shared__ __align__(16) __nv_bfloat16 Ws[2][BN * LDS];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -139,6 +148,53 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
         return;
     }
 
+#if BM * BN * 4 <= 2 * (BM + BN) * LDS * 2  // tiles whose logits fit in the A and W stages
+    if (epilogue == EPILOGUE_TOPK) {
+        // Stage the tile's logits in shared memory (the A/W stages are free now), then one warp per row.
+        float* tile = reinterpret_cast<float*>(&As[0][0]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = warp_m * WM + i * 16 + (lane >> 2) + (e >> 1) * 8;
+                    const int col = warp_n * WN + j * 8 + (lane & 3) * 2 + (e & 1);
+                    tile[row * BN + col] = block_n + col < N ? acc[i][j][e] : NEG_INF;
+                }
+        __syncthreads();
+        for (int row = warp; row < BM; row += THREADS / 32) {
+            const int m = block_m + row;
+            if (m >= M) continue;
+            float* values = tile + row * BN;
+            float best = NEG_INF;
+            for (int c = lane; c < BN; c += 32) best = fmaxf(best, values[c]);
+            best = warp_max(best);
+            float sum = 0.f;
+            for (int c = lane; c < BN; c += 32) sum += values[c] == NEG_INF ? 0.f : __expf(values[c] - best);
+            sum = warp_sum(sum);
+            const size_t part = (size_t)m * gridDim.x + blockIdx.x;
+            if (lane == 0) { part_stat[2 * part] = best; part_stat[2 * part + 1] = sum; }
+            for (int r = 0; r < TOPK; ++r) {  // TOPK rounds of a warp argmax, each taking its winner out
+                float v = NEG_INF;
+                int at = 0x7fffffff;
+                for (int c = lane; c < BN; c += 32)
+                    if (beats(values[c], block_n + c, v, at)) { v = values[c]; at = block_n + c; }
+#pragma unroll
+                for (int offset = 16; offset > 0; offset >>= 1) {
+                    const float ov = __shfl_xor_sync(0xffffffff, v, offset);
+                    const int oi = __shfl_xor_sync(0xffffffff, at, offset);
+                    if (beats(ov, oi, v, at)) { v = ov; at = oi; }
+                }
+                if (lane == 0) { part_val[part * TOPK + r] = v; part_idx[part * TOPK + r] = at; }
+                if (at != 0x7fffffff && ((at - block_n) & 31) == lane) values[at - block_n] = NEG_INF;
+                __syncwarp();
+            }
+        }
+        return;
+    }
+#endif
+
     // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps.
     __shared__ float red_val[WARPS_N][BM];
     __shared__ int red_idx[WARPS_N][BM];
@@ -207,5 +263,70 @@ extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_v
             if (beats(sv[w], si[w], best, at)) { best = sv[w]; at = si[w]; }
         values[m] = best;
         ids[m] = at;
+    }
+}
+
+// topk_reduce_kernel: per row m, log-probabilities of the TOPK best columns over all `parts` blocks:
+// lse = max + log(sum_b sum_b * exp(max_b - max)), then TOPK rounds of a block argmax over the parts * TOPK
+// candidates (ties: lower column), each taking its winner out. logprob (M, TOPK) f32, ids (M, TOPK) int32,
+// best first. Launch: grid (M), block 256 threads; the candidates are changed in place.
+extern "C" __global__ void topk_reduce_kernel(const float* __restrict__ part_stat, float* __restrict__ part_val,
+                                              const int* __restrict__ part_idx, float* __restrict__ logprob,
+                                              int* __restrict__ ids, int parts) {
+    __shared__ float sv[32];
+    __shared__ int si[32], sp[32];
+    __shared__ float shared_max, shared_lse;
+    const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const float* stat = part_stat + (size_t)m * parts * 2;
+    float* val = part_val + (size_t)m * parts * TOPK;
+    const int* idx = part_idx + (size_t)m * parts * TOPK;
+
+    float mx = NEG_INF;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) mx = fmaxf(mx, stat[2 * p]);
+    mx = warp_max(mx);
+    if (lane == 0) sv[warp] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float v = sv[0];
+        for (int w = 1; w < warps; ++w) v = fmaxf(v, sv[w]);
+        shared_max = v;
+    }
+    __syncthreads();
+    float total = 0.f;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x)
+        if (stat[2 * p] != NEG_INF) total += stat[2 * p + 1] * __expf(stat[2 * p] - shared_max);
+    total = warp_sum(total);
+    __syncthreads();
+    if (lane == 0) sv[warp] = total;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int w = 0; w < warps; ++w) t += sv[w];
+        shared_lse = shared_max + __logf(t);
+    }
+    __syncthreads();
+
+    const int candidates = parts * TOPK;
+    for (int r = 0; r < TOPK; ++r) {
+        float best = NEG_INF;
+        int at = 0x7fffffff, where = -1;
+        for (int c = threadIdx.x; c < candidates; c += blockDim.x)
+            if (beats(val[c], idx[c], best, at)) { best = val[c]; at = idx[c]; where = c; }
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffff, best, offset);
+            const int oi = __shfl_xor_sync(0xffffffff, at, offset);
+            const int ow = __shfl_xor_sync(0xffffffff, where, offset);
+            if (beats(ov, oi, best, at)) { best = ov; at = oi; where = ow; }
+        }
+        if (lane == 0) { sv[warp] = best; si[warp] = at; sp[warp] = where; }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < warps; ++w)
+                if (beats(sv[w], si[w], best, at)) { best = sv[w]; at = si[w]; where = sp[w]; }
+            logprob[(size_t)m * TOPK + r] = best - shared_lse;
+            ids[(size_t)m * TOPK + r] = at;
+            if (where >= 0) val[where] = NEG_INF;
+        }
+        __syncthreads();
     }
 }

@@ -218,13 +218,10 @@ class CudaEngine:
         return cp.asnumpy(ids).astype(np.int64)
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray, k: int):
-        logits = kernels.gemm(self.decode(encoded, state, tokens), self.lm_head, out_dtype=kernels.F32)  # (N, V)
-        lse = cp.log(cp.exp(logits - logits.max(axis=1, keepdims=True)).sum(axis=1, keepdims=True)) + logits.max(axis=1, keepdims=True)
-        candidates = cp.argpartition(-logits, k - 1, axis=1)[:, :k]
-        values = cp.take_along_axis(logits, candidates, axis=1) - lse
-        values, candidates = cp.asnumpy(values).astype(np.float32), cp.asnumpy(candidates).astype(np.int64)
-        order = np.lexsort((candidates, -values), axis=1)  # best first, ties to the lower id
-        return np.take_along_axis(values, order, axis=1), np.take_along_axis(candidates, order, axis=1)
+        """Each row's k best next tokens by log-probability, best first: the output projection, log-softmax
+        and top-k in one pass over the embedding, without writing the logits."""
+        logprob, ids = kernels.logits_topk(self.decode(encoded, state, tokens), self.lm_head, k)
+        return cp.asnumpy(logprob), cp.asnumpy(ids).astype(np.int64)
 
     def select(self, state: CudaState, rows: np.ndarray) -> None:
         """Keep decoder rows `rows`, in that order. A row keeps its parent's slot the first time the parent is

@@ -72,7 +72,7 @@ NULL = np.uint64(0)  # an absent pointer argument
 # ------------------------------------------------------------------------------------------------ gemm.cu
 
 GEMM_TILES = {"large": dict(BM=128, BN=128, WM=64, WN=32), "small": dict(BM=64, BN=64, WM=32, WN=32)}
-EPILOGUE_STORE, EPILOGUE_ARGMAX = 0, 1
+EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
 
 
 def gemm_tile(m: int, n: int) -> str:
@@ -105,7 +105,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     kernel(grid, (threads,), (
         a, w, bias if bias is not None else NULL, residual if residual is not None else NULL, out, NULL, NULL,
         cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(1 if relu else 0),
-        cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0),
+        cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0), NULL,
     ))
     return out
 
@@ -126,12 +126,38 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small") -> tuple[cp
     threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
     kernel((blocks_n, -(-m // t["BM"])), (threads,), (
         h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
-        cp.int32(EPILOGUE_ARGMAX), cp.int32(0),
+        cp.int32(EPILOGUE_ARGMAX), cp.int32(0), NULL,
     ))
     ids = cp.empty((m,), dtype=cp.int32)
     values = cp.empty((m,), dtype=F32)
     function("gemm.cu", "argmax_reduce_kernel", **t)((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
     return ids, values
+
+
+def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.ndarray]:
+    """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
+    first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids."""
+    m, d = h.shape
+    n = w.shape[0]
+    check_array("h", h, BF16)
+    check_array("w", w, BF16, (n, d))
+    check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
+    check(1 <= k <= 32 and k <= n, f"top-k needs 1 <= k <= 32 and k <= V, got k={k}")
+    t = GEMM_TILES["small"]
+    blocks_n = -(-n // t["BN"])
+    stat = cp.empty((m, blocks_n, 2), dtype=F32)
+    part_val = cp.empty((m, blocks_n, k), dtype=F32)
+    part_idx = cp.empty((m, blocks_n, k), dtype=cp.int32)
+    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
+    function("gemm.cu", "gemm_kernel", TOPK=k, **t)((blocks_n, -(-m // t["BM"])), (threads,), (
+        h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(d), cp.int32(0),
+        cp.int32(EPILOGUE_TOPK), cp.int32(0), stat,
+    ))
+    logprob = cp.empty((m, k), dtype=F32)
+    ids = cp.empty((m, k), dtype=cp.int32)
+    if m:
+        function("gemm.cu", "topk_reduce_kernel", TOPK=k, **t)((m,), (256,), (stat, part_val, part_idx, logprob, ids, cp.int32(blocks_n)))
+    return logprob, ids
 
 
 # ------------------------------------------------------------------------------------------------ the rest

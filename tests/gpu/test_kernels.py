@@ -78,6 +78,33 @@ def test_logits_argmax_breaks_ties_towards_the_lower_id():
     assert cp.asnumpy(ids).tolist() == [17, 17, 17]
 
 
+@pytest.mark.parametrize("k", [1, 8, 32])
+@pytest.mark.parametrize("m,v,d", [(1, 606, 64), (70, 5000, 96), (9, 3208, 256)])
+def test_logits_topk_matches_reference(k, m, v, d):
+    h = bf16(rng.normal(size=(m, d)).astype(np.float32))
+    w = bf16(rng.normal(size=(v, d)).astype(np.float32) / 4)
+    logits = h.astype(np.float64) @ w.T.astype(np.float64)
+    logprob = logits - logits.max(1, keepdims=True)
+    logprob -= np.log(np.exp(logprob).sum(1, keepdims=True))
+    got_lp, got_ids = kernels.logits_topk(to_device_bf16(h), to_device_bf16(w), k)
+    got_lp, got_ids = cp.asnumpy(got_lp), cp.asnumpy(got_ids)
+    want_ids = np.argsort(-logprob, axis=1, kind="stable")[:, :k]
+    want_lp = np.take_along_axis(logprob, want_ids, axis=1)
+    np.testing.assert_allclose(got_lp, want_lp, rtol=1e-4, atol=1e-4)
+    assert (np.diff(got_lp, axis=1) <= 0).all()
+    ranked = np.sort(logprob, axis=1)[:, ::-1][:, : k + 1]
+    clear = (ranked[:, :-1] - ranked[:, 1:]) > 1e-4  # neighbours that a float32 sum cannot swap
+    assert (got_ids[clear] == want_ids[clear]).all()
+
+
+def test_logits_topk_breaks_ties_towards_the_lower_id():
+    h = to_device_bf16(np.ones((2, 16), np.float32))
+    w = np.zeros((300, 16), np.float32)
+    w[[290, 17, 140, 5]] = [[1.0] * 16, [1.0] * 16, [1.0] * 16, [0.5] * 16]
+    lp, ids = kernels.logits_topk(h, to_device_bf16(w), 4)
+    assert cp.asnumpy(ids).tolist() == [[17, 140, 290, 5]] * 2
+
+
 @pytest.mark.parametrize("m,d", [(1, 64), (33, 1024), (5, 48)])
 def test_layernorm_matches_reference(m, d):
     x = rng.normal(2.0, 3.0, size=(m, d)).astype(np.float32)
