@@ -62,12 +62,14 @@ def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelCo
     return [strip_output(o, eos) for o in outputs]
 
 
-def topk_desc(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def topk_desc(x, k: int):
     """The k largest values along the last axis of a 2-D array, sorted descending (ties: lower index first),
-    and their indices. Partition first: a full sort of beams x 256k candidates per step would dominate."""
-    if x.shape[-1] <= 4 * k:
-        order = np.argsort(-x, axis=-1, kind="stable")[:, :k]
-        return np.take_along_axis(x, order, axis=-1), order
+    and their indices. NumPy or CuPy arrays. Partition first on long NumPy rows: a full sort of
+    beams x 256k candidates per step would dominate the reference engine's time."""
+    if not isinstance(x, np.ndarray) or x.shape[-1] <= 4 * k:
+        xp = np if isinstance(x, np.ndarray) else __import__("cupy")
+        order = xp.argsort(-x, axis=-1, kind="stable")[:, :k] if xp is np else xp.argsort(-x, axis=-1)[:, :k]
+        return xp.take_along_axis(x, order, axis=-1), order
     order = np.empty((x.shape[0], k), dtype=np.int64)
     for r, row in enumerate(x):
         kth = np.partition(row, row.size - k)[row.size - k]  # the k-th largest value
@@ -77,21 +79,27 @@ def topk_desc(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(x, order, axis=-1), order
 
 
+def to_host(a) -> np.ndarray:
+    return a if isinstance(a, np.ndarray) else a.get()
+
+
 def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+    xp = getattr(engine, "xp", np)  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
     max_len = options.max_length + 1  # transformers' max_length: the decoder start plus max_new_tokens
     keep = 2 * k  # candidates kept per sentence: (one EOS token + 1) * beams, so K stay open when K end
+    neg = xp.float32(NEG)
     # Per active sentence (axis 0). The search starts after the forced language token, whose log-prob is 0
     # (transformers' forced-BOS processor), with beam 0 live and the others at -1e9, as after its first step.
-    run_seq = np.full((batch, k, max_len), config.pad_token_id, dtype=np.int64)
+    run_seq = xp.full((batch, k, max_len), config.pad_token_id, dtype=xp.int64)
     run_seq[:, :, 0] = config.decoder_start_token_id
     run_seq[:, :, 1] = tgt_lang_id
-    run_score = np.full((batch, k), NEG, dtype=np.float32)
+    run_score = xp.full((batch, k), neg, dtype=xp.float32)
     run_score[:, 0] = 0
     fin_seq = run_seq.copy()
-    fin_score = np.full((batch, k), NEG, dtype=np.float32)
-    fin_done = np.zeros((batch, k), dtype=bool)
+    fin_score = xp.full((batch, k), neg, dtype=xp.float32)
+    fin_done = xp.zeros((batch, k), dtype=bool)
     sentences = np.arange(batch)  # which input sentence each active sentence is
     results: dict[int, list[int]] = {}
 
@@ -105,52 +113,55 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
     while True:
         n = len(sentences)
         row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
-        row_lp, row_ids = np.asarray(row_lp, dtype=np.float32), np.asarray(row_ids)
         # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
-        scores = row_lp.reshape(n, k, keep) + run_score[:, :, None]
+        scores = row_lp.astype(xp.float32).reshape(n, k, keep) + run_score[:, :, None]
         top_score, top_index = topk_desc(scores.reshape(n, k * keep), keep)  # (n, 2K)
         top_beam = top_index // keep
-        top_token = np.take_along_axis(row_ids.reshape(n, k * keep), top_index, axis=1)
-        top_seq = np.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
+        top_token = xp.take_along_axis(row_ids.reshape(n, k * keep), top_index, axis=1)
+        top_seq = xp.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
         top_seq[:, :, cur_len] = top_token
         hits = (top_token == eos) | (cur_len + 1 >= max_len)  # (n, 2K): ended, or out of room
 
         # the K best candidates that go on
-        open_score = top_score + hits.astype(np.float32) * NEG
+        open_score = top_score + hits.astype(xp.float32) * neg
         _, next_idx = topk_desc(open_score, k)
-        run_seq = np.take_along_axis(top_seq, next_idx[:, :, None], axis=1)
-        run_score = np.take_along_axis(open_score, next_idx, axis=1)
-        parents = np.take_along_axis(top_beam, next_idx, axis=1)  # (n, K)
+        run_seq = xp.take_along_axis(top_seq, next_idx[:, :, None], axis=1)
+        run_score = xp.take_along_axis(open_score, next_idx, axis=1)
+        parents = xp.take_along_axis(top_beam, next_idx, axis=1)  # (n, K)
 
         # finished hypotheses: only among the first K candidates, scored with the length penalty
         just_done = hits.copy()
         just_done[:, k:] = False
-        normed = top_score / np.float32(float(cur_len + 1 - 1) ** lp)
-        normed = normed + (~just_done).astype(np.float32) * NEG
-        merged_score = np.concatenate([fin_score, normed], axis=1)
-        merged_seq = np.concatenate([fin_seq, top_seq], axis=1)
-        merged_done = np.concatenate([fin_done, just_done], axis=1)
+        normed = top_score / xp.float32(float(cur_len + 1 - 1) ** lp)
+        normed = normed + (~just_done).astype(xp.float32) * neg
+        merged_score = xp.concatenate([fin_score, normed], axis=1)
+        merged_seq = xp.concatenate([fin_seq, top_seq], axis=1)
+        merged_done = xp.concatenate([fin_done, just_done], axis=1)
         fin_score, best = topk_desc(merged_score, k)
-        fin_seq = np.take_along_axis(merged_seq, best[:, :, None], axis=1)
-        fin_done = np.take_along_axis(merged_done, best, axis=1)
+        fin_seq = xp.take_along_axis(merged_seq, best[:, :, None], axis=1)
+        fin_done = xp.take_along_axis(merged_done, best, axis=1)
 
         cur_len += 1
         # stop heuristic (early_stopping=False): can the best open beam, at this length, beat the worst finished?
-        best_possible = run_score[:, :1] / np.float32(float(cur_len - 1) ** lp)
-        worst_finished = np.where(fin_done, fin_score.min(axis=1, keepdims=True), NEG)
-        improvable = np.any(best_possible > worst_finished, axis=1)
-        finished = ~improvable | hits.all(axis=1) | (cur_len >= max_len)
-        for i in np.flatnonzero(finished):
+        best_possible = run_score[:, :1] / xp.float32(float(cur_len - 1) ** lp)
+        worst_finished = xp.where(fin_done, fin_score.min(axis=1, keepdims=True), neg)
+        improvable = xp.any(best_possible > worst_finished, axis=1)
+        finished = to_host(~improvable | hits.all(axis=1)) | (cur_len >= max_len)  # the one sync per step
+        done = np.flatnonzero(finished)
+        if len(done):
             # a finished hypothesis ends in </s> or fills max_len, so no padding follows its tokens
-            results[int(sentences[i])] = fin_seq[i, 0, 2:].tolist()
+            for i, seq in zip(done, to_host(fin_seq[xp.asarray(done), 0, 2:])):
+                results[int(sentences[i])] = seq.tolist()
         if finished.all():
             break
-        live = np.flatnonzero(~finished)
-        rows = (live[:, None] * k + parents[live]).reshape(-1)  # decoder rows that the surviving beams extend
-        engine.select(state, rows)
-        tokens = run_seq[live, :, cur_len - 1].reshape(-1)
-        run_seq, run_score, parents = run_seq[live], run_score[live], parents[live]
-        fin_seq, fin_score, fin_done = fin_seq[live], fin_score[live], fin_done[live]
-        sentences = sentences[live]
+        engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
+        if len(done):
+            live = np.flatnonzero(~finished)
+            engine.select(state, (live[:, None] * k + np.arange(k)).reshape(-1))  # done sentences leave
+            live_x = xp.asarray(live)
+            run_seq, run_score = run_seq[live_x], run_score[live_x]
+            fin_seq, fin_score, fin_done = fin_seq[live_x], fin_score[live_x], fin_done[live_x]
+            sentences = sentences[live]
+        tokens = run_seq[:, :, cur_len - 1].reshape(-1)
     engine.release(state)
     return [strip_output(results[i], eos) for i in range(batch)]

@@ -49,14 +49,21 @@ class CudaEncoded:
 
 @dataclass
 class CudaState:
-    """Decoder rows: the cache slot and the source of each, advancing in lockstep."""
+    """Decoder rows advancing in lockstep. Row i writes its K/V for position t into cache row
+    slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through
+    table[i]: after a beam reorder, a beam's history lies in its parent's rows, and only the table row is
+    copied (re-pointing, not moving, the cache)."""
 
-    slots: np.ndarray  # (N,) self-attention cache slot
-    source_rows: np.ndarray  # (N,) index into the encoded batch
+    slots: np.ndarray  # (N,) self-attention cache slot, where the row writes
+    table: cp.ndarray  # (N, cache_rows) int32: the cache row of each position, on the device
+    cross_start: cp.ndarray  # (N,) int32: first cross K/V row of the row's source
+    cross_len: cp.ndarray  # (N,) int32: the source's length
     length: int = 0  # positions filled
 
 
 class CudaEngine:
+    xp = cp  # the search keeps its beam arrays where the engine's results are
+
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], device: int = 0, pool_bytes: int | None = None):
         if config.activation_function != "relu":
             raise NllbError(f"the GPU engine runs ReLU models (M2M-100, NLLB), not {config.activation_function}: use --device cpu")
@@ -173,28 +180,31 @@ class CudaEngine:
         pool = self.pool
         if max_positions > pool.plan.cache_rows:
             raise PoolFull(f"{max_positions} decoder positions needed, the pool's slots hold {pool.plan.cache_rows}")
-        return CudaState(np.array(pool.slots.claim(len(source_rows))), np.asarray(source_rows))
+        source_rows = np.asarray(source_rows)
+        slots = np.array(pool.slots.claim(len(source_rows)))
+        table = cp.empty((len(slots), pool.plan.cache_rows), dtype=cp.int32)
+        return CudaState(slots, table, i32(encoded.start[source_rows]), i32(encoded.length[source_rows]))
 
-    def decode(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray) -> cp.ndarray:
-        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16."""
+    def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
+        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16.
+        `tokens` may be on the host or the device."""
         c, pool, d = self.config, self.pool, self.config.d_model
         t, n = state.length, len(state.slots)
-        tokens = np.asarray(tokens)
-        pos = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
-        h = kernels.embed(i32(tokens), i32(pos), self.decoder_table, self.positions, c.embed_scale)
-        rows_per_slot = pool.plan.cache_rows
-        self_start = i32(state.slots * rows_per_slot)
+        tokens = cp.asarray(tokens).astype(cp.int32)
+        pos = cp.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1).astype(cp.int32)
+        h = kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale)
+        new_rows = i32(state.slots * pool.plan.cache_rows + t)
+        state.table[:, t] = new_rows
         self_len = i32(np.full(n, t + 1))
-        new_rows = i32(state.slots * rows_per_slot + t)
         every = i32(np.arange(n))
-        cross_start = i32(encoded.start[state.source_rows])
-        cross_len = i32(encoded.length[state.source_rows])
+        cross_start, cross_len = state.cross_start, state.cross_len
         for i, layer in enumerate(self.decoder):
             x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
             qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (N, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
-            a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], self_start, self_len, c.decoder_attention_heads)
+            a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads,
+                                  table=state.table)
             h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
             x = kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"])
             q = kernels.gemm(x, layer["cq_w"], layer["cq_b"])
@@ -213,46 +223,33 @@ class CudaEngine:
             return None
         return cp.asnumpy(kernels.gemm(x, self.lm_head, out_dtype=kernels.F32))
 
-    def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray) -> np.ndarray:
+    def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens) -> np.ndarray:
         ids, _ = kernels.logits_argmax(self.decode(encoded, state, tokens), self.lm_head)
         return cp.asnumpy(ids).astype(np.int64)
 
-    def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray, k: int):
-        """Each row's k best next tokens by log-probability, best first: the output projection, log-softmax
-        and top-k in one pass over the embedding, without writing the logits."""
+    def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
+        """Each row's k best next tokens by log-probability, best first, on the device: the output
+        projection, log-softmax and top-k in one pass over the embedding, without writing the logits."""
         logprob, ids = kernels.logits_topk(self.decode(encoded, state, tokens), self.lm_head, k)
-        return cp.asnumpy(logprob), cp.asnumpy(ids).astype(np.int64)
+        return logprob, ids.astype(cp.int64)
+
+    def reorder(self, state: CudaState, parents) -> None:
+        """Beams follow their parents: row i continues row parents[i]'s history (parents on the host or the
+        device, repeats allowed). Only the table rows move; each row keeps writing into its own slot."""
+        parents = cp.asarray(parents)
+        state.table = state.table[parents]
+        state.cross_start, state.cross_len = state.cross_start[parents], state.cross_len[parents]
 
     def select(self, state: CudaState, rows: np.ndarray) -> None:
-        """Keep decoder rows `rows`, in that order. A row keeps its parent's slot the first time the parent is
-        chosen; a second child gets a free slot and a copy of the parent's cache rows; unchosen slots go back."""
-        pool, t = self.pool, state.length
+        """Keep decoder rows `rows` (host indices, each at most once), in that order; the others' slots go
+        back to the pool, for the next sentence."""
         rows = np.asarray(rows, dtype=np.int64)
-        old = state.slots
-        taken: set[int] = set()
-        new = np.empty(len(rows), dtype=np.int64)
-        copies = []
-        for i, r in enumerate(rows):
-            s = int(old[r])
-            if s in taken:
-                copies.append((i, s))
-            else:
-                taken.add(s)
-                new[i] = s
-        unused = [int(s) for s in old if int(s) not in taken]
-        for i, s in copies:
-            new[i] = unused.pop() if unused else pool.slots.claim(1)[0]
-        pool.slots.release(unused)
-        if copies and t:
-            per = pool.plan.cache_rows
-            src = np.concatenate([s * per + np.arange(t) for _, s in copies])
-            dst = np.concatenate([new[i] * per + np.arange(t) for i, _ in copies])
-            src, dst = i32(src), i32(dst)
-            for i in range(self.config.decoder_layers):
-                kernels.copy_rows(pool.self_k[i], src, pool.self_k[i], dst)
-                kernels.copy_rows(pool.self_v[i], src, pool.self_v[i], dst)
-        state.slots = new
-        state.source_rows = state.source_rows[rows]
+        if len(np.unique(rows)) != len(rows):
+            raise ValueError("select keeps each row at most once: use reorder for beams that share a parent")
+        dropped = np.setdiff1d(np.arange(len(state.slots)), rows)
+        self.pool.slots.release(state.slots[dropped])
+        state.slots = state.slots[rows]
+        self.reorder(state, i32(rows))
 
     def release(self, state: CudaState) -> None:
         self.pool.slots.release(state.slots)

@@ -194,25 +194,32 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.nda
 MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
 
 
-def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray, length: cp.ndarray, heads: int,
-              out: cp.ndarray | None = None) -> cp.ndarray:
-    """Query r attends to key rows start[r] .. start[r] + length[r] - 1, per head.
+def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,
+              out: cp.ndarray | None = None, table: cp.ndarray | None = None) -> cp.ndarray:
+    """Query r attends to key rows start[r] .. start[r] + length[r] - 1 (or, with a table, to rows
+    table[r, 0 .. length[r] - 1]), per head.
 
     q (R, D) bf16, or a column slice of a wider array whose rows hold D contiguous values (a fused QKV);
-    k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1.
-    -> (R, D) bf16."""
+    k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1;
+    table (R, T) int32. -> (R, D) bf16."""
     r, d = q.shape
     check(q.dtype == BF16 and k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
     check(q.strides[1] == k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
     check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
-    check_array("start", start, cp.int32, (r,))
+    check((start is None) != (table is None), "give start or table, not both")
+    if start is not None:
+        check_array("start", start, cp.int32, (r,))
+    else:
+        check(table.dtype == cp.int32 and table.ndim == 2 and table.shape[0] == r and table.strides[1] == 4,
+              "table must be (R, T) int32 with contiguous rows")
     check_array("length", length, cp.int32, (r,))
     check(d % heads == 0 and d // heads <= 256, f"head size {d // heads} must divide D and be at most 256")
     out = cp.empty((r, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (r, d))
     if r:
         function("attention.cu", "attention_kernel")((r, heads), (128,), (
-            q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start, length, out,
+            q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start if start is not None else NULL, length,
+            table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out,
             cp.int32(d // heads), cp.float32((d // heads) ** -0.5),
         ))
     return out

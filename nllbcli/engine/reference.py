@@ -132,6 +132,8 @@ class DecoderState:
 class ReferenceEngine:
     """The float32 model on NumPy, behind the calls the search makes."""
 
+    xp = np  # where the search keeps its beam arrays
+
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False):
         self.config = config
         self.w = weights
@@ -252,8 +254,12 @@ class ReferenceEngine:
 
         return topk_desc(log_softmax(self.step(encoded, state, tokens)), k)
 
+    def reorder(self, state: DecoderState, parents: np.ndarray) -> None:
+        """Beams follow their parents: row i continues row parents[i]'s history."""
+        self.select(state, parents)
+
     def select(self, state: DecoderState, rows: np.ndarray) -> None:
-        """Keep decoder rows `rows`, in that order: beams follow their parents, finished rows leave."""
+        """Keep decoder rows `rows`, in that order (repeats allowed): beams follow their parents, finished rows leave."""
         rows = np.asarray(rows, dtype=np.int64)
         sources = state.source_rows[rows]
         if not np.array_equal(sources, state.source_rows):  # beams that swap within a sentence read the same source

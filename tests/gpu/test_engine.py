@@ -61,8 +61,8 @@ def test_engine_logits_match_reference(name):
         assert error < TOLERANCE[name], (step, error)
         if step == 3:  # beams follow their parents: row 0 copies row 2's cache, row 2 is dropped
             order = np.array([2, 1, 0, 4, 5, 5])
-            ref.select(state_r, order)
-            gpu.select(state_g, order)
+            ref.reorder(state_r, order)
+            gpu.reorder(state_g, order)
     gpu.release(state_g)
     gpu.release_sources(encoded_g)
     assert gpu.pool.slots.available == gpu.pool.plan.slots

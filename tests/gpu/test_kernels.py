@@ -146,6 +146,25 @@ def test_attention_matches_reference(heads, d):
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
 
 
+def test_attention_reads_keys_through_a_row_table():
+    """Decoder self-attention: each query's keys are the cache rows its table lists, in table order."""
+    heads, d, rows, pool_rows, t = 4, 64, 6, 40, 9
+    k = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
+    v = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
+    q = bf16(rng.normal(size=(rows, d)).astype(np.float32))
+    table = rng.integers(0, pool_rows, (rows, t)).astype(np.int32)
+    length = rng.integers(1, t + 1, rows).astype(np.int32)
+    out = poisoned((rows, d), BF16)
+    kernels.attention(to_device_bf16(q), to_device_bf16(k), to_device_bf16(v), None, cp.asarray(length), heads, out=out,
+                      table=cp.asarray(table))
+    want = np.stack([
+        ref.attention(q[r][None, None].astype(np.float64), k[table[r, :n]][None].astype(np.float64),
+                      v[table[r, :n]][None].astype(np.float64), None, heads)[0, 0]
+        for r, n in enumerate(length)
+    ])
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
+
+
 def test_copy_rows_places_rows():
     pool = cp.zeros((24, 16), dtype=BF16)
     src = bf16(rng.normal(size=(3, 48)).astype(np.float32))
