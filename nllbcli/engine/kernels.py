@@ -110,7 +110,8 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     return out
 
 
-def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small") -> tuple[cp.ndarray, cp.ndarray]:
+def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small", ids: cp.ndarray | None = None,
+                  values: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
     h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id."""
     m, k = h.shape
@@ -128,13 +129,16 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str = "small") -> tuple[cp
         h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
         cp.int32(EPILOGUE_ARGMAX), cp.int32(0), NULL,
     ))
-    ids = cp.empty((m,), dtype=cp.int32)
-    values = cp.empty((m,), dtype=F32)
+    ids = cp.empty((m,), dtype=cp.int32) if ids is None else ids
+    values = cp.empty((m,), dtype=F32) if values is None else values
+    check_array("ids", ids, cp.int32, (m,))
+    check_array("values", values, F32, (m,))
     function("gemm.cu", "argmax_reduce_kernel", **t)((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
     return ids, values
 
 
-def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.ndarray]:
+def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None = None,
+                ids: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
     first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids."""
     m, d = h.shape
@@ -153,8 +157,10 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int) -> tuple[cp.ndarray, cp.nd
         h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(d), cp.int32(0),
         cp.int32(EPILOGUE_TOPK), cp.int32(0), stat,
     ))
-    logprob = cp.empty((m, k), dtype=F32)
-    ids = cp.empty((m, k), dtype=cp.int32)
+    logprob = cp.empty((m, k), dtype=F32) if logprob is None else logprob
+    ids = cp.empty((m, k), dtype=cp.int32) if ids is None else ids
+    check_array("logprob", logprob, F32, (m, k))
+    check_array("ids", ids, cp.int32, (m, k))
     if m:
         function("gemm.cu", "topk_reduce_kernel", TOPK=k, **t)((m,), (256,), (stat, part_val, part_idx, logprob, ids, cp.int32(blocks_n)))
     return logprob, ids

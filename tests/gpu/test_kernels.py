@@ -62,7 +62,8 @@ def test_logits_argmax_matches_reference(tile, m, v, d):
     h = bf16(rng.normal(size=(m, d)).astype(np.float32))
     w = bf16(rng.normal(size=(v, d)).astype(np.float32))
     logits = h.astype(np.float64) @ w.T.astype(np.float64)
-    ids, values = kernels.logits_argmax(to_device_bf16(h), to_device_bf16(w), tile=tile)
+    ids, values = kernels.logits_argmax(to_device_bf16(h), to_device_bf16(w), tile=tile, ids=poisoned((m,), cp.int32),
+                                        values=poisoned((m,), cp.float32))
     ids, values = cp.asnumpy(ids), cp.asnumpy(values)
     np.testing.assert_allclose(values, logits.max(axis=1), rtol=1e-5)
     top2 = np.sort(logits, axis=1)[:, -2:]
@@ -86,7 +87,8 @@ def test_logits_topk_matches_reference(k, m, v, d):
     logits = h.astype(np.float64) @ w.T.astype(np.float64)
     logprob = logits - logits.max(1, keepdims=True)
     logprob -= np.log(np.exp(logprob).sum(1, keepdims=True))
-    got_lp, got_ids = kernels.logits_topk(to_device_bf16(h), to_device_bf16(w), k)
+    got_lp, got_ids = kernels.logits_topk(to_device_bf16(h), to_device_bf16(w), k, logprob=poisoned((m, k), cp.float32),
+                                          ids=poisoned((m, k), cp.int32))
     got_lp, got_ids = cp.asnumpy(got_lp), cp.asnumpy(got_ids)
     want_ids = np.argsort(-logprob, axis=1, kind="stable")[:, :k]
     want_lp = np.take_along_axis(logprob, want_ids, axis=1)
