@@ -1,0 +1,15 @@
+"""The engines: the NumPy float32 reference (reference.py) and the CuPy GPU engine (cuda.py).
+
+Both answer the same calls, so search.py runs on either:
+
+    capacity(max_length) -> (rows, source_tokens)   what the KV pool holds at once (the GPU's is fixed)
+    encode(sources) -> encoded                     the encoder, and every decoder layer's cross K/V
+    start(encoded, source_rows, max_positions)     a decoder state with one row per sequence (per beam)
+    step(encoded, state, tokens, want_logits)      feed one token per row; the logits (tests, prefill)
+    step_argmax(encoded, state, tokens)            ... and each row's best next token (greedy)
+    step_topk(encoded, state, tokens, k)           ... and each row's k best by log-probability (beams)
+    reorder(state, parents)                        beams follow their parents (repeats allowed)
+    select(state, rows)                            keep these rows; the others' cache goes back
+    release(state), release_sources(encoded)       give the pool back
+    xp                                             numpy or cupy: where the search keeps its beam arrays
+"""
