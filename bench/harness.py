@@ -1,0 +1,151 @@
+"""The benchmark harness: nllbcli's GPU engine and transformers' `generate`, one run, same GPU, same inputs.
+
+    python bench/harness.py [--sentences 4096] [--ours 256x1,1024x1,4096x1,256x4,1024x4]
+                            [--transformers 1024x1,4096x1,256x4,1024x4] [--out results.json]
+
+Workload (issue 5): an NLLB-200-distilled-600M-shaped model with random bf16 weights; 4,096 sentences of
+10 to 60 source tokens, sorted by length; 40 generated tokens each (the target-language token included, as
+transformers' max_new_tokens counts it: transformers gets min_new_tokens = max_new_tokens = 40, and </s> is
+moved to an id random weights never pick for nllbcli, so both generate exactly 40); every batch size is
+warmed up with one batch before it is timed. Tokens/s counts generated tokens; peak memory is the largest
+that PyTorch's or CuPy's allocator held during that configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.engine_bench import NLLB_600M, random_weights  # noqa: E402
+
+NEW_TOKENS = 40
+LANG = 256047  # eng_Latn's id in NLLB's vocabulary
+
+
+def workload(sentences: int, seed: int = 1) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    lengths = np.sort(rng.integers(10, 61, sentences))
+    return [[LANG] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
+
+
+def parse(runs: str) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
+
+
+def bench_ours(sources, runs, results) -> None:
+    import cupy as cp
+
+    from nllbcli.engine.cuda import CudaEngine
+    from nllbcli.options import DecodeOptions
+    from nllbcli.search import generate
+
+    # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
+    config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
+    engine = CudaEngine(config, random_weights(config))
+    for batch, beams in runs:
+        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
+        rows, _ = engine.capacity(options.max_length)
+        pool = cp.get_default_memory_pool()
+        generate(engine, sources[:batch], 256057, config, options)  # warm-up at this size
+        cp.cuda.Device().synchronize()
+        pool_peak = pool.total_bytes()
+        t = time.perf_counter()
+        tokens = 0
+        for i in range(0, len(sources), batch):
+            outputs = generate(engine, sources[i : i + batch], 256057, config, options)
+            tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
+            pool_peak = max(pool_peak, pool.total_bytes())
+        cp.cuda.Device().synchronize()
+        seconds = time.perf_counter() - t
+        results.append({"engine": "nllbcli", "batch": batch, "beams": beams, "tokens": tokens, "seconds": seconds,
+                        "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
+                        "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows})
+        print(json.dumps(results[-1]), flush=True)
+    del engine
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def bench_transformers(sources, runs, results) -> None:
+    import torch
+    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
+
+    c = NLLB_600M
+    config = M2M100Config(vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
+                          decoder_layers=c.decoder_layers, encoder_attention_heads=c.encoder_attention_heads,
+                          decoder_attention_heads=c.decoder_attention_heads, encoder_ffn_dim=c.encoder_ffn_dim,
+                          decoder_ffn_dim=c.decoder_ffn_dim, max_position_embeddings=c.max_position_embeddings,
+                          pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    torch.manual_seed(0)
+    model = M2M100ForConditionalGeneration(config).to("cuda", torch.bfloat16).eval()
+    for batch, beams in runs:
+        gen = GenerationConfig(num_beams=beams, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                               forced_bos_token_id=256057, decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
+                               early_stopping=False)
+
+        def run(chunk):
+            width = max(len(s) for s in chunk)
+            ids = torch.full((len(chunk), width), 1, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            for i, s in enumerate(chunk):
+                ids[i, : len(s)] = torch.tensor(s)
+                mask[i, : len(s)] = 1
+            with torch.no_grad():
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen)
+            return (out.shape[1] - 1) * len(chunk)
+
+        run(sources[:batch])  # warm-up at this size
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        tokens = sum(run(sources[i : i + batch]) for i in range(0, len(sources), batch))
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t
+        results.append({"engine": "transformers", "batch": batch, "beams": beams, "tokens": tokens, "seconds": seconds,
+                        "tokens_per_s": tokens / seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+        print(json.dumps(results[-1]), flush=True)
+
+
+def table(results: list[dict]) -> str:
+    best = {}
+    for r in results:
+        key = (r["engine"], r["beams"])
+        if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
+            best[key] = r
+    lines = ["| engine | batch | beams | tokens/s | peak GiB |", "|---|---|---|---|---|"]
+    lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |" for r in results]
+    for beams in sorted({r["beams"] for r in results}):
+        ours, theirs = best.get(("nllbcli", beams)), best.get(("transformers", beams))
+        if ours and theirs:
+            lines.append(f"\nbeam {beams}: best nllbcli / best transformers = {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=4096)
+    parser.add_argument("--ours", default="256x1,1024x1,4096x1,256x4,1024x4")
+    parser.add_argument("--transformers", default="1024x1,4096x1,256x4,1024x4")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    sources = workload(args.sentences)
+    results: list[dict] = []
+    bench_ours(sources, parse(args.ours), results)
+    if args.transformers:
+        bench_transformers(sources, parse(args.transformers), results)
+    print(table(results))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
