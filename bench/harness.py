@@ -40,6 +40,19 @@ def parse(runs: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
 
 
+def in_parts(sources, beams: int, rows: int, source_rows: int):
+    """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
+    part, tokens = [], 0
+    for s in sources:
+        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
+            yield part
+            part, tokens = [], 0
+        part.append(s)
+        tokens += len(s)
+    if part:
+        yield part
+
+
 def bench_ours(sources, runs, results) -> None:
     import cupy as cp
 
@@ -52,22 +65,24 @@ def bench_ours(sources, runs, results) -> None:
     engine = CudaEngine(config, random_weights(config))
     for batch, beams in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
-        rows, _ = engine.capacity(options.max_length)
+        rows, source_rows = engine.capacity(options.max_length)
         pool = cp.get_default_memory_pool()
-        generate(engine, sources[:batch], 256057, config, options)  # warm-up at this size
+        for part in in_parts(sources[:batch], beams, rows, source_rows):  # warm-up at this size
+            generate(engine, part, 256057, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
         tokens = 0
         for i in range(0, len(sources), batch):
-            outputs = generate(engine, sources[i : i + batch], 256057, config, options)
-            tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
+            for part in in_parts(sources[i : i + batch], beams, rows, source_rows):
+                outputs = generate(engine, part, 256057, config, options)
+                tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
             pool_peak = max(pool_peak, pool.total_bytes())
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
         results.append({"engine": "nllbcli", "batch": batch, "beams": beams, "tokens": tokens, "seconds": seconds,
                         "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
-                        "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows})
+                        "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
     del engine
     gc.collect()
