@@ -1,0 +1,105 @@
+"""Where a decode step's time goes: GPU time per kernel family (CUDA events around each launcher) against
+the step's wall time, on NLLB-600M shapes with random weights.
+
+    python bench/profile_step.py [--batches 1024,4096] [--steps 8]
+
+Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.engine_bench import NLLB_600M, random_weights, timed  # noqa: E402
+from bench.harness import workload  # noqa: E402
+from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine.cuda import CudaEngine  # noqa: E402
+
+FAMILIES = ["gemm", "attention", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
+
+
+class Timer:
+    """Wraps each launcher in the kernels module with a pair of CUDA events."""
+
+    def __init__(self):
+        self.events = []
+        self.originals = {name: getattr(kernels, name) for name in FAMILIES}
+        for name, fn in self.originals.items():
+            setattr(kernels, name, self.wrap(name, fn))
+
+    def wrap(self, name, fn):
+        def timed_call(*args, **kwargs):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            self.events.append((name, start, end))
+            return out
+
+        return timed_call
+
+    def collect(self) -> dict[str, float]:
+        cp.cuda.Device().synchronize()
+        totals = defaultdict(float)
+        for name, start, end in self.events:
+            totals[name] += cp.cuda.get_elapsed_time(start, end)
+        self.events = []
+        return dict(totals)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", default="1024,4096")
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
+    engine = CudaEngine(config, random_weights(config))
+    engine.capacity(40)
+    timer = Timer()
+    sources = workload(4096)
+    for batch in map(int, args.batches.split(",")):
+        chunk = sources[len(sources) // 2 : len(sources) // 2 + batch]  # mid-length sentences
+        for attempt in ("warm-up", "measured"):
+            cp.cuda.Device().synchronize()
+            t = time.perf_counter()
+            encoded = engine.encode(chunk)
+            cp.cuda.Device().synchronize()
+            encode_wall = time.perf_counter() - t
+            encode_gpu = timer.collect()
+            state = engine.start(encoded, np.arange(batch), 41)
+            engine.step(encoded, state, np.full(batch, 2), want_logits=False)
+            tokens = np.full(batch, 256057)
+            timer.collect()
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                tokens = engine.step_argmax(encoded, state, tokens)
+            step_wall = (time.perf_counter() - t) / args.steps
+            step_gpu = {k: v / args.steps for k, v in timer.collect().items()}
+            engine.release(state)
+            engine.release_sources(encoded)
+        print(json.dumps({
+            "batch": batch, "source_tokens": int(sum(map(len, chunk))),
+            "encode_wall_ms": encode_wall * 1e3, "encode_gpu_ms": encode_gpu,
+            "step_wall_ms": step_wall * 1e3, "step_gpu_ms": step_gpu, "step_gpu_total_ms": sum(step_gpu.values()),
+            "tokens_per_s_decode_only": batch / step_wall,
+        }), flush=True)
+        h = cp.random.default_rng(0).standard_normal((batch, 1024), dtype=cp.float32).astype("bfloat16")
+        for tile in ("small", "large"):
+            ms = timed(lambda: timer.originals["logits_argmax"](h, engine.lm_head, tile=tile), repeat=5) * 1e3
+            print(json.dumps({"batch": batch, "logits_argmax_tile": tile, "ms": ms,
+                              "tflops": 2 * batch * 1024 * 256206 / ms / 1e9}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
