@@ -1,8 +1,17 @@
-"""The FLORES-200 language codes NLLB knows, and the checks users meet when they name one."""
+"""The FLORES-200 language codes NLLB knows, and how the codes users type resolve to them.
+
+NLLB names a language by ISO 639-3 code and ISO 15924 script (`eng_Latn`). Users type ISO 639-1 (`en`),
+ISO 639-2/3 (`eng`, `fre`) and BCP-47 tags (`en-US`, `zh-Hant-TW`, `pt-BR`). `resolve_lang` parses them with
+langcodes (which also knows deprecated and bibliographic codes such as `iw`, `in`, `fre`, and CLDR's likely
+scripts: `zh` is written in Hans, `zh-TW` and `yue` in Hant, `sr` in Cyrl), maps macrolanguages to the
+individual language NLLB was trained on (`ar` -> `arb`, `fa` -> `pes`, `sw` -> `swh`, ...), then picks the
+model's code for that language in the tag's script, or the likely one when the tag names none.
+"""
 
 from __future__ import annotations
 
 import difflib
+from functools import lru_cache
 
 from .errors import NllbError
 
@@ -61,3 +70,75 @@ def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
     near = closest_codes(code, known)
     hint = f" Did you mean {' or '.join(near)}?" if near else " Run `nllb langs` to list them."
     raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} FLORES-200 codes such as eng_Latn.{hint}")
+
+
+# ISO 639-3 codes (as langcodes gives them) whose NLLB code is another one: macrolanguages NLLB trained as one of
+# their individual languages, and individual codes NLLB files under the macrolanguage or another code.
+NLLB_LANGUAGE = {
+    "ara": "arb",  # Arabic: Modern Standard Arabic (the dialects have their own codes: arz, ary, apc, ...)
+    "fas": "pes",  # Persian: Iranian Persian (Dari is prs, and fa-AF resolves to it)
+    "swa": "swh",  # Swahili
+    "nep": "npi",  # Nepali
+    "msa": "zsm",  # Malay: Standard Malay
+    "mon": "khk",  # Mongolian: Halh Mongolian
+    "lav": "lvs",  # Latvian: Standard Latvian
+    "ekk": "est",  # Standard Estonian: NLLB files it under the macrolanguage est
+    "uzb": "uzn",  # Uzbek: Northern Uzbek
+    "sqi": "als",  # Albanian: Tosk Albanian
+    "orm": "gaz",  # Oromo: West Central Oromo
+    "mlg": "plt",  # Malagasy: Plateau Malagasy
+    "pus": "pbt",  # Pashto: Southern Pashto
+    "que": "quy",  # Quechua: Ayacucho Quechua
+    "yid": "ydd",  # Yiddish: Eastern Yiddish
+    "aym": "ayr",  # Aymara: Central Aymara
+    "kau": "knc",  # Kanuri: Central Kanuri
+    "ful": "fuv",  # Fulah: Nigerian Fulfulde
+    "nor": "nob",  # Norwegian: Bokmal
+    "fil": "tgl",  # Filipino (langcodes' name for tl/tgl): NLLB's Tagalog
+    "cmn": "zho",  # Mandarin: NLLB's Chinese
+    "ori": "ory",  # Oriya: Odia
+    "din": "dik",  # Dinka: Southwestern Dinka
+    "aze": "azj",  # Azerbaijani: North Azerbaijani in Latin script; in Arabic script South Azerbaijani (azb)
+    "kur": "kmr",  # Kurdish: Kurmanji in Latin script; in Arabic script Sorani (ckb)
+}
+BY_SCRIPT = {("azj", "Arab"): "azb", ("kmr", "Arab"): "ckb"}  # the script decides between two languages
+BY_REGION = {("pes", "AF"): "prs"}  # Persian of Afghanistan is Dari
+
+
+def resolve_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
+    """The model's code for a code a user typed: FLORES-200, ISO 639-1/2/3 or a BCP-47 tag.
+
+    Raises NllbError naming the closest codes when the code is unknown, or names every candidate when the
+    model has the language only in another script (`sr-Latn`: NLLB has srp_Cyrl alone)."""
+    return _resolve(code.strip(), tuple(known))
+
+
+@lru_cache(maxsize=4096)
+def _resolve(code: str, known: tuple[str, ...]) -> str:
+    if code in known:
+        return code
+    folded = {c.lower(): c for c in known}
+    if code.lower().replace("-", "_") in folded:  # eng_latn, eng-Latn
+        return folded[code.lower().replace("-", "_")]
+    import langcodes
+
+    try:
+        tag = langcodes.Language.get(code.replace("_", "-"))
+        alpha3 = tag.to_alpha3()
+    except (LookupError, ValueError):  # langcodes' LanguageTagError is a ValueError
+        return check_lang(code, known)
+    likely = tag.maximize()
+    script = tag.script or likely.script
+    language = NLLB_LANGUAGE.get(alpha3, alpha3)
+    language = BY_SCRIPT.get((language, script), language)
+    language = BY_REGION.get((language, likely.territory), language)
+    candidates = [c for c in known if c.split("_")[0] == language]
+    if not candidates:
+        return check_lang(code, known)
+    matching = [c for c in candidates if c.split("_")[-1] == script]
+    if matching:
+        return matching[0]
+    if len(candidates) == 1 and not tag.script:
+        return candidates[0]  # the one script the model has for it, when the tag asked for none
+    names = " or ".join(candidates)
+    raise NllbError(f"language code {code!r} asks for {language} in {script} script, which the model does not have: use {names}.")

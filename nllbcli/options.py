@@ -12,12 +12,23 @@ class DecodeOptions:
     beam_size: int = 4  # beams per sentence; 1 is greedy search
     max_length: int = 200  # generated tokens after the decoder start, language token included (max_new_tokens)
     length_penalty: float = 1.0  # finished beams are ranked by sum(log p) / length ** length_penalty
+    no_repeat_ngram_size: int = 0  # no n-gram of this many tokens occurs twice in an output; 0 is off
+    repetition_penalty: float = 1.0  # scores of tokens already in the output: negative ones times this, others divided; 1 is off
+
+    @property
+    def processes_scores(self) -> bool:
+        """Whether the search needs each step's full scores (transformers' logits processors), not just the best."""
+        return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
             raise ValueError(f"beam size must be at least 1, not {self.beam_size}")
         if self.max_length < 1:
             raise ValueError(f"max length must be at least 1, not {self.max_length}")
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(f"no-repeat n-gram size must be 0 (off) or more, not {self.no_repeat_ngram_size}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition penalty must be above 0, not {self.repetition_penalty}")
 
 
 @dataclass(frozen=True)

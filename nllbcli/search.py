@@ -39,6 +39,26 @@ def strip_output(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
 
+def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOptions) -> np.ndarray:
+    """Scores (N, V) float32 after transformers' repetition penalty, then its no-repeat n-gram ban, given each
+    row's tokens so far (N, T), the decoder start and language token included (generate's processor order)."""
+    scores = np.array(scores, dtype=np.float32)
+    rows = np.arange(len(scores))[:, None]
+    if options.repetition_penalty != 1.0:
+        penalty = np.float32(options.repetition_penalty)
+        seen = scores[rows, sequences]  # (N, T)
+        scores[rows, sequences] = np.where(seen < 0, seen * penalty, seen / penalty)
+    n, length = options.no_repeat_ngram_size, sequences.shape[1]
+    if n and length >= n:
+        # a window whose first n-1 tokens are the row's last n-1 bans its own last token
+        windows = np.lib.stride_tricks.sliding_window_view(sequences, n, axis=1)  # (N, T-n+1, n)
+        prefix = sequences[:, length + 1 - n :]  # (N, n-1)
+        matches = (windows[:, :, :-1] == prefix[:, None, :]).all(axis=-1)
+        hit_rows, hit_windows = np.nonzero(matches)
+        scores[hit_rows, windows[hit_rows, hit_windows, -1]] = -np.inf
+    return scores
+
+
 def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
     state = engine.start(encoded, np.arange(batch), options.max_length + 1)
@@ -47,7 +67,11 @@ def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelCo
     alive = np.arange(batch)  # which sentence each decoder row belongs to
     tokens = np.full(batch, tgt_lang_id)
     for _ in range(options.max_length - 1):  # the language token was the first generated token
-        tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
+        if options.processes_scores:
+            sequences = np.array([[config.decoder_start_token_id, tgt_lang_id, *outputs[s]] for s in alive])  # (N, T)
+            tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
+        else:
+            tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
         keep = []
         for row, (sentence, token) in enumerate(zip(alive, tokens)):
             outputs[sentence].append(int(token))
@@ -112,7 +136,14 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
         return [[] for _ in range(batch)]
     while True:
         n = len(sentences)
-        row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
+        if options.processes_scores:
+            from .engine.reference import log_softmax
+
+            log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
+            sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
+            row_lp, row_ids = (xp.asarray(a) for a in topk_desc(process_scores(log_probs, sequences, options), keep))
+        else:
+            row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
         # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
         scores = row_lp.astype(xp.float32).reshape(n, k, keep) + run_score[:, :, None]
         top_score, top_index = topk_desc(scores.reshape(n, k * keep), keep)  # (n, 2K)

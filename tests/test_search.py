@@ -81,3 +81,39 @@ def test_generate_with_no_sources_returns_nothing():
 def test_decode_options_reject_impossible_values(kwargs):
     with pytest.raises(ValueError):
         DecodeOptions(**kwargs)
+
+
+def processor_cases():
+    for name in MODELS:
+        for i, case in enumerate(golden(f"{name}-processors")["generate"]):
+            label = f"{name}-{case['tgt_lang']}-beam{case['beam_size']}-rp{case['repetition_penalty']}-ngram{case['no_repeat_ngram_size']}"
+            yield pytest.param(name, i, id=label)
+
+
+def processor_options(case):
+    return DecodeOptions(beam_size=case["beam_size"], max_length=case["max_length"],
+                         repetition_penalty=case["repetition_penalty"], no_repeat_ngram_size=case["no_repeat_ngram_size"])
+
+
+@pytest.mark.parametrize("name,index", list(processor_cases()))
+def test_repetition_penalty_and_ngram_ban_match_transformers(name, index):
+    case = golden(f"{name}-processors")["generate"][index]
+    tr = translator(name)
+    sources = [tr.tokenizer.encode(text, case["src_lang"]) for text in case["texts"]]
+    assert sources == case["input_ids"]
+    assert tr.generate(sources, case["tgt_lang"], processor_options(case)) == case["output_ids"]
+
+
+def test_processor_goldens_change_the_output():
+    """Each setting changes some output and every n-gram golden is free of repeated n-grams: the cases test something."""
+    for name in MODELS:
+        for case in golden(f"{name}-processors")["generate"]:
+            tr = translator(name)
+            plain = DecodeOptions(beam_size=case["beam_size"], max_length=case["max_length"])
+            assert tr.generate(case["input_ids"], case["tgt_lang"], plain) != case["output_ids"]
+            n = case["no_repeat_ngram_size"]
+            for out in case["output_ids"]:
+                if n:
+                    seq = [2, tr.tokenizer.lang_id(case["tgt_lang"]), *out]
+                    grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
+                    assert len(grams) == len(set(grams))

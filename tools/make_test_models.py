@@ -264,6 +264,55 @@ def generation_golden(model, tok: NllbTokenizer, max_new_tokens: int) -> list[di
     return cases
 
 
+PROCESSOR_SETTINGS = [  # --repetition-penalty and --no-repeat-ngram-size, in greedy and beam search
+    {"num_beams": 1, "repetition_penalty": 1.3, "no_repeat_ngram_size": 0},
+    {"num_beams": 1, "repetition_penalty": 0.8, "no_repeat_ngram_size": 0},
+    {"num_beams": 1, "repetition_penalty": 1.0, "no_repeat_ngram_size": 2},
+    {"num_beams": 1, "repetition_penalty": 1.5, "no_repeat_ngram_size": 3},
+    {"num_beams": 4, "repetition_penalty": 1.2, "no_repeat_ngram_size": 0},
+    {"num_beams": 4, "repetition_penalty": 1.0, "no_repeat_ngram_size": 2},
+    {"num_beams": 3, "repetition_penalty": 0.7, "no_repeat_ngram_size": 3},
+]
+
+
+def processor_golden(model_dir: Path, max_new_tokens: int) -> list[dict]:
+    """transformers' `generate` with the repetition penalty and the n-gram ban, on a model already on disk.
+
+    Written to tests/golden/<model>-processors.json, apart from the first goldens, so that adding these cases
+    needs neither a new model nor a rewrite of the first goldens (sentencepiece training is not byte-for-byte
+    repeatable across versions)."""
+    tok = write_tokenizer_files(model_dir, keep_tokenizer_json=False)
+    model = M2M100ForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    cases = []
+    for src, tgt in (("eng_Latn", "fra_Latn"), ("rus_Cyrl", "zho_Hans")):
+        tok.src_lang = src
+        batch = tok(GENERATION_TEXTS, padding=True, return_tensors="pt")
+        tgt_id = tok.convert_tokens_to_ids(tgt)
+        for s in PROCESSOR_SETTINGS:
+            gen = GenerationConfig(
+                num_beams=s["num_beams"], repetition_penalty=s["repetition_penalty"],
+                no_repeat_ngram_size=s["no_repeat_ngram_size"], length_penalty=1.0, early_stopping=False,
+                max_new_tokens=max_new_tokens, do_sample=False, forced_bos_token_id=tgt_id, bos_token_id=0,
+                pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+            )
+            with torch.no_grad():
+                out = model.generate(**batch, generation_config=gen)
+            outputs = []
+            for row in out.tolist():
+                assert row[0] == 2 and row[1] == tgt_id, row[:2]
+                gen_ids = row[2:]
+                outputs.append(gen_ids[: gen_ids.index(2)] if 2 in gen_ids else gen_ids[: max_new_tokens - 1])
+            cases.append({
+                "src_lang": src, "tgt_lang": tgt, "beam_size": s["num_beams"], "max_length": max_new_tokens,
+                "repetition_penalty": s["repetition_penalty"], "no_repeat_ngram_size": s["no_repeat_ngram_size"],
+                "texts": GENERATION_TEXTS,
+                "input_ids": [[i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())],
+                "output_ids": outputs,
+            })
+    return cases
+
+
 MODELS = {
     "tiny-a": dict(
         seed=1, vocab=400, dtype=torch.float32, shards=1, store_all_ties=False, keep_tokenizer_json=True, eos_push=2.5,
@@ -282,10 +331,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests")
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--processors-only", action="store_true",
+                        help="keep the models and first goldens; write only tests/golden/<model>-processors.json")
     args = parser.parse_args()
     golden_dir = args.out / "golden"
     golden_dir.mkdir(parents=True, exist_ok=True)
     for name, spec in MODELS.items():
+        if args.processors_only:
+            break
         model_dir = args.out / "models" / name
         shutil.rmtree(model_dir, ignore_errors=True)
         model_dir.mkdir(parents=True)
@@ -297,6 +350,10 @@ def main() -> int:
         golden = {"model": name, "tokenizer": tokenizer_golden(tok), "decode": decode_golden(tok), "generate": generation_golden(model, tok, args.max_new_tokens)}
         (golden_dir / f"{name}.json").write_text(json.dumps(golden, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         print(f"{name}: sentencepiece {sp_size} pieces, vocab {model.config.vocab_size}, {sum(p.numel() for p in model.parameters()):,} parameters")
+    for name in MODELS:
+        cases = processor_golden(args.out / "models" / name, 32)
+        (golden_dir / f"{name}-processors.json").write_text(json.dumps({"model": name, "generate": cases}, indent=1) + "\n", encoding="utf-8")
+        print(f"{name}: {len(cases)} repetition-penalty and n-gram cases")
     return 0
 
 
