@@ -63,3 +63,161 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
         out[(size_t)row * H * E + h * E + e] = float_to_bf16(acc * inv);
     }
 }
+
+// attention_prefill_kernel: encoder self-attention, one block per (sequence, head): the sequence's K and V
+// rows of this head are read once into shared memory, then each warp takes one query at a time.
+//
+// Query i of sequence b is row seq_start[b] + i of q (ldq), its keys and values rows seq_start[b] .. +
+// seq_len[b] - 1 of k and v (ldk); out row seq_start[b] + i (ldo), for i < rows_per_seq: rows past the
+// sequence's length (padding) are written as zeros. Scores and the softmax in f32, as attention_kernel.
+// Shared memory (dynamic): K and V as max_len x (E + 2) bf16 (the 2 spare columns put the rows that the 32
+// lanes read at once on 32 different banks), then 8 x E f32 for the queries, then 8 x max_len f32 scores.
+// Launch: grid (B, H), block 256 threads; seq_len <= max_len; E even.
+extern "C" __global__ void attention_prefill_kernel(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                    const __nv_bfloat16* __restrict__ k,
+                                                    const __nv_bfloat16* __restrict__ v, int ldk,
+                                                    const int* __restrict__ seq_start, const int* __restrict__ seq_len,
+                                                    int rows_per_seq, __nv_bfloat16* __restrict__ out, int ldo,
+                                                    int E, float scale, int max_len) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int b = blockIdx.x, h = blockIdx.y;
+    const int start = seq_start[b], n = seq_len[b], lds = E + 2;
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* Vs = Ks + (size_t)max_len * lds;
+    float* Qs = reinterpret_cast<float*>(Vs + (size_t)max_len * lds);
+    float* Ss = Qs + 8 * E;
+    for (int idx = threadIdx.x; idx < n * E; idx += blockDim.x) {
+        const int j = idx / E, e = idx - j * E;
+        Ks[j * lds + e] = k[(size_t)(start + j) * ldk + h * E + e];
+        Vs[j * lds + e] = v[(size_t)(start + j) * ldk + h * E + e];
+    }
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    float* qs = Qs + warp * E;
+    float* sc = Ss + warp * max_len;
+    for (int i = warp; i < rows_per_seq; i += warps) {
+        __nv_bfloat16* dst = out + (size_t)(start + i) * ldo + h * E;
+        if (i >= n) {
+            for (int e = lane; e < E; e += 32) dst[e] = float_to_bf16(0.f);
+            continue;
+        }
+        for (int e = lane; e < E; e += 32) qs[e] = bf16_to_float(q[(size_t)(start + i) * ldq + h * E + e]);
+        __syncwarp();
+        float m = NEG_INF;
+        for (int j = lane; j < n; j += 32) {
+            const __nv_bfloat16* key = Ks + j * lds;
+            float dot = 0.f;
+            for (int e = 0; e < E; ++e) dot += qs[e] * bf16_to_float(key[e]);
+            sc[j] = dot * scale;
+            m = fmaxf(m, sc[j]);
+        }
+        m = warp_max(m);
+        float sum = 0.f;
+        for (int j = lane; j < n; j += 32) {
+            const float p = __expf(sc[j] - m);
+            sc[j] = p;
+            sum += p;
+        }
+        const float inv = 1.f / warp_sum(sum);
+        __syncwarp();
+        for (int e = lane; e < E; e += 32) {
+            float acc = 0.f;
+            for (int j = 0; j < n; ++j) acc += sc[j] * bf16_to_float(Vs[j * lds + e]);
+            dst[e] = float_to_bf16(acc * inv);
+        }
+        __syncwarp();
+    }
+}
+
+// attention_decode_kernel: one query per row (decoder self- or cross-attention), one warp per (row, head).
+//
+// Same inputs as attention_kernel (start or table, length per row). Eight lanes share a key: each loads
+// E/8 contiguous bf16 of it (16-byte loads) and three shuffles add the parts, so a warp scores four keys at
+// a time; then every lane accumulates E/32 output values over all keys. E is 64 or 128; at most
+// DECODE_MAX_KEYS keys. Launch: grid (ceil(rows * H / 4)), block 128 threads (4 warps).
+#define DECODE_MAX_KEYS 1024
+
+template <int E>
+__device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                 const __nv_bfloat16* __restrict__ k,
+                                                 const __nv_bfloat16* __restrict__ v, int ldk,
+                                                 const int* __restrict__ start, const int* __restrict__ length,
+                                                 const int* __restrict__ table, int table_stride,
+                                                 __nv_bfloat16* __restrict__ out, int rows, int H, float scale) {
+    __shared__ float scores[4][DECODE_MAX_KEYS];
+    constexpr int VEC = E / 8;  // elements per lane of a key
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int pair = blockIdx.x * 4 + warp;
+    if (pair >= rows * H) return;
+    const int row = pair / H, h = pair - row * H;
+    const int n = length[row];
+    const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
+    const int first = table ? 0 : start[row];
+    const int group = lane >> 3, sub = lane & 7;
+    float qv[VEC];
+    const __nv_bfloat16* qrow = q + (size_t)row * ldq + h * E + sub * VEC;
+#pragma unroll
+    for (int c = 0; c < VEC; c += 8) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(qrow + c);
+        const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+        for (int x = 0; x < 8; ++x) qv[c + x] = bf16_to_float(part[x]);
+    }
+    float* sc = scores[warp];
+    float m = NEG_INF;
+    for (int j0 = 0; j0 < n; j0 += 4) {
+        const int j = j0 + group;
+        float dot = 0.f;
+        if (j < n) {
+            const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
+            const __nv_bfloat16* key = k + key_row * ldk + h * E + sub * VEC;
+#pragma unroll
+            for (int c = 0; c < VEC; c += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(key + c);
+                const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+                for (int x = 0; x < 8; ++x) dot += qv[c + x] * bf16_to_float(part[x]);
+            }
+        }
+        dot += __shfl_xor_sync(0xffffffff, dot, 1);
+        dot += __shfl_xor_sync(0xffffffff, dot, 2);
+        dot += __shfl_xor_sync(0xffffffff, dot, 4);
+        if (j < n && sub == 0) sc[j] = dot * scale;
+        if (j < n) m = fmaxf(m, dot * scale);
+    }
+    m = warp_max(m);
+    __syncwarp();
+    float sum = 0.f;
+    for (int j = lane; j < n; j += 32) {
+        const float p = __expf(sc[j] - m);
+        sc[j] = p;
+        sum += p;
+    }
+    const float inv = 1.f / warp_sum(sum);
+    __syncwarp();
+    constexpr int PER_LANE = E / 32;
+    float acc[PER_LANE];
+#pragma unroll
+    for (int x = 0; x < PER_LANE; ++x) acc[x] = 0.f;
+    for (int j = 0; j < n; ++j) {
+        const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
+        const __nv_bfloat16* value = v + key_row * ldk + h * E + lane * PER_LANE;
+        const float p = sc[j];
+#pragma unroll
+        for (int x = 0; x < PER_LANE; ++x) acc[x] += p * bf16_to_float(value[x]);
+    }
+    __nv_bfloat16* dst = out + (size_t)row * H * E + h * E + lane * PER_LANE;
+#pragma unroll
+    for (int x = 0; x < PER_LANE; ++x) dst[x] = float_to_bf16(acc[x] * inv);
+}
+
+#define DECODE_ENTRY(E)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) attention_decode_##E##_kernel(                            \
+        const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k,                        \
+        const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ start, const int* __restrict__ length, \
+        const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \
+        float scale) {                                                                                           \
+        attention_decode<E>(q, ldq, k, v, ldk, start, length, table, table_stride, out, rows, H, scale);         \
+    }
+DECODE_ENTRY(64)
+DECODE_ENTRY(128)

@@ -148,13 +148,14 @@ class CudaEngine:
         mask = ids != c.pad_token_id
         pos = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
         h = kernels.embed(i32(ids.reshape(-1)), i32(pos.reshape(-1)), self.embed_table, self.positions, c.embed_scale)
-        start = i32(np.repeat(np.arange(b) * s, s))  # query b*S+i reads its own source's rows
-        length = i32(np.repeat(lengths, s))
+        seq_start, seq_len = i32(np.arange(b) * s), i32(lengths)  # source b is rows b*S .. b*S + len - 1
+        longest = int(lengths.max())
         d = c.d_model
         for layer in self.encoder:
             x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
             qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (B*S, 3D)
-            a = kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], start, length, c.encoder_attention_heads)
+            a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, s, longest,
+                                          c.encoder_attention_heads)
             h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
@@ -198,17 +199,19 @@ class CudaEngine:
         self_len = i32(np.full(n, t + 1))
         every = i32(np.arange(n))
         cross_start, cross_len = state.cross_start, state.cross_len
+        longest_source = int(encoded.length.max())
         for i, layer in enumerate(self.decoder):
             x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
             qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (N, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads,
-                                  table=state.table)
+                                  table=state.table, max_keys=t + 1)
             h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
             x = kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"])
             q = kernels.gemm(x, layer["cq_w"], layer["cq_b"])
-            a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads)
+            a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads,
+                                  max_keys=longest_source)
             h = kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out_dtype=kernels.F32)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)

@@ -201,13 +201,14 @@ MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
 
 
 def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,
-              out: cp.ndarray | None = None, table: cp.ndarray | None = None) -> cp.ndarray:
+              out: cp.ndarray | None = None, table: cp.ndarray | None = None, max_keys: int | None = None) -> cp.ndarray:
     """Query r attends to key rows start[r] .. start[r] + length[r] - 1 (or, with a table, to rows
-    table[r, 0 .. length[r] - 1]), per head.
+    table[r, 0 .. length[r] - 1]), per head: the decoder's self- and cross-attention, one query per row.
 
     q (R, D) bf16, or a column slice of a wider array whose rows hold D contiguous values (a fused QKV);
     k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1;
-    table (R, T) int32. -> (R, D) bf16."""
+    table (R, T) int32. max_keys: the largest length, when the caller knows it (it picks the warp-per-row
+    kernel for head sizes 64 and 128). -> (R, D) bf16."""
     r, d = q.shape
     check(q.dtype == BF16 and k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
     check(q.strides[1] == k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
@@ -219,15 +220,53 @@ def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | N
         check(table.dtype == cp.int32 and table.ndim == 2 and table.shape[0] == r and table.strides[1] == 4,
               "table must be (R, T) int32 with contiguous rows")
     check_array("length", length, cp.int32, (r,))
-    check(d % heads == 0 and d // heads <= 256, f"head size {d // heads} must divide D and be at most 256")
+    e = d // heads
+    check(d % heads == 0 and e <= 256, f"head size {e} must divide D and be at most 256")
     out = cp.empty((r, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (r, d))
-    if r:
-        function("attention.cu", "attention_kernel")((r, heads), (128,), (
-            q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start if start is not None else NULL, length,
-            table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out,
-            cp.int32(d // heads), cp.float32((d // heads) ** -0.5),
-        ))
+    if not r:
+        return out
+    common = (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start if start is not None else NULL, length,
+              table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out)
+    aligned = all(a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 for a in (q, k, v))
+    if e in (64, 128) and max_keys is not None and max_keys <= DECODE_MAX_KEYS and aligned:
+        function("attention.cu", f"attention_decode_{e}_kernel")((-(-r * heads // 4),), (128,), common + (
+            cp.int32(r), cp.int32(heads), cp.float32(e**-0.5)))
+    else:
+        function("attention.cu", "attention_kernel")((r, heads), (128,), common + (cp.int32(e), cp.float32(e**-0.5)))
+    return out
+
+
+DECODE_MAX_KEYS = 1024  # attention_decode keeps a warp's scores in shared memory
+PREFILL_SMEM_LIMIT = 200 * 1024  # bytes of shared memory the prefill kernel may ask for (the H100/H200 give 227 KB)
+
+
+def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp.ndarray, seq_len: cp.ndarray,
+                      rows_per_seq: int, max_len: int, heads: int, out: cp.ndarray | None = None) -> cp.ndarray:
+    """Encoder self-attention over padded sequences: sequence b's queries, keys and values are rows
+    seq_start[b] .. seq_start[b] + seq_len[b] - 1 of q, k and v; each query attends to its own sequence;
+    padded query rows (up to rows_per_seq per sequence) hold nothing meaningful. q, k, v (rows, D) bf16 views
+    (column slices of a fused QKV do); seq_start, seq_len (B,) int32; max_len >= every seq_len. -> (rows, D)."""
+    rows, d = q.shape
+    (b,) = seq_len.shape
+    e = d // heads
+    check_array("seq_start", seq_start, cp.int32, (b,))
+    check_array("seq_len", seq_len, cp.int32, (b,))
+    check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
+    out = cp.empty((rows, d), dtype=BF16) if out is None else out
+    check_array("out", out, BF16, (rows, d))
+    smem = 2 * max_len * (e + 2) * 2 + 8 * e * 4 + 8 * max_len * 4
+    if smem > PREFILL_SMEM_LIMIT or e % 2:
+        # too long to hold in shared memory: the general kernel, one block per query
+        per_query_start = cp.repeat(seq_start, rows_per_seq)
+        per_query_len = cp.repeat(seq_len, rows_per_seq)
+        return attention(q, k, v, per_query_start.astype(cp.int32), per_query_len.astype(cp.int32), heads, out=out)
+    kernel = function("attention.cu", "attention_prefill_kernel")
+    if smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = smem
+    kernel((b, heads), (256,), (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), seq_start, seq_len,
+                                cp.int32(rows_per_seq), out, cp.int32(d), cp.int32(e), cp.float32(e**-0.5),
+                                cp.int32(max_len)), shared_mem=smem)
     return out
 
 

@@ -128,8 +128,9 @@ def test_embed_matches_reference():
     np.testing.assert_allclose(cp.asnumpy(out), ref.embed(ids, pos, table, 8.0, positions), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("heads,d", [(16, 1024), (2, 48), (8, 64), (4, 64), (4, 256)])
-def test_attention_matches_reference(heads, d):
+@pytest.mark.parametrize("max_keys", [None, 64])  # None: the general kernel; 64: the warp-per-row one for E 64, 128
+@pytest.mark.parametrize("heads,d", [(16, 1024), (2, 48), (8, 64), (4, 64), (4, 256), (8, 1024)])
+def test_attention_matches_reference(heads, d, max_keys):
     """Queries over runs of key rows, reading q, k and v as column slices of one fused QKV array."""
     rows, keys = 9, 60
     qkv = bf16(rng.normal(size=(keys, 3 * d)).astype(np.float32))
@@ -138,7 +139,7 @@ def test_attention_matches_reference(heads, d):
     length = np.array([rng.integers(1, keys - s + 1) for s in start], dtype=np.int32)
     out = poisoned((rows, d), BF16)
     kernels.attention(device_qkv[:rows, :d], device_qkv[:, d : 2 * d], device_qkv[:, 2 * d :], cp.asarray(start),
-                      cp.asarray(length), heads, out=out)
+                      cp.asarray(length), heads, out=out, max_keys=max_keys)
     q, k, v = qkv[:rows, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
     want = np.stack([
         ref.attention(q[r][None, None].astype(np.float64), k[s : s + n][None].astype(np.float64),
@@ -148,9 +149,10 @@ def test_attention_matches_reference(heads, d):
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
 
 
-def test_attention_reads_keys_through_a_row_table():
+@pytest.mark.parametrize("heads,d", [(4, 64), (4, 256), (8, 1024)])
+def test_attention_reads_keys_through_a_row_table(heads, d):
     """Decoder self-attention: each query's keys are the cache rows its table lists, in table order."""
-    heads, d, rows, pool_rows, t = 4, 64, 6, 40, 9
+    rows, pool_rows, t = 6, 40, 9
     k = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
     v = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
     q = bf16(rng.normal(size=(rows, d)).astype(np.float32))
@@ -158,13 +160,32 @@ def test_attention_reads_keys_through_a_row_table():
     length = rng.integers(1, t + 1, rows).astype(np.int32)
     out = poisoned((rows, d), BF16)
     kernels.attention(to_device_bf16(q), to_device_bf16(k), to_device_bf16(v), None, cp.asarray(length), heads, out=out,
-                      table=cp.asarray(table))
+                      table=cp.asarray(table), max_keys=t)
     want = np.stack([
         ref.attention(q[r][None, None].astype(np.float64), k[table[r, :n]][None].astype(np.float64),
                       v[table[r, :n]][None].astype(np.float64), None, heads)[0, 0]
         for r, n in enumerate(length)
     ])
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
+
+
+@pytest.mark.parametrize("heads,d,lengths", [(16, 1024, [60, 3, 17]), (2, 48, [5, 1]), (4, 256, [300, 40]), (16, 1024, [900])])
+def test_attention_prefill_matches_reference(heads, d, lengths):
+    """Encoder self-attention over padded sequences (a fused QKV); 900 tokens of head size 64 do not fit in shared memory and take the fallback."""
+    s = max(lengths)
+    b = len(lengths)
+    qkv = bf16(rng.normal(size=(b * s, 3 * d)).astype(np.float32))
+    device_qkv = to_device_bf16(qkv)
+    out = poisoned((b * s, d), BF16)
+    kernels.attention_prefill(device_qkv[:, :d], device_qkv[:, d : 2 * d], device_qkv[:, 2 * d :],
+                              cp.asarray(np.arange(b, dtype=np.int32) * s), cp.asarray(np.array(lengths, np.int32)), s, s,
+                              heads, out=out)
+    got = cp.asnumpy(out.astype(cp.float32))
+    for i, n in enumerate(lengths):
+        rows = qkv[i * s : i * s + n]
+        want = ref.attention(rows[None, :, :d].astype(np.float64), rows[None, :, d : 2 * d].astype(np.float64),
+                             rows[None, :, 2 * d :].astype(np.float64), None, heads)[0]
+        assert rel_err(got[i * s : i * s + n], want) < 1e-2
 
 
 def test_copy_rows_places_rows():
