@@ -69,7 +69,8 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
 //
 // Query i of sequence b is row seq_start[b] + i of q (ldq), its keys and values rows seq_start[b] .. +
 // seq_len[b] - 1 of k and v (ldk); out row seq_start[b] + i (ldo), for i < rows_per_seq: rows past the
-// sequence's length (padding) are written as zeros. Scores and the softmax in f32, as attention_kernel.
+// sequence's length (padding) are written as zeros. rows_per_seq 0: the sequences are packed one after
+// the other with no padding, and only their own rows are written. Scores and the softmax in f32.
 // Shared memory (dynamic): K and V as max_len x (E + 2) bf16 (the 2 spare columns put the rows that the 32
 // lanes read at once on 32 different banks), then 8 x E f32 for the queries, then 8 x max_len f32 scores.
 // Launch: grid (B, H), block 256 threads; seq_len <= max_len; E even.
@@ -95,7 +96,8 @@ extern "C" __global__ void attention_prefill_kernel(const __nv_bfloat16* __restr
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     float* qs = Qs + warp * E;
     float* sc = Ss + warp * max_len;
-    for (int i = warp; i < rows_per_seq; i += warps) {
+    const int rows_here = rows_per_seq ? rows_per_seq : n;
+    for (int i = warp; i < rows_here; i += warps) {
         __nv_bfloat16* dst = out + (size_t)(start + i) * ldo + h * E;
         if (i >= n) {
             for (int e = lane; e < E; e += 32) dst[e] = float_to_bf16(0.f);

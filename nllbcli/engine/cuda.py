@@ -5,7 +5,7 @@ bf16, accumulation, LayerNorm statistics, softmax and the residual stream in f32
 sentence and writes its cross K/V into the pool; each decoder step feeds one token per live sequence and
 reads its slot's cache. The output projection is fused with the argmax for greedy search.
 
-Letters: B sources, S longest source, N decoder rows, D d_model, V vocabulary, L decoder layers.
+Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
 
 from __future__ import annotations
@@ -140,28 +140,28 @@ class CudaEngine:
         pool = self.pool
         if pool is None:
             raise RuntimeError("call capacity() before encode()")
-        b, s = len(sources), max(len(x) for x in sources)
+        # Packed: the sources one after another, no padding rows (every GEMM row is a real token).
         lengths = np.array([len(x) for x in sources])
-        ids = np.full((b, s), c.pad_token_id, dtype=np.int32)
-        for i, src in enumerate(sources):
-            ids[i, : len(src)] = src
-        mask = ids != c.pad_token_id
-        pos = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
-        h = kernels.embed(i32(ids.reshape(-1)), i32(pos.reshape(-1)), self.embed_table, self.positions, c.embed_scale)
-        seq_start, seq_len = i32(np.arange(b) * s), i32(lengths)  # source b is rows b*S .. b*S + len - 1
+        ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in sources])
+        if (ids == c.pad_token_id).any():
+            raise ValueError("a source holds the padding id: sources are token ids without padding")
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        pos = np.concatenate([np.arange(n) for n in lengths]) + c.pad_token_id + 1  # past the padding index
+        h = kernels.embed(i32(ids), i32(pos), self.embed_table, self.positions, c.embed_scale)  # (T, D)
+        seq_start, seq_len = i32(offsets), i32(lengths)
         longest = int(lengths.max())
         d = c.d_model
         for layer in self.encoder:
             x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
-            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (B*S, 3D)
-            a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, s, longest,
+            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (T, 3D)
+            a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
             h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
             h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
         x = kernels.layernorm(h, *self.enc_ln)
-        kv = kernels.gemm(x, self.cross_w, self.cross_b)  # (B*S, 2 L D)
+        kv = kernels.gemm(x, self.cross_w, self.cross_b)  # (T, 2 L D)
         starts = []
         try:
             for n in lengths:
@@ -170,7 +170,7 @@ class CudaEngine:
             for st, n in zip(starts, lengths):
                 pool.cross_runs.release(st, int(n))
             raise
-        src_rows = np.concatenate([np.arange(n) + i * s for i, n in enumerate(lengths)])
+        src_rows = np.arange(len(ids))
         dst_rows = np.concatenate([np.arange(n) + st for st, n in zip(starts, lengths)])
         kernels.copy_rows(kv, i32(src_rows), pool.cross, i32(dst_rows))
         return CudaEncoded(np.array(starts), lengths)

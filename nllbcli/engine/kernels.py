@@ -243,10 +243,11 @@ PREFILL_SMEM_LIMIT = 200 * 1024  # bytes of shared memory the prefill kernel may
 
 def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp.ndarray, seq_len: cp.ndarray,
                       rows_per_seq: int, max_len: int, heads: int, out: cp.ndarray | None = None) -> cp.ndarray:
-    """Encoder self-attention over padded sequences: sequence b's queries, keys and values are rows
-    seq_start[b] .. seq_start[b] + seq_len[b] - 1 of q, k and v; each query attends to its own sequence;
-    padded query rows (up to rows_per_seq per sequence) hold nothing meaningful. q, k, v (rows, D) bf16 views
-    (column slices of a fused QKV do); seq_start, seq_len (B,) int32; max_len >= every seq_len. -> (rows, D)."""
+    """Encoder self-attention: sequence b's queries, keys and values are rows seq_start[b] .. seq_start[b] +
+    seq_len[b] - 1 of q, k and v, and each query attends to its own sequence. rows_per_seq > 0: sequences
+    padded to that many rows each (the padded rows hold nothing meaningful); 0: packed without padding.
+    q, k, v (rows, D) bf16 views (column slices of a fused QKV do); seq_start, seq_len (B,) int32;
+    max_len >= every seq_len. -> (rows, D)."""
     rows, d = q.shape
     (b,) = seq_len.shape
     e = d // heads
@@ -258,9 +259,12 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     smem = 2 * max_len * (e + 2) * 2 + 8 * e * 4 + 8 * max_len * 4
     if smem > PREFILL_SMEM_LIMIT or e % 2:
         # too long to hold in shared memory: the general kernel, one block per query
-        per_query_start = cp.repeat(seq_start, rows_per_seq)
-        per_query_len = cp.repeat(seq_len, rows_per_seq)
-        return attention(q, k, v, per_query_start.astype(cp.int32), per_query_len.astype(cp.int32), heads, out=out)
+        starts, lens = cp.asnumpy(seq_start), cp.asnumpy(seq_len)
+        repeats = np.full(b, rows_per_seq) if rows_per_seq else lens
+        query_rows = np.concatenate([s + np.arange(n) for s, n in zip(starts, repeats)])
+        attention(q[query_rows[0] : query_rows[-1] + 1], k, v, cp.asarray(np.repeat(starts, repeats).astype(np.int32)),
+                  cp.asarray(np.repeat(lens, repeats).astype(np.int32)), heads, out=out[query_rows[0] : query_rows[-1] + 1])
+        return out
     kernel = function("attention.cu", "attention_prefill_kernel")
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem

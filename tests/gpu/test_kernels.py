@@ -186,6 +186,16 @@ def test_attention_prefill_matches_reference(heads, d, lengths):
         want = ref.attention(rows[None, :, :d].astype(np.float64), rows[None, :, d : 2 * d].astype(np.float64),
                              rows[None, :, 2 * d :].astype(np.float64), None, heads)[0]
         assert rel_err(got[i * s : i * s + n], want) < 1e-2
+    # packed: the same sequences one after another, no padding rows
+    packed = np.concatenate([qkv[i * s : i * s + n] for i, n in enumerate(lengths)])
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
+    out = poisoned((len(packed), d), BF16)
+    device_packed = to_device_bf16(packed)
+    kernels.attention_prefill(device_packed[:, :d], device_packed[:, d : 2 * d], device_packed[:, 2 * d :],
+                              cp.asarray(starts), cp.asarray(np.array(lengths, np.int32)), 0, s, heads, out=out)
+    got_packed = cp.asnumpy(out.astype(cp.float32))
+    for i, (start, n) in enumerate(zip(starts, lengths)):
+        np.testing.assert_array_equal(got_packed[start : start + n], got[i * s : i * s + n])
 
 
 def test_copy_rows_places_rows():
