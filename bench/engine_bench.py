@@ -51,11 +51,14 @@ def bench_gemm(results: list) -> None:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         wt = w.T
-        ours = timed(lambda: kernels.gemm(a, w))
         cublas = timed(lambda: cp.matmul(a, wt))
         flops = 2 * m * n * k
-        results.append({"what": f"gemm {what}", "shape": [m, k, n], "ours_ms": ours * 1e3, "cublas_ms": cublas * 1e3,
-                        "ours_tflops": flops / ours / 1e12, "cublas_tflops": flops / cublas / 1e12})
+        row = {"what": f"gemm {what}", "shape": [m, k, n], "cublas_ms": cublas * 1e3, "cublas_tflops": flops / cublas / 1e12,
+               "default_tile": kernels.gemm_tile(m, n)}
+        for tile in kernels.GEMM_TILES:
+            ours = timed(lambda: kernels.gemm(a, w, tile=tile))
+            row[f"{tile}_ms"], row[f"{tile}_tflops"] = ours * 1e3, flops / ours / 1e12
+        results.append(row)
         print(json.dumps(results[-1]), flush=True)
     for m in (64, 1024):
         h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")

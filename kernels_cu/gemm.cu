@@ -12,11 +12,14 @@
 //                   exp(logit - max) over the block's columns go to part_stat[m, blockIdx.x, 0..1], and the
 //                   block's TOPK best columns, best first (ties: lower column), to
 //                   part_val/part_idx[m, blockIdx.x, 0..TOPK-1]; topk_reduce_kernel makes log-probabilities.
-//                   Needs the tile staged in shared memory: BM * BN floats within the A and W stages.
-// Launch: grid (ceil(N/BN), ceil(M/BM)), block 32 * (BM/WM) * (BN/WN) threads. Tile sizes are -D defines
-// set by the loader: BM x BN per block, WM x WN per warp (multiples of 16 x 16), BK = 32.
-// Shared memory: two stages of A and W tiles, rows padded to 40 bf16 (80 bytes) so that the eight rows an
-// ldmatrix reads fall on distinct banks; cp.async fills one stage while the tensor cores read the other.
+//                   Needs the tile staged in shared memory: BM * BN floats within the stages.
+// Launch: grid (ceil(N/BN), ceil(M/BM)), block 32 * (BM/WM) * (BN/WN) threads, dynamic shared memory
+// STAGES * (BM + BN) * 40 * 2 bytes. Tile sizes are -D defines set by the loader: BM x BN per block, WM x WN
+// per warp (multiples of 16 x 16), BK = 32, STAGES (2 or more).
+// Shared memory: STAGES stages of A and W tiles, rows padded to 40 bf16 (80 bytes) so that the eight rows an
+// ldmatrix reads fall on distinct banks; cp.async fills STAGES - 1 stages ahead while the tensor cores read
+// one. Every output element sums its K products in the same order whatever the tile shape or stage count,
+// so all configurations give the same bits.
 #include "common.cuh"
 
 #ifndef BM
@@ -27,6 +30,9 @@
 #endif
 #define BK 32
 #define LDS (BK + 8)
+#ifndef STAGES
+#define STAGES 2
+#endif
 #define WARPS_M (BM / WM)
 #define WARPS_N (BN / WN)
 #define THREADS (32 * WARPS_M * WARPS_N)
@@ -68,8 +74,9 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
             const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
             float* __restrict__ part_val, int* __restrict__ part_idx,
             int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat) {
-    __shared__ __align__(16) __nv_bfloat16 As[2][BM * LDS];
-    __shared__ __align__(16) __nv_bfloat16 Ws[2][BN * LDS];
+    extern __shared__ __align__(16) unsigned char gemm_smem[];
+    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(gemm_smem);  // STAGES x BM x LDS
+    __nv_bfloat16* Ws = As + STAGES * BM * LDS;                         // STAGES x BN x LDS
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
     const int block_m = blockIdx.y * BM, block_n = blockIdx.x * BN;
@@ -84,29 +91,31 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
         for (int c = tid; c < BM * (BK / 8); c += THREADS) {
             const int row = c / (BK / 8), col = (c % (BK / 8)) * 8, gm = block_m + row, gk = k0 + col;
             const bool ok = gm < M && gk < K;
-            cp_async_16(&As[stage][row * LDS + col], ok ? (const void*)(A + (size_t)gm * K + gk) : (const void*)A, ok);
+            cp_async_16(&As[(stage * BM + row) * LDS + col], ok ? (const void*)(A + (size_t)gm * K + gk) : (const void*)A, ok);
         }
         for (int c = tid; c < BN * (BK / 8); c += THREADS) {
             const int row = c / (BK / 8), col = (c % (BK / 8)) * 8, gn = block_n + row, gk = k0 + col;
             const bool ok = gn < N && gk < K;
-            cp_async_16(&Ws[stage][row * LDS + col], ok ? (const void*)(W + (size_t)gn * K + gk) : (const void*)W, ok);
+            cp_async_16(&Ws[(stage * BN + row) * LDS + col], ok ? (const void*)(W + (size_t)gn * K + gk) : (const void*)W, ok);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
 
     const int k_tiles = CEIL_DIV(K, BK);
-    load_stage(0, 0);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {  // fill the pipeline; an empty group where there is no tile
+        if (s < k_tiles) load_stage(s, s * BK);
+        else asm volatile("cp.async.commit_group;\n" ::);
+    }
     for (int kt = 0; kt < k_tiles; ++kt) {
-        const int stage = kt & 1;
-        if (kt + 1 < k_tiles) {
-            load_stage(stage ^ 1, (kt + 1) * BK);
-            asm volatile("cp.async.wait_group 1;\n" ::);
-        } else {
-            asm volatile("cp.async.wait_group 0;\n" ::);
-        }
-        __syncthreads();
-        const __nv_bfloat16* as = As[stage];
-        const __nv_bfloat16* ws = Ws[stage];
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));  // tile kt has landed
+        __syncthreads();  // ... for every thread, and every warp is done with the stage refilled below
+        const int ahead = kt + STAGES - 1;
+        if (ahead < k_tiles) load_stage(ahead % STAGES, ahead * BK);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        const int stage = kt % STAGES;
+        const __nv_bfloat16* as = As + stage * BM * LDS;
+        const __nv_bfloat16* ws = Ws + stage * BN * LDS;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
             unsigned a[MT][4], b[NT][2];
@@ -125,8 +134,9 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma_bf16(acc[i][j], a[i], b[j]);
         }
-        __syncthreads();  // every warp is done with this stage before it is refilled
     }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();  // the stages may be reused below
 
     if (epilogue == EPILOGUE_STORE) {
 #pragma unroll
@@ -148,10 +158,10 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
         return;
     }
 
-#if BM * BN * 4 <= 2 * (BM + BN) * LDS * 2  // tiles whose logits fit in the A and W stages
+#if BM * BN * 4 <= STAGES * (BM + BN) * LDS * 2  // tiles whose logits fit in the A and W stages
     if (epilogue == EPILOGUE_TOPK) {
         // Stage the tile's logits in shared memory (the A/W stages are free now), then one warp per row.
-        float* tile = reinterpret_cast<float*>(&As[0][0]);
+        float* tile = reinterpret_cast<float*>(gemm_smem);
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll

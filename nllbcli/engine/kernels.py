@@ -71,7 +71,24 @@ NULL = np.uint64(0)  # an absent pointer argument
 
 # ------------------------------------------------------------------------------------------------ gemm.cu
 
-GEMM_TILES = {"large": dict(BM=128, BN=128, WM=64, WN=32), "small": dict(BM=64, BN=64, WM=32, WN=32)}
+GEMM_TILES = {
+    "large": dict(BM=128, BN=128, WM=64, WN=32, STAGES=2),
+    "small": dict(BM=64, BN=64, WM=32, WN=32, STAGES=2),
+    # candidates, measured against the two above by bench/engine_bench.py before any is chosen by default
+    "large3": dict(BM=128, BN=128, WM=64, WN=64, STAGES=3),
+    "wide3": dict(BM=128, BN=256, WM=64, WN=64, STAGES=3),
+    "small4": dict(BM=64, BN=64, WM=32, WN=32, STAGES=4),
+}
+
+
+def gemm_launch(tile: dict, grid: tuple, args: tuple, **defines) -> None:
+    """Launch gemm_kernel with a tile configuration: threads and dynamic shared memory follow from it."""
+    kernel = function("gemm.cu", "gemm_kernel", **tile, **defines)
+    threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
+    smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
+    if smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = smem
+    kernel(grid, (threads,), args, shared_mem=smem)
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
 
 
@@ -99,10 +116,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     t = GEMM_TILES[tile or gemm_tile(m, n)]
-    kernel = function("gemm.cu", "gemm_kernel", **t)
-    grid = (-(-n // t["BN"]), -(-m // t["BM"]))
-    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
-    kernel(grid, (threads,), (
+    gemm_launch(t, (-(-n // t["BN"]), -(-m // t["BM"])), (
         a, w, bias if bias is not None else NULL, residual if residual is not None else NULL, out, NULL, NULL,
         cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(1 if relu else 0),
         cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0), NULL,
@@ -123,9 +137,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     blocks_n = -(-n // t["BN"])
     part_val = cp.empty((m, blocks_n), dtype=F32)
     part_idx = cp.empty((m, blocks_n), dtype=cp.int32)
-    kernel = function("gemm.cu", "gemm_kernel", **t)
-    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
-    kernel((blocks_n, -(-m // t["BM"])), (threads,), (
+    gemm_launch(t, (blocks_n, -(-m // t["BM"])), (
         h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
         cp.int32(EPILOGUE_ARGMAX), cp.int32(0), NULL,
     ))
@@ -133,7 +145,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     values = cp.empty((m,), dtype=F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
     check_array("values", values, F32, (m,))
-    function("gemm.cu", "argmax_reduce_kernel", **t)((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
+    function("gemm.cu", "argmax_reduce_kernel")((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
     return ids, values
 
 
@@ -152,17 +164,16 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     stat = cp.empty((m, blocks_n, 2), dtype=F32)
     part_val = cp.empty((m, blocks_n, k), dtype=F32)
     part_idx = cp.empty((m, blocks_n, k), dtype=cp.int32)
-    threads = 32 * (t["BM"] // t["WM"]) * (t["BN"] // t["WN"])
-    function("gemm.cu", "gemm_kernel", TOPK=k, **t)((blocks_n, -(-m // t["BM"])), (threads,), (
+    gemm_launch(t, (blocks_n, -(-m // t["BM"])), (
         h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(d), cp.int32(0),
         cp.int32(EPILOGUE_TOPK), cp.int32(0), stat,
-    ))
+    ), TOPK=k)
     logprob = cp.empty((m, k), dtype=F32) if logprob is None else logprob
     ids = cp.empty((m, k), dtype=cp.int32) if ids is None else ids
     check_array("logprob", logprob, F32, (m, k))
     check_array("ids", ids, cp.int32, (m, k))
     if m:
-        function("gemm.cu", "topk_reduce_kernel", TOPK=k, **t)((m,), (256,), (stat, part_val, part_idx, logprob, ids, cp.int32(blocks_n)))
+        function("gemm.cu", "topk_reduce_kernel", TOPK=k)((m,), (256,), (stat, part_val, part_idx, logprob, ids, cp.int32(blocks_n)))
     return logprob, ids
 
 
