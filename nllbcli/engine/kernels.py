@@ -74,7 +74,7 @@ NULL = np.uint64(0)  # an absent pointer argument
 GEMM_TILES = {
     "large": dict(BM=128, BN=128, WM=64, WN=32, STAGES=2),
     "small": dict(BM=64, BN=64, WM=32, WN=32, STAGES=2),
-    # candidates, measured against the two above by bench/engine_bench.py before any is chosen by default
+    # candidates measured against the two above (bench/engine_bench.py, docs/PERF.md): all slower so far
     "large3": dict(BM=128, BN=128, WM=64, WN=64, STAGES=3),
     "wide3": dict(BM=128, BN=256, WM=64, WN=64, STAGES=3),
     "small4": dict(BM=64, BN=64, WM=32, WN=32, STAGES=4),
@@ -93,9 +93,11 @@ EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
 
 
 def gemm_tile(m: int, n: int) -> str:
-    """Large tiles when they still fill the GPU, else small ones (decode steps have few rows)."""
+    """Large tiles once they make a full wave of blocks, else small ones (decode steps have few rows).
+    Measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns (192-256 blocks),
+    small is 1.3x large at 256 rows x 1,024 columns (16 blocks)."""
     blocks = -(-m // 128) * -(-n // 128)
-    return "large" if blocks >= 2 * cp.cuda.Device().attributes["MultiProcessorCount"] else "small"
+    return "large" if blocks >= cp.cuda.Device().attributes["MultiProcessorCount"] else "small"
 
 
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
