@@ -92,6 +92,19 @@ def random_weights(config: ModelConfig) -> dict[str, np.ndarray]:
     return out
 
 
+def in_parts(sources, beams: int, rows: int, source_rows: int):
+    """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
+    part, tokens = [], 0
+    for s in sources:
+        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
+            yield part
+            part, tokens = [], 0
+        part.append(s)
+        tokens += len(s)
+    if part:
+        yield part
+
+
 def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
     config = NLLB_600M
     t0 = time.perf_counter()
@@ -102,11 +115,11 @@ def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
         lengths = np.sort(rng.integers(10, 61, batch))
         sources = [[256047] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
         options = DecodeOptions(beam_size=beams, max_length=41)
-        engine.capacity(options.max_length)
+        rows, source_rows = engine.capacity(options.max_length)
         generate(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
-        outputs = generate(engine, sources, 256057, config, options)
+        outputs = [o for part in in_parts(sources, beams, rows, source_rows) for o in generate(engine, part, 256057, config, options)]
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
         tokens = sum(len(o) + 1 for o in outputs)  # the language token counts, as in transformers' max_new_tokens

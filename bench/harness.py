@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import NLLB_600M, random_weights  # noqa: E402
+from bench.engine_bench import NLLB_600M, in_parts, random_weights  # noqa: E402
 
 NEW_TOKENS = 40
 LANG = 256047  # eng_Latn's id in NLLB's vocabulary
@@ -38,19 +38,6 @@ def workload(sentences: int, seed: int = 1) -> list[list[int]]:
 
 def parse(runs: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
-
-
-def in_parts(sources, beams: int, rows: int, source_rows: int):
-    """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
-    part, tokens = [], 0
-    for s in sources:
-        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
-            yield part
-            part, tokens = [], 0
-        part.append(s)
-        tokens += len(s)
-    if part:
-        yield part
 
 
 def bench_ours(sources, runs, results) -> None:
