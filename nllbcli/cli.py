@@ -10,7 +10,11 @@ import click
 
 from .errors import NllbError
 from .io import FORMATS, format_of
+from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
+from .progress import PROGRESS_MODES
+
+ON_ERROR = ("fail", "skip", "record")
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 
@@ -73,64 +77,105 @@ def cli():
 @cli.command()
 @click.argument("input", default="-", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.argument("output", default="-", type=click.Path(dir_okay=False, writable=True, allow_dash=True))
-@click.option("--src", required=True, help="Language of the input, a FLORES-200 code such as eng_Latn.")
-@click.option("--tgt", required=True, help="Language to translate into, a FLORES-200 code such as fra_Latn.")
+@click.option("--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
+@click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it.")
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension; text for -).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
 @click.option("--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
+@click.option("--src-lang-field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
+@click.option("--tgt-lang-field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
 @click.option("--beam-size", type=click.IntRange(min=1), default=DecodeOptions.beam_size, show_default=True, help="Beams per sentence; 1 is greedy search.")
 @click.option("--max-length", type=click.IntRange(min=1), default=DecodeOptions.max_length, show_default=True, help="At most this many generated tokens per sentence, the target-language token included.")
 @click.option("--length-penalty", type=float, default=DecodeOptions.length_penalty, show_default=True, help="Beam search ranks finished beams by sum(log p) / length ** this.")
+@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), default=DecodeOptions.no_repeat_ngram_size, show_default=True, help="No n-gram of this many tokens occurs twice in a translation; 0 is off.")
+@click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=DecodeOptions.repetition_penalty, show_default=True, help="Scores of tokens already generated are divided by this (multiplied when negative); 1 is off.")
+@click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), default=BatchOptions.max_batch_tokens, show_default=True, help="Source tokens per batch, counted as rows x longest row.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress on stderr.")
-def translate(input, output, src, tgt, model, device, input_format, output_format, field, output_field,
-              beam_size, max_length, length_penalty, max_batch_tokens, quiet):
+@click.option("--chunk-rows", type=click.IntRange(min=1), default=BatchOptions.read_chunk_rows, show_default=True, help="Rows read, translated and committed together (what --resume repeats at most).")
+@click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
+@click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed, with their row number and reason (--on-error record).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped (starts afresh when there is nothing to continue).")
+@click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
+def translate(input, output, src, tgt, model, device, input_format, output_format, field, output_field, src_lang_field,
+              tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty, no_split,
+              max_batch_tokens, chunk_rows, on_error, errors_file, resume, progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
     The format comes from each file's extension (.jsonl, .parquet, .txt) or
     --input-format/--output-format; - is text, one sentence per line. JSONL
     and Parquet rows keep every field and gain the translation. Rows stay in
-    input order.
+    input order. Each row is translated sentence by sentence and joined back.
+
+    Exit codes: 0 all rows translated, 1 the job could not run, 2 bad usage,
+    3 finished with some rows failed, 130/143 stopped by SIGINT/SIGTERM
+    (--resume continues), 141 the reader of stdout went away.
 
     \b
     Examples:
         nllb translate --src eng_Latn --tgt fra_Latn in.jsonl out.jsonl
-        cat notes.txt | nllb translate --src eng_Latn --tgt deu_Latn > notes.de.txt
-        nllb translate --src spa_Latn --tgt eng_Latn day.parquet day.en.parquet
+        cat notes.txt | nllb translate --src en --tgt de > notes.de.txt
+        nllb translate --src es --tgt en --resume --errors bad.jsonl day.parquet day.en.parquet
     """
     from .pipeline import Job, translate_file
+    from .signals import Stopped, stop_on_signals
 
     try:
         in_format = format_of(input, input_format)
         out_format = output_format or (in_format if output == "-" else format_of(output, None))
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
-              field=field, output_field=output_field)
-    decode = DecodeOptions(beam_size, max_length, length_penalty)
-    batching = BatchOptions(max_batch_tokens)
+    for option, value in (("--src", src), ("--tgt", tgt)):
+        if value is None and in_format == "text":
+            raise click.UsageError(f"Missing option '{option}' (text rows cannot name their own languages).")
+    if on_error is None:
+        on_error = "record" if errors_file else "fail"
+    if on_error == "record" and not errors_file:
+        raise InvalidUsage("--on-error record needs --errors FILE to record the failed rows in.")
+    if errors_file and on_error != "record":
+        raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
+    if resume and output == "-":
+        raise InvalidUsage("--resume needs an OUTPUT file: what went to stdout cannot be continued.")
+    if errors_file and output != "-" and os.path.abspath(errors_file) == os.path.abspath(output):
+        raise InvalidUsage("--errors must be another file than OUTPUT.")
+    decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
+    batching = BatchOptions(max_batch_tokens, chunk_rows)
+    mode = "none" if quiet else progress_mode(progress, output)
+    code = 0
     try:
-        tokenizer = load_tokenizer(model)  # languages are checked before the weights load
-        for option, code in (("--src", src), ("--tgt", tgt)):
+        tokenizer = load_tokenizer(model)  # languages are resolved before the weights load
+        known = tokenizer.lang_codes
+        for option, value in (("--src", src), ("--tgt", tgt)):
             try:
-                tokenizer.lang_id(code)
+                resolved = None if value is None else resolve_lang(value, known)
             except NllbError as error:
                 raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+            src, tgt = (resolved, tgt) if option == "--src" else (src, resolved)
+        job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
+                  field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
+                  split=not no_split, on_error=on_error, errors=errors_file)
         translator = load_model(model, device)
-        translate_file(translator, job, decode, batching, progress=show_progress(quiet, output))
+        with stop_on_signals():
+            counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet)
+        code = 3 if counters.failed else 0
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     except BrokenPipeError:
         quiet_stdout()
-        sys.exit(1)
+        sys.exit(141)
     except OSError as error:
         raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
+    except Stopped as stop:
+        where = "" if output == "-" else "; run the same command with --resume to continue"
+        click.echo(f"Stopped by {stop}: the rows done so far are saved{where}.", err=True)
+        sys.exit(stop.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    sys.exit(code)
 
 
 @cli.command()
@@ -144,11 +189,13 @@ def langs(model):
     click.echo("\n".join(codes))
 
 
-def show_progress(quiet: bool, output: str) -> bool:
-    """Progress goes to stderr when it is a terminal, unless the translations go to that terminal too."""
-    if quiet or not sys.stderr.isatty():
-        return False
-    return not (output == "-" and sys.stdout.isatty())
+def progress_mode(progress: str, output: str) -> str:
+    """auto is the bar when stderr is a terminal, unless the translations go to that terminal too."""
+    if progress != "auto":
+        return progress
+    if not sys.stderr.isatty() or (output == "-" and sys.stdout.isatty()):
+        return "none"
+    return "bar"
 
 
 def quiet_stdout() -> None:
@@ -161,3 +208,7 @@ def quiet_stdout() -> None:
 
 def main() -> None:
     cli(prog_name="nllb")
+
+
+if __name__ == "__main__":
+    main()

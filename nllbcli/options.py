@@ -36,7 +36,7 @@ class BatchOptions:
     """How rows are grouped into batches for the engine."""
 
     max_batch_tokens: int = 4096  # source tokens per batch, counted as rows x longest row (padding included)
-    read_chunk_rows: int = 2048  # rows read ahead and sorted by length before they are batched
+    read_chunk_rows: int = 2048  # rows read ahead, sorted by length, batched, then written and committed together
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 1:

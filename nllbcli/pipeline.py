@@ -1,42 +1,79 @@
-"""reader -> chunks -> tokenize -> length-sorted batches -> translator.generate -> decode -> writer.
+"""reader -> chunks -> sentences -> tokenize -> length-sorted batches -> translator.generate -> decode -> join -> writer.
 
-Rows are read `read_chunk_rows` at a time. Within a chunk, sentences are sorted by length so each batch
-pads little, batches are cut at `max_batch_tokens`, and the translations are put back in input order
-before the chunk is written. A sentence's translation does not depend on its batch, so none of this
-changes the output.
+Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split into sentences (unless
+--no-split), the sentences are grouped by target language and sorted by length so each batch pads little,
+batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
+the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
+none of this changes the output.
+
+A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
+sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
+is left out and named on stderr; with record it is left out and written to the --errors file.
 """
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+import json
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
-from .io import Record, open_input, open_output
+from .errors import NllbError
+from .io import Input, Record, file_identity, open_input, open_sink
+from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
+from .progress import Counters, Reporter
+from .resume import PartialFile, Saved, load_state, partial_paths, remove_state, save_state
+from .signals import critical
+from .split import join_sentences, split_text
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from .translator import Translator
 
 Advance = Callable[[int, int], None]  # (rows done, tokens generated) since the last call
+ON_ERROR = ("fail", "skip", "record")
 
 
 @dataclass(frozen=True)
 class Job:
     """What to translate, from where to where."""
 
-    src: str  # FLORES-200 code of the input text, e.g. eng_Latn
-    tgt: str  # FLORES-200 code of the translation
+    src: str | None  # FLORES-200 code of the input text, e.g. eng_Latn (None: every row names its own)
+    tgt: str | None  # FLORES-200 code of the translation
     input: str = "-"  # a path, or - for stdin
     output: str = "-"  # a path, or - for stdout
     input_format: str = "text"  # jsonl, parquet or text
     output_format: str = "text"
     field: str = "text"  # the JSONL field or Parquet column to translate
     output_field: str = "translation"  # the field or column the translation goes to
+    src_field: str = "src_lang"  # a row's own source language, where it has this field
+    tgt_field: str = "tgt_lang"  # a row's own target language, where it has this field
+    split: bool = True  # translate sentence by sentence
+    on_error: str = "fail"  # fail, skip or record: what a bad row does
+    errors: str | None = None  # the JSONL file bad rows go to under record
+
+
+@dataclass
+class Sentence:
+    """One sentence of a row, on its way through the model."""
+
+    row: int  # position of its row in the chunk
+    ids: list[int]  # source ids, cut to the model's positions
+    tgt: str  # target language
+
+
+@dataclass
+class Outcome:
+    """What became of one row."""
+
+    translation: str | None = None  # None when the row failed
+    error: str | None = None
+    cut: bool = False  # a sentence was longer than the model's positions
+    max_length: bool = False  # a sentence's translation stopped at --max-length
+    parts: list = field(default_factory=list)  # the sentences' translations, in order
+    gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
+    tgt: str = ""
 
 
 def translate_file(
@@ -44,25 +81,177 @@ def translate_file(
     job: Job,
     decode: DecodeOptions = DecodeOptions(),
     batching: BatchOptions = BatchOptions(),
-    progress: bool = False,
-) -> int:
-    """Translate every row of the job's input into its output; returns the number of rows."""
-    rows = 0
-    with (
-        open_input(job.input, job.input_format, job.field, count=progress) as source,
-        open_output(job.output, job.output_format, job.output_field, source.schema, job.field) as write,
-        progress_display(source.total, progress) as advance,
-    ):
-        for chunk in read_chunks(source.records, batching.read_chunk_rows):
-            write(chunk, translate_records(translator, chunk, job, decode, batching.max_batch_tokens, advance))
-            rows += len(chunk)
-    return rows
+    progress: bool | str = False,
+    resume: bool = False,
+    summary: bool = False,
+    reporter_stream=None,
+) -> Counters:
+    """Translate every row of the job's input into its output; returns the job's counters.
+
+    `progress` is a mode of progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
+    continues an interrupted job's partial output (resume.py)."""
+    mode = {True: "bar", False: "none"}.get(progress, progress)
+    if job.on_error == "record" and not job.errors:
+        raise ValueError("--on-error record needs --errors FILE to record the rows in")
+    with ExitStack() as stack:
+        identity = job_identity(translator, job, decode, batching)
+        saved = None
+        state_path = None
+        if job.output != "-":
+            state_path = partial_paths(job.output)[1]
+            if resume:
+                saved = load_state(state_path, identity)
+        source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
+                                                start=saved.position if saved else None))
+        counters = Counters(**saved.counters) if saved else Counters()
+        reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary)
+        try:
+            run(translator, job, decode, batching, source, reporter, saved, identity, state_path, stack)
+        except BaseException:
+            reporter.close(summary=False)
+            raise
+        reporter.close()
+        return counters
+
+
+def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,
+        saved: Saved | None, identity: dict, state_path: str | None, stack: ExitStack) -> None:
+    """The chunk loop: translate, write, commit; then put the finished files in place."""
+    import sys
+
+    counters = reporter.counters
+    if job.output == "-":
+        output = None
+        sink = open_sink(sys.stdout.buffer, job.output_format, job.output_field, source.schema, job.field)
+    else:
+        output = PartialFile(job.output, saved.output_bytes if saved else None)
+        stack.callback(output.close)
+        sink = open_frames(output, job, source, saved)
+    errors = None
+    if job.on_error == "record":
+        errors = PartialFile(job.errors, saved.errors_bytes if saved and output else None)
+        stack.callback(errors.close)
+    committed = saved is not None and saved.position.rows > 0
+
+    try:
+        if not (saved and saved.done):
+            for chunk in read_chunks(source.records, batching.read_chunk_rows):
+                outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance)
+                with critical():
+                    write_chunk(chunk, outcomes, sink, errors, job, reporter)
+                    if output is not None:
+                        save_state(state_path, Saved(identity, source.position, output.sync(),
+                                                     errors.sync() if errors else 0, vars(counters).copy()))
+                        committed = True
+        with critical():
+            sink.close()
+            if output is not None:
+                reporter.tick()
+                save_state(state_path, Saved(identity, source.position, output.sync(), errors.sync() if errors else 0,
+                                             vars(counters).copy(), done=True))
+                output.finish(parquet_converter(job, source) if job.output_format == "parquet" else None)
+            if errors is not None:
+                errors.finish()
+            if state_path:
+                remove_state(state_path)
+    except BaseException:
+        sink.abort()
+        if output is not None and not committed:
+            output.discard()  # nothing worth resuming: leave nothing behind
+            if errors is not None:
+                errors.discard()
+        raise
+
+
+def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):
+    """The sink of a file output: lines straight into the partial file, Parquet as frames (io/parquet.py)."""
+    from .io import parquet
+
+    if job.output_format != "parquet":
+        return open_sink(output.stream, job.output_format, job.output_field, None, job.field)
+    sink = parquet.FrameSink(output.stream, source.schema, job.output_field, job.field)
+    if saved is not None:
+        output.stream.flush()
+        sink.resume(output.partial)
+    return sink
+
+
+def parquet_converter(job: Job, source: Input):
+    from .io import atomic_file, parquet
+
+    def convert(partial: str, path: str) -> None:
+        with atomic_file(path) as target:
+            parquet.frames_to_parquet(partial, target, source.schema, job.output_field, job.field)
+
+    return convert
+
+
+def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOptions) -> dict:
+    """What shapes the output: a resumed job must match the interrupted one in all of it. (--on-error may
+    change: a job that stopped on a bad row can go on with skip or record.)"""
+    return {
+        "input_format": job.input_format, "output_format": job.output_format, "field": job.field,
+        "output_field": job.output_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
+        "tgt_field": job.tgt_field, "split": job.split, "decode": vars(decode).copy(),
+        "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input), "model": str(getattr(translator, "model_dir", "")),
+        "device": getattr(translator, "device", ""),
+    }
+
+
+def input_identity(path: str) -> dict:
+    return {"path": "-"} if path == "-" else file_identity(path)
+
+
+def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: PartialFile | None, job: Job,
+                reporter: Reporter) -> None:
+    """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
+    counters = reporter.counters
+    for record, error in sink.write(chunk, [o.translation for o in outcomes]):
+        if job.on_error == "fail":
+            raise NllbError(error)
+        outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
+        outcome.translation, outcome.error = None, error
+    failed = []
+    for record, outcome in zip(chunk, outcomes):
+        counters.rows += 1
+        if outcome.error is not None:
+            counters.failed += 1
+            failed.append((record, outcome.error))
+        else:
+            counters.translated += 1
+            counters.sentences += len(outcome.parts)
+            counters.cut += outcome.cut
+            counters.max_length += outcome.max_length
+    for record, error in failed:
+        if errors is not None:
+            errors.stream.write((json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
+        else:
+            reporter.warn(f"Skipped: {error}")
 
 
 def read_chunks(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
     iterator = iter(records)
     while chunk := list(islice(iterator, size)):
         yield chunk
+
+
+def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
+    """The row's source and target language: its own fields where it has them, else --src and --tgt."""
+    languages = []
+    for name, default, option in ((job.src_field, job.src, "--src"), (job.tgt_field, job.tgt, "--tgt")):
+        value = record.fields.get(name) if name else None
+        if value is None:
+            if default is None:
+                raise NllbError(f"{record.where}: no {name!r} field and no {option} to fall back on.")
+            languages.append(default)
+        elif not isinstance(value, str):
+            raise NllbError(f"{record.where}: field {name!r} is {type(value).__name__}, not a language code.")
+        else:
+            try:
+                languages.append(resolve_lang(value, known))
+            except NllbError as error:
+                raise NllbError(f"{record.where}: field {name!r}: {error}") from None
+    return languages[0], languages[1]
 
 
 def translate_records(
@@ -72,22 +261,96 @@ def translate_records(
     decode: DecodeOptions,
     max_batch_tokens: int,
     advance: Advance = lambda rows, tokens: None,
-) -> list[str]:
-    """The translations of a chunk of rows, in the rows' order. Empty texts stay empty, without the model."""
+) -> list[Outcome]:
+    """What became of each row of a chunk, in the rows' order. Empty texts stay empty, without the model.
+
+    With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
+    tokenizer = translator.tokenizer
     limit = translator.config.max_position_embeddings
-    sources = {
-        position: cut_source(translator.tokenizer.encode(record.text, job.src), limit)
-        for position, record in enumerate(records)
-        if record.text.strip()
-    }
-    translations = [""] * len(records)
-    advance(len(records) - len(sources), 0)
-    for batch in plan_batches({position: len(ids) for position, ids in sources.items()}, max_batch_tokens):
-        outputs = translator.generate([sources[position] for position in batch], job.tgt, decode)
-        for position, ids in zip(batch, outputs):
-            translations[position] = translator.tokenizer.decode(ids)
-        advance(len(batch), sum(map(len, outputs)))
-    return translations
+    known = tuple(tokenizer.lang_codes)
+    outcomes = [Outcome() for _ in records]
+    sentences: list[Sentence] = []
+    for position, (record, outcome) in enumerate(zip(records, outcomes)):
+        try:
+            if record.error:
+                raise NllbError(record.error)
+            src, tgt = row_languages(record, job, known)
+            outcome.tgt = tgt
+            if job.split:
+                texts, outcome.gaps = split_text(record.text)
+            else:
+                texts = [record.text] if record.text.strip() else []
+            for text in texts:
+                try:
+                    ids = tokenizer.encode(text, src)
+                except Exception as error:  # sentencepiece's errors are no narrower than that
+                    raise NllbError(f"{record.where}: the tokenizer cannot take this text: {error}") from None
+                outcome.cut |= len(ids) > limit
+                sentences.append(Sentence(position, cut_source(ids, limit), tgt))
+        except NllbError as error:
+            if job.on_error == "fail":
+                raise
+            outcome.error = str(error)
+            sentences = [s for s in sentences if s.row != position]
+    for outcome in outcomes:
+        outcome.parts = []
+    pending = [0] * len(records)
+    for sentence in sentences:
+        pending[sentence.row] += 1
+    done_rows = [p == 0 for p in pending]
+    advance(sum(done_rows), 0)
+
+    by_target: dict[str, list[int]] = {}
+    for number, sentence in enumerate(sentences):
+        by_target.setdefault(sentence.tgt, []).append(number)
+    texts: dict[int, str] = {}
+    for tgt, numbers in by_target.items():
+        for batch in plan_batches({n: len(sentences[n].ids) for n in numbers}, max_batch_tokens):
+            outputs = generate_batch(translator, [sentences[n] for n in batch], tgt, decode, records, outcomes, job)
+            finished = 0
+            for n, ids in zip(batch, outputs):
+                sentence = sentences[n]
+                if ids is not None:
+                    texts[n] = tokenizer.decode(ids)
+                    outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
+                pending[sentence.row] -= 1
+                finished += pending[sentence.row] == 0
+            advance(finished, sum(len(ids) for ids in outputs if ids is not None))
+
+    for number, sentence in enumerate(sentences):
+        outcomes[sentence.row].parts.append(texts.get(number))
+    for outcome in outcomes:
+        if outcome.error is not None:
+            continue
+        if outcome.gaps is None:
+            outcome.translation = outcome.parts[0] if outcome.parts else ""
+        else:
+            outcome.translation = join_sentences(outcome.parts, outcome.gaps, outcome.tgt)
+    return outcomes
+
+
+def generate_batch(translator, batch: list[Sentence], tgt: str, decode: DecodeOptions, records: list[Record],
+                   outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
+    """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
+    rest of the batch goes on."""
+    from .translator import SentenceError
+
+    outputs: list[list[int] | None] = [None] * len(batch)
+    todo = list(range(len(batch)))
+    while todo:
+        try:
+            for i, ids in zip(todo, translator.generate([batch[i].ids for i in todo], tgt, decode)):
+                outputs[i] = ids
+            return outputs
+        except SentenceError as error:
+            bad = todo[error.position]
+            row = batch[bad].row
+            message = f"{records[row].where}: {error}"
+            if job.on_error == "fail":
+                raise NllbError(message) from None
+            outcomes[row].error = message
+            todo = [i for i in todo if batch[i].row != row]  # the row's other sentences are of no use now
+    return outputs
 
 
 def cut_source(ids: list[int], max_tokens: int) -> list[int]:
@@ -112,40 +375,3 @@ def plan_batches(lengths: dict[int, int], max_batch_tokens: int) -> list[list[in
     if batch:
         batches.append(batch)
     return batches
-
-
-@contextmanager
-def progress_display(total: int | None, enabled: bool, console: Console | None = None) -> Iterator[Advance]:
-    """A rich progress line on stderr: sentences done, generated tokens/s, and the ETA when the total is known."""
-    if not enabled:
-        yield lambda rows, tokens: None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        SpinnerColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    columns = [
-        SpinnerColumn() if total is None else BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("sentences"),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn() if total is None else TimeRemainingColumn(),
-    ]
-    with Progress(*columns, console=console or Console(stderr=True)) as bar:
-        task = bar.add_task("translate", total=total, rate="")
-        start, tokens = time.monotonic(), 0
-
-        def advance(rows: int, new_tokens: int) -> None:
-            nonlocal tokens
-            tokens += new_tokens
-            rate = tokens / max(time.monotonic() - start, 1e-6)
-            bar.update(task, advance=rows, rate=f"{rate:,.0f} tokens/s")
-
-        yield advance

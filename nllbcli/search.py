@@ -15,6 +15,8 @@ added to every token of that beam alike. So the engine can choose them where the
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 
 from .checkpoint import ModelConfig
@@ -33,6 +35,16 @@ def generate(engine, sources: list[list[int]], tgt_lang_id: int, config: ModelCo
         return search(engine, encoded, len(sources), tgt_lang_id, config, options)
     finally:
         engine.release_sources(encoded)
+
+
+@contextmanager
+def decoder(engine, encoded, source_rows, max_positions: int):
+    """A decoder state whose cache slots go back to the engine however the search ends."""
+    state = engine.start(encoded, source_rows, max_positions)
+    try:
+        yield state
+    finally:
+        engine.release(state)
 
 
 def strip_output(tokens: list[int], eos: int) -> list[int]:
@@ -61,28 +73,27 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
 
 def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
-    state = engine.start(encoded, np.arange(batch), options.max_length + 1)
-    engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
-    outputs: list[list[int]] = [[] for _ in range(batch)]
-    alive = np.arange(batch)  # which sentence each decoder row belongs to
-    tokens = np.full(batch, tgt_lang_id)
-    for _ in range(options.max_length - 1):  # the language token was the first generated token
-        if options.processes_scores:
-            sequences = np.array([[config.decoder_start_token_id, tgt_lang_id, *outputs[s]] for s in alive])  # (N, T)
-            tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
-        else:
-            tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
-        keep = []
-        for row, (sentence, token) in enumerate(zip(alive, tokens)):
-            outputs[sentence].append(int(token))
-            if token != eos:
-                keep.append(row)
-        if len(keep) < len(alive):
-            if not keep:
-                break
-            engine.select(state, np.array(keep))
-            alive, tokens = alive[keep], tokens[keep]
-    engine.release(state)
+    with decoder(engine, encoded, np.arange(batch), options.max_length + 1) as state:
+        engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
+        outputs: list[list[int]] = [[] for _ in range(batch)]
+        alive = np.arange(batch)  # which sentence each decoder row belongs to
+        tokens = np.full(batch, tgt_lang_id)
+        for _ in range(options.max_length - 1):  # the language token was the first generated token
+            if options.processes_scores:
+                sequences = np.array([[config.decoder_start_token_id, tgt_lang_id, *outputs[s]] for s in alive])  # (N, T)
+                tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
+            else:
+                tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
+            keep = []
+            for row, (sentence, token) in enumerate(zip(alive, tokens)):
+                outputs[sentence].append(int(token))
+                if token != eos:
+                    keep.append(row)
+            if len(keep) < len(alive):
+                if not keep:
+                    break
+                engine.select(state, np.array(keep))
+                alive, tokens = alive[keep], tokens[keep]
     return [strip_output(o, eos) for o in outputs]
 
 
@@ -127,72 +138,70 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
     sentences = np.arange(batch)  # which input sentence each active sentence is
     results: dict[int, list[int]] = {}
 
-    state = engine.start(encoded, np.repeat(np.arange(batch), k), max_len)
-    engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
-    tokens = np.full(batch * k, tgt_lang_id)
-    cur_len = 2
-    if max_len <= cur_len:  # max_length 1: the language token alone
-        engine.release(state)
-        return [[] for _ in range(batch)]
-    while True:
-        n = len(sentences)
-        if options.processes_scores:
-            from .engine.reference import log_softmax
+    with decoder(engine, encoded, np.repeat(np.arange(batch), k), max_len) as state:
+        engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
+        tokens = np.full(batch * k, tgt_lang_id)
+        cur_len = 2
+        if max_len <= cur_len:  # max_length 1: the language token alone
+            return [[] for _ in range(batch)]
+        while True:
+            n = len(sentences)
+            if options.processes_scores:
+                from .engine.reference import log_softmax
 
-            log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
-            sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
-            row_lp, row_ids = (xp.asarray(a) for a in topk_desc(process_scores(log_probs, sequences, options), keep))
-        else:
-            row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
-        # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
-        scores = row_lp.astype(xp.float32).reshape(n, k, keep) + run_score[:, :, None]
-        top_score, top_index = topk_desc(scores.reshape(n, k * keep), keep)  # (n, 2K)
-        top_beam = top_index // keep
-        top_token = xp.take_along_axis(row_ids.reshape(n, k * keep), top_index, axis=1)
-        top_seq = xp.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
-        top_seq[:, :, cur_len] = top_token
-        hits = (top_token == eos) | (cur_len + 1 >= max_len)  # (n, 2K): ended, or out of room
+                log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
+                sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
+                row_lp, row_ids = (xp.asarray(a) for a in topk_desc(process_scores(log_probs, sequences, options), keep))
+            else:
+                row_lp, row_ids = engine.step_topk(encoded, state, tokens, keep)  # (n*K, 2K) each, best first
+            # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
+            scores = row_lp.astype(xp.float32).reshape(n, k, keep) + run_score[:, :, None]
+            top_score, top_index = topk_desc(scores.reshape(n, k * keep), keep)  # (n, 2K)
+            top_beam = top_index // keep
+            top_token = xp.take_along_axis(row_ids.reshape(n, k * keep), top_index, axis=1)
+            top_seq = xp.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
+            top_seq[:, :, cur_len] = top_token
+            hits = (top_token == eos) | (cur_len + 1 >= max_len)  # (n, 2K): ended, or out of room
 
-        # the K best candidates that go on
-        open_score = top_score + hits.astype(xp.float32) * neg
-        _, next_idx = topk_desc(open_score, k)
-        run_seq = xp.take_along_axis(top_seq, next_idx[:, :, None], axis=1)
-        run_score = xp.take_along_axis(open_score, next_idx, axis=1)
-        parents = xp.take_along_axis(top_beam, next_idx, axis=1)  # (n, K)
+            # the K best candidates that go on
+            open_score = top_score + hits.astype(xp.float32) * neg
+            _, next_idx = topk_desc(open_score, k)
+            run_seq = xp.take_along_axis(top_seq, next_idx[:, :, None], axis=1)
+            run_score = xp.take_along_axis(open_score, next_idx, axis=1)
+            parents = xp.take_along_axis(top_beam, next_idx, axis=1)  # (n, K)
 
-        # finished hypotheses: only among the first K candidates, scored with the length penalty
-        just_done = hits.copy()
-        just_done[:, k:] = False
-        normed = top_score / xp.float32(float(cur_len + 1 - 1) ** lp)
-        normed = normed + (~just_done).astype(xp.float32) * neg
-        merged_score = xp.concatenate([fin_score, normed], axis=1)
-        merged_seq = xp.concatenate([fin_seq, top_seq], axis=1)
-        merged_done = xp.concatenate([fin_done, just_done], axis=1)
-        fin_score, best = topk_desc(merged_score, k)
-        fin_seq = xp.take_along_axis(merged_seq, best[:, :, None], axis=1)
-        fin_done = xp.take_along_axis(merged_done, best, axis=1)
+            # finished hypotheses: only among the first K candidates, scored with the length penalty
+            just_done = hits.copy()
+            just_done[:, k:] = False
+            normed = top_score / xp.float32(float(cur_len + 1 - 1) ** lp)
+            normed = normed + (~just_done).astype(xp.float32) * neg
+            merged_score = xp.concatenate([fin_score, normed], axis=1)
+            merged_seq = xp.concatenate([fin_seq, top_seq], axis=1)
+            merged_done = xp.concatenate([fin_done, just_done], axis=1)
+            fin_score, best = topk_desc(merged_score, k)
+            fin_seq = xp.take_along_axis(merged_seq, best[:, :, None], axis=1)
+            fin_done = xp.take_along_axis(merged_done, best, axis=1)
 
-        cur_len += 1
-        # stop heuristic (early_stopping=False): can the best open beam, at this length, beat the worst finished?
-        best_possible = run_score[:, :1] / xp.float32(float(cur_len - 1) ** lp)
-        worst_finished = xp.where(fin_done, fin_score.min(axis=1, keepdims=True), neg)
-        improvable = xp.any(best_possible > worst_finished, axis=1)
-        finished = to_host(~improvable | hits.all(axis=1)) | (cur_len >= max_len)  # the one sync per step
-        done = np.flatnonzero(finished)
-        if len(done):
-            # a finished hypothesis ends in </s> or fills max_len, so no padding follows its tokens
-            for i, seq in zip(done, to_host(fin_seq[xp.asarray(done), 0, 2:])):
-                results[int(sentences[i])] = seq.tolist()
-        if finished.all():
-            break
-        engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
-        if len(done):
-            live = np.flatnonzero(~finished)
-            engine.select(state, (live[:, None] * k + np.arange(k)).reshape(-1))  # done sentences leave
-            live_x = xp.asarray(live)
-            run_seq, run_score = run_seq[live_x], run_score[live_x]
-            fin_seq, fin_score, fin_done = fin_seq[live_x], fin_score[live_x], fin_done[live_x]
-            sentences = sentences[live]
-        tokens = run_seq[:, :, cur_len - 1].reshape(-1)
-    engine.release(state)
+            cur_len += 1
+            # stop heuristic (early_stopping=False): can the best open beam, at this length, beat the worst finished?
+            best_possible = run_score[:, :1] / xp.float32(float(cur_len - 1) ** lp)
+            worst_finished = xp.where(fin_done, fin_score.min(axis=1, keepdims=True), neg)
+            improvable = xp.any(best_possible > worst_finished, axis=1)
+            finished = to_host(~improvable | hits.all(axis=1)) | (cur_len >= max_len)  # the one sync per step
+            done = np.flatnonzero(finished)
+            if len(done):
+                # a finished hypothesis ends in </s> or fills max_len, so no padding follows its tokens
+                for i, seq in zip(done, to_host(fin_seq[xp.asarray(done), 0, 2:])):
+                    results[int(sentences[i])] = seq.tolist()
+            if finished.all():
+                break
+            engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
+            if len(done):
+                live = np.flatnonzero(~finished)
+                engine.select(state, (live[:, None] * k + np.arange(k)).reshape(-1))  # done sentences leave
+                live_x = xp.asarray(live)
+                run_seq, run_score = run_seq[live_x], run_score[live_x]
+                fin_seq, fin_score, fin_done = fin_seq[live_x], fin_score[live_x], fin_done[live_x]
+                sentences = sentences[live]
+            tokens = run_seq[:, :, cur_len - 1].reshape(-1)
     return [strip_output(results[i], eos) for i in range(batch)]

@@ -3,12 +3,42 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
 from .engine.reference import ReferenceEngine
+from .errors import NllbError
 from .options import DecodeOptions
 from .search import generate
 from .tokenizer import NllbTokenizer
+
+
+class SentenceError(NllbError):
+    """One sentence of a batch cannot be translated, even alone; the rest of the batch can."""
+
+    def __init__(self, message: str, position: int):
+        super().__init__(message)
+        self.position = position  # index of the sentence in the batch given to generate
+
+
+@lru_cache(maxsize=1)
+def out_of_memory_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that mean the GPU ran out of memory: CuPy's, when CuPy is there (imported only then)."""
+    try:
+        import cupy
+    except Exception:  # no CuPy, or no driver: nothing can run out
+        return ()
+    return (cupy.cuda.memory.OutOfMemoryError,)
+
+
+def release_free_memory() -> None:
+    """Give CuPy's cached blocks back to the driver before a smaller retry."""
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    except Exception:
+        pass
 
 
 @dataclass
@@ -17,12 +47,25 @@ class Translator:
     tokenizer: NllbTokenizer
     engine: ReferenceEngine  # or engine.cuda.CudaEngine: the same calls
     device: str  # "cpu" or "cuda:N": where the engine runs
+    model_dir: str = ""  # where the model was loaded from
 
-    def generate(self, sources: list[list[int]], tgt_lang: str, options: DecodeOptions) -> list[list[int]]:
+    def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
 
-        A batch larger than the engine's KV pool holds at once goes in parts; a sentence's translation does
-        not depend on its batch, so the parts give the same result."""
+        `tgt_lang` is one language for all, or one per source (sources are then grouped by language). A batch
+        larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
+        is halved and retried, down to one sentence; a sentence's translation does not depend on its batch, so
+        the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
+        if not isinstance(tgt_lang, str):
+            outputs: list[list[int]] = [[] for _ in sources]
+            for lang in dict.fromkeys(tgt_lang):
+                positions = [i for i, t in enumerate(tgt_lang) if t == lang]
+                try:
+                    for i, ids in zip(positions, self.generate([sources[i] for i in positions], lang, options)):
+                        outputs[i] = ids
+                except SentenceError as error:
+                    raise SentenceError(str(error), positions[error.position]) from None
+            return outputs
         lang = self.tokenizer.lang_id(tgt_lang)
         rows, source_rows = self.engine.capacity(options.max_length)
         if options.beam_size > rows:
@@ -30,20 +73,35 @@ class Translator:
                 f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
                 f"{options.beam_size} beams: lower --beam-size or --max-length"
             )
-        outputs: list[list[int]] = []
+        outputs = []
         part: list[list[int]] = []
         tokens = 0
-        for ids in sources:
+        for position, ids in enumerate(sources):
             if len(ids) > source_rows:
-                raise ValueError(f"a source of {len(ids)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)")
+                raise SentenceError(f"a source of {len(ids)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
             if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(ids) > source_rows):
-                outputs += generate(self.engine, part, lang, self.config, options)
+                outputs += self.generate_part(part, lang, options, len(outputs))
                 part, tokens = [], 0
             part.append(ids)
             tokens += len(ids)
         if part:
-            outputs += generate(self.engine, part, lang, self.config, options)
+            outputs += self.generate_part(part, lang, options, len(outputs))
         return outputs
+
+    def generate_part(self, sources: list[list[int]], lang: int, options: DecodeOptions, first: int) -> list[list[int]]:
+        """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
+        position of sources[0] in generate's batch, for the error that names a sentence."""
+        try:
+            return generate(self.engine, sources, lang, self.config, options)
+        except out_of_memory_errors() if self.device.startswith("cuda") else ():
+            release_free_memory()
+            if len(sources) == 1:
+                raise SentenceError(
+                    f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
+                    "lower --beam-size or --max-length", first) from None
+        half = len(sources) // 2
+        return (self.generate_part(sources[:half], lang, options, first)
+                + self.generate_part(sources[half:], lang, options, first + half))
 
     def translate(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few texts as one batch (the pipeline batches large inputs itself)."""
@@ -85,7 +143,7 @@ def load_translator(model: str, device: str = "auto") -> Translator:
     config, weights = load_checkpoint(model_dir)
     tokenizer = NllbTokenizer.from_model_dir(model_dir, config)
     if where == "cpu":
-        return Translator(config, tokenizer, ReferenceEngine(config, weights), where)
+        return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir))
     from .engine.cuda import CudaEngine
 
-    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1])), where)
+    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1])), where, str(model_dir))

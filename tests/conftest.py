@@ -12,7 +12,9 @@ EOS = 2
 
 
 class FakeTokenizer:
-    lang_codes = ["deu_Latn", "eng_Latn", "fra_Latn"]
+    def __init__(self):
+        self.lang_codes = ["deu_Latn", "eng_Latn", "fra_Latn"]
+        self.reject = None  # encode raises on text holding this
 
     def lang_id(self, code: str) -> int:
         if code not in self.lang_codes:
@@ -20,6 +22,8 @@ class FakeTokenizer:
         return 100_000 + self.lang_codes.index(code)
 
     def encode(self, text: str, src_lang: str) -> list[int]:
+        if self.reject and self.reject in text:
+            raise UnicodeEncodeError("utf-8", text, 0, 1, "surrogates not allowed")
         return [self.lang_id(src_lang)] + [ord(c) for c in text] + [EOS]
 
     def decode(self, ids: list[int]) -> str:
@@ -37,6 +41,8 @@ class FakeTranslator:
     config: FakeConfig = field(default_factory=FakeConfig)
     batches: list = field(default_factory=list)  # every batch generate was given
     options: list = field(default_factory=list)  # the DecodeOptions of each call
+    languages: list = field(default_factory=list)  # the target language of each call
+    device: str = "cpu"
     fail_with: BaseException | None = None  # raised by generate when set
 
     def generate(self, sources, tgt_lang, options):
@@ -45,6 +51,7 @@ class FakeTranslator:
             raise self.fail_with
         self.batches.append(sources)
         self.options.append(options)
+        self.languages.append(tgt_lang)
         return [ids[1:-1][::-1] for ids in sources]  # the pieces reversed, without the language token and </s>
 
 

@@ -1,4 +1,5 @@
 import json
+import re
 import os
 
 import pyarrow as pa
@@ -11,7 +12,7 @@ from nllbcli.errors import NllbError
 
 TEXTS = ["The red car", "", "is in the garden", "   ", "on Monday."]
 REVERSED = ["rac der ehT", "", "nedrag eht ni si", "", ".yadnoM no"]  # what the fake translator gives
-TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
+TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 
 
 def write_input(path, fmt, texts, **extra):
@@ -279,20 +280,44 @@ def test_failure_keeps_the_old_output(fake, tmp_path, monkeypatch):
     (tmp_path / "out.jsonl").write_text("yesterday's\n")
     result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
     assert_one_line_error(result, 1, "in.jsonl:5001: not valid JSON: Expecting value (column 1).")
-    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl"]
     assert (tmp_path / "out.jsonl").read_text() == "yesterday's\n"
+    # the 4096 rows of the first two chunks are kept for --resume
+    assert sorted(os.listdir(tmp_path)) == [".out.jsonl.nllb-partial", ".out.jsonl.nllb-state.json", "in.jsonl", "out.jsonl"]
+    fake.batches.clear()
+    result = CliRunner().invoke(cli, TRANSLATE + ["--resume", "--on-error", "skip", "in.jsonl", "out.jsonl"])
+    assert result.exit_code == 3
+    assert result.stderr == "Skipped: in.jsonl:5001: not valid JSON: Expecting value (column 1).\n"
+    assert sum(map(len, fake.batches)) == 5000 - 4096
+    assert (tmp_path / "out.jsonl").read_text() == '{"text": "ab", "translation": "ba"}\n' * 5000
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl"]
 
 
 @pytest.mark.parametrize("option", ["--src", "--tgt"])
 def test_unknown_language(fake, tmp_path, option):
     args = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]
-    args[args.index(option) + 1] = "eng_latn"
+    args[args.index(option) + 1] = "english"
     (tmp_path / "in.txt").write_text("ab\n")
     result = CliRunner().invoke(cli, args)
-    message = f"Invalid value for '{option}': unknown language code 'eng_latn'; the closest known codes are eng_Latn, fra_Latn."
+    message = f"Invalid value for '{option}': unknown language code 'english': the model knows 3 FLORES-200 codes such as eng_Latn. Did you mean eng_Latn?"
     assert_one_line_error(result, 2, message)
-    assert fake.batches == []
+    assert fake.batches == [] and fake.loaded == []
     assert os.listdir(tmp_path) == ["in.txt"]
+
+
+@pytest.mark.parametrize(
+    "typed,code",
+    [("en", "eng_Latn"), ("eng", "eng_Latn"), ("en-US", "eng_Latn"), ("fre", "fra_Latn"), ("fr-CA", "fra_Latn"),
+     ("de_DE", "deu_Latn"), ("ENG_LATN", "eng_Latn"), ("eng-Latn", "eng_Latn")],
+)
+def test_language_codes_users_type(fake, typed, code):
+    result = CliRunner().invoke(cli, ["translate", "-q", "--src", typed, "--tgt", typed], input="ab\n")
+    assert result.exit_code == 0, result.output
+    assert fake.batches == [[[100_000 + fake.tokenizer.lang_codes.index(code), ord("a"), ord("b"), 2]]]
+
+
+def test_language_in_a_script_the_model_lacks(fake):
+    result = CliRunner().invoke(cli, TRANSLATE[:5] + ["en-Cyrl"], input="ab\n")
+    assert_one_line_error(result, 2, "Invalid value for '--tgt': language code 'en-Cyrl' asks for eng in Cyrl script, which the model does not have: use eng_Latn.")
 
 
 def test_model_not_found(fake, monkeypatch):
@@ -416,7 +441,8 @@ def test_tiny_model_cuts_long_sources(tiny):
     cut = cut_source(ids, tiny.config.max_position_embeddings)
     options = DecodeOptions(beam_size=1, max_length=8)
     expected = tiny.tokenizer.decode(tiny.generate([cut], "fra_Latn", options)[0])
-    result = CliRunner().invoke(cli, TRANSLATE + ["--model", TINY, "--device", "cpu", "--beam-size", "1", "--max-length", "8"], input=text + "\n")
+    args = ["--model", TINY, "--device", "cpu", "--beam-size", "1", "--max-length", "8", "--no-split"]
+    result = CliRunner().invoke(cli, TRANSLATE + args, input=text + "\n")
     assert result.exit_code == 0, result.output
     assert result.stdout == expected + "\n"
 
@@ -431,7 +457,7 @@ def test_tiny_model_langs():
 
 @pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
 def test_tiny_model_unknown_language():
-    result = CliRunner().invoke(cli, TRANSLATE[:2] + ["eng_latn", "--tgt", "fra_Latn", "--model", TINY], input="Hello\n")
+    result = CliRunner().invoke(cli, TRANSLATE[:3] + ["english", "--tgt", "fra_Latn", "--model", TINY], input="Hello\n")
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: Invalid value for '--src': ") and "eng_Latn" in result.stderr
     assert result.stderr.count("\n") == 1
@@ -443,7 +469,7 @@ def test_languages_are_checked_before_the_weights_load(tmp_path):
     model = tmp_path / "model"
     shutil.copytree(TINY, model)
     (model / "model.safetensors").unlink()  # loading the weights would fail: the language check must come first
-    result = CliRunner().invoke(cli, TRANSLATE[:4] + ["fra_Latm", "--model", str(model)], input="Hello\n")
+    result = CliRunner().invoke(cli, TRANSLATE[:5] + ["fra_Latm", "--model", str(model)], input="Hello\n")
     assert result.exit_code == 2 and "fra_Latn" in result.stderr and result.stderr.count("\n") == 1
 
 
@@ -455,7 +481,7 @@ def test_real_model_not_found(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_failure_after_chunks_were_written_leaves_no_file(fake, tmp_path, monkeypatch, fmt):
+def test_failure_after_chunks_were_written_leaves_them_for_resume(fake, tmp_path, monkeypatch, fmt):
     monkeypatch.chdir(tmp_path)
     texts = ["ab"] * 3000 + [None]
     if fmt == "parquet":
@@ -466,7 +492,20 @@ def test_failure_after_chunks_were_written_leaves_no_file(fake, tmp_path, monkey
     where = "in.parquet: row 3001" if fmt == "parquet" else "in.jsonl:3001"
     assert_one_line_error(result, 1, f"{where}: field 'text' is null, not a string.")
     assert sum(map(len, fake.batches)) == 2048  # the first chunk was translated and written before the bad row was read
-    assert os.listdir(tmp_path) == [f"in.{fmt}"]
+    assert sorted(os.listdir(tmp_path)) == [f".out.{fmt}.nllb-partial", f".out.{fmt}.nllb-state.json", f"in.{fmt}"]
+    # without --resume a new run starts over and leaves only its output
+    result = CliRunner().invoke(cli, TRANSLATE + ["--on-error", "skip", f"in.{fmt}", f"out.{fmt}"])
+    assert result.exit_code == 3
+    assert sum(map(len, fake.batches)) == 2048 + 3000
+    assert sorted(os.listdir(tmp_path)) == [f"in.{fmt}", f"out.{fmt}"]
+
+
+def test_failure_before_any_commit_leaves_nothing(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "ab"}\n{"text": 1}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
+    assert_one_line_error(result, 1, "in.jsonl:2: field 'text' is int, not a string.")
+    assert os.listdir(tmp_path) == ["in.jsonl"]
 
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "data", "samples")
@@ -486,3 +525,103 @@ def test_sample_model_translates_the_demo_file(tmp_path):
     expected = load_translator(model, "cpu").translate(texts, "eng_Latn", "fra_Latn", DecodeOptions(beam_size=1))
     assert [row["translation"] for row in rows] == expected
     assert all(expected)
+
+
+# Per-row errors, exit codes, per-row languages, progress and summary, pipes.
+
+BAD_ROWS = '{"text": "ab"}\n{"text": 5}\nnot json\n{"text": "cd", "tgt_lang": "xx"}\n{"text": "ef"}\n'
+
+
+def test_on_error_record_writes_the_errors_file_and_exits_3(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text(BAD_ROWS)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--errors", "bad.jsonl", "in.jsonl", "out.jsonl"])
+    assert result.exit_code == 3 and result.output == ""
+    assert (tmp_path / "out.jsonl").read_text() == '{"text": "ab", "translation": "ba"}\n{"text": "ef", "translation": "fe"}\n'
+    assert [json.loads(line) for line in (tmp_path / "bad.jsonl").read_text().splitlines()] == [
+        {"row": 2, "error": "in.jsonl:2: field 'text' is int, not a string."},
+        {"row": 3, "error": "in.jsonl:3: not valid JSON: Expecting value (column 1)."},
+        {"row": 4, "error": "in.jsonl:4: field 'tgt_lang': unknown language code 'xx': the model knows 3 FLORES-200 codes such as eng_Latn. Run `nllb langs` to list them."},
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "in.jsonl", "out.jsonl"]
+
+
+def test_on_error_skip_names_rows_on_stderr(fake):
+    result = CliRunner().invoke(cli, TRANSLATE + ["--on-error", "skip", "--input-format", "jsonl"], input=BAD_ROWS)
+    assert result.exit_code == 3
+    assert result.stdout == '{"text": "ab", "translation": "ba"}\n{"text": "ef", "translation": "fe"}\n'
+    assert result.stderr.splitlines() == [
+        "Skipped: <stdin>:2: field 'text' is int, not a string.",
+        "Skipped: <stdin>:3: not valid JSON: Expecting value (column 1).",
+        "Skipped: <stdin>:4: field 'tgt_lang': unknown language code 'xx': the model knows 3 FLORES-200 codes such as eng_Latn. Run `nllb langs` to list them.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--on-error", "record"], "--on-error record needs --errors FILE to record the failed rows in."),
+        (["--resume"], "--resume needs an OUTPUT file: what went to stdout cannot be continued."),
+        (["--on-error", "skip", "--errors", "e.jsonl"], "--errors is only written with --on-error record, not skip."),
+    ],
+)
+def test_usage_errors_of_the_new_options(fake, args, message):
+    result = CliRunner().invoke(cli, TRANSLATE + args, input="ab\n")
+    assert_one_line_error(result, 2, message)
+    assert fake.loaded == []
+
+
+def test_text_input_needs_src_and_tgt(fake):
+    result = CliRunner().invoke(cli, ["translate", "--tgt", "fr"], input="ab\n")
+    assert result.exit_code == 2 and "Missing option '--src' (text rows cannot name their own languages)." in result.stderr
+
+
+def test_per_row_languages_in_jsonl_without_defaults(fake):
+    rows = '{"text": "ab", "src": "en", "tgt": "de"}\n{"text": "cd", "src": "fr", "tgt": "en-GB"}\n{"text": "ef", "src": "de", "tgt": "de"}\n'
+    result = CliRunner().invoke(cli, ["translate", "-q", "--input-format", "jsonl", "--src-lang-field", "src", "--tgt-lang-field", "tgt"], input=rows)
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["translation"] for line in result.stdout.splitlines()] == ["ba", "dc", "fe"]
+    assert fake.languages == ["deu_Latn", "eng_Latn"]  # rows grouped by target language: two batches
+    assert sorted(s[0] for batch in fake.batches for s in batch) == [100_000, 100_001, 100_002]
+
+
+def test_summary_line_on_stderr(fake):
+    result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:], input="Ab. Cd.\n\nef\n")
+    assert result.exit_code == 0
+    assert result.stdout == ".bA .dC\n\nfe\n"
+    assert re.fullmatch(
+        r"Done: 3 rows \(3 translated, 0 failed, 0 flagged: 0 cut to fit the model, 0 stopped at --max-length\), "
+        r"3 sentences, 8 tokens in \d+\.\d s, [\d,]+ tokens/s\.\n", result.stderr)
+
+
+def test_progress_json_ends_with_a_summary_object(fake):
+    result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:] + ["--progress", "json"], input="ab\ncd\n")
+    assert result.exit_code == 0
+    summary = json.loads(result.stderr.splitlines()[-1])
+    assert summary["event"] == "summary" and summary["rows"] == 2 and summary["translated"] == 2 and summary["tokens"] == 4
+
+
+def test_flags_are_counted_in_the_summary(fake):
+    fake.config.max_position_embeddings = 5
+    result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:] + ["--progress", "json", "--max-length", "4"], input="abcdef\nab\nabc\n")
+    summary = json.loads(result.stderr.splitlines()[-1])
+    assert (summary["cut"], summary["max_length"], summary["flagged"]) == (1, 2, 3)
+
+
+def test_decoding_options_reach_the_translator(fake):
+    result = CliRunner().invoke(cli, TRANSLATE + ["--no-repeat-ngram-size", "3", "--repetition-penalty", "1.2"], input="ab\n")
+    assert result.exit_code == 0
+    assert (fake.options[0].no_repeat_ngram_size, fake.options[0].repetition_penalty) == (3, 1.2)
+
+
+def test_closed_stdout_ends_quietly(tmp_path):
+    """`nllb translate ... | head -1`: the job stops when head goes, with no message and no traceback."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in.txt").write_text("Hello there.\n" * 3000)
+    pipeline = (f"{sys.executable} -m nllbcli.cli translate --src en --tgt fr --model {TINY} --device cpu --beam-size 1 "
+                f"--max-length 3 --chunk-rows 10 {tmp_path / 'in.txt'} | head -1; echo \"${{PIPESTATUS[0]}}\" >&2")
+    result = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, timeout=120)
+    assert result.stdout.count("\n") == 1
+    assert result.stderr == "141\n"

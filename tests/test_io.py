@@ -22,8 +22,10 @@ def test_format_of_unknown_extension():
         format_of("a.json", None)
 
 
-def read(path, fmt, field="text", stdin=None):
+def read(path, fmt, field="text", stdin=None, errors=False):
     with open_input(str(path), fmt, field, stdin=stdin, count=True) as source:
+        if errors:
+            return source.total, [(r.index, r.text, r.fields, r.error) for r in source.records]
         return source.total, [(r.index, r.text, r.fields) for r in source.records]
 
 
@@ -39,10 +41,53 @@ def test_read_text_from_stdin_has_no_total():
     assert read("-", "text", stdin=io.BytesIO(b"a\nb\n")) == (None, [(0, "a", {"text": "a"}), (1, "b", {"text": "b"})])
 
 
-def test_read_text_bad_utf8(tmp_path):
-    (tmp_path / "in.txt").write_bytes(b"ok\nbad \xff\n")
-    with pytest.raises(NllbError, match=r"in.txt:2: not valid UTF-8 \(byte 5\)\."):
-        read(tmp_path / "in.txt", "text")
+def test_read_text_bad_utf8_is_a_bad_row(tmp_path):
+    (tmp_path / "in.txt").write_bytes(b"ok\nbad \xff\nlast\n")
+    _, records = read(tmp_path / "in.txt", "text", errors=True)
+    assert records == [(0, "ok", {"text": "ok"}, None), (1, "", {}, f"{tmp_path / 'in.txt'}:2: not valid UTF-8 (byte 5)."),
+                       (2, "last", {"text": "last"}, None)]
+
+
+@pytest.mark.parametrize(
+    "line,error",
+    [
+        (b'{"text": "a"', "not valid JSON: Expecting ',' delimiter (column 13)."),
+        (b"[1]", "expected a JSON object, not list."),
+        (b'{"text": 1}', "field 'text' is int, not a string."),
+        (b'{"text": null}', "field 'text' is null, not a string."),
+        (b'{"body": "a"}', "no field 'text' to translate (fields: body); name the text field with --field."),
+        (b"\xfe{}", "not valid UTF-8 (byte 1)."),
+        (b"[" * 100_000, "JSON nested too deeply to read."),
+    ],
+)
+def test_read_jsonl_bad_rows_keep_their_place(tmp_path, line, error):
+    (tmp_path / "in.jsonl").write_bytes(b'{"text": "a"}\n\n' + line + b'\n{"text": "b"}\n')
+    _, records = read(tmp_path / "in.jsonl", "jsonl", errors=True)
+    assert [(i, t, e) for i, t, _, e in records] == [(0, "a", None), (1, "", f"{tmp_path / 'in.jsonl'}:3: {error}"), (2, "b", None)]
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+def test_readers_continue_from_a_position(tmp_path, fmt):
+    from nllbcli.io import Position
+
+    texts = [f"row {i}" for i in range(2500)]
+    path = tmp_path / f"in.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), path, row_group_size=700)
+    elif fmt == "jsonl":
+        path.write_text("".join(f'{{"text": "{t}"}}\n\n' for t in texts))
+    else:
+        path.write_text("".join(t + "\n" for t in texts))
+    with open_input(str(path), fmt, "text") as source:
+        records = iter(source.records)
+        head = [next(records) for _ in range(1234)]
+        position = Position(**vars(source.position))
+    with open_input(str(path), fmt, "text", start=position) as source:
+        rest = list(source.records)
+    assert [r.text for r in head + rest] == texts
+    assert [r.index for r in rest] == list(range(1234, 2500))
+    if fmt != "parquet":
+        assert rest[0].where == f"{path}:{1235 if fmt == 'text' else 2 * 1234 + 1}"
 
 
 def test_read_jsonl_skips_blank_lines_and_counts_rows(tmp_path):
@@ -108,10 +153,42 @@ def test_parquet_writer_replaces_an_existing_translation_column():
 
 def test_parquet_writer_rejects_rows_that_do_not_fit():
     stream = io.BytesIO()
-    with pytest.raises(NllbError, match=r"rows 2-2 do not fit the Parquet schema of the first rows"):
+    with pytest.raises(NllbError, match=r"^in:2: does not fit the Parquet schema of the first rows"):
         with open_output("-", "parquet", "translation", None, "text", stdout=stream) as write:
             write(records_of("a", n=1), ["A"])
-            write([Record(1, "b", {"text": "b", "n": "two"})], ["B"])
+            write([Record(1, "b", {"text": "b", "n": "two"}, where="in:2")], ["B"])
+
+
+def test_parquet_sink_fails_only_the_rows_that_do_not_fit():
+    from nllbcli.io.parquet import ParquetSink
+
+    stream = io.BytesIO()
+    sink = ParquetSink(stream, None, "translation", "text")
+    records = [Record(0, "a", {"text": "a", "n": 1}, where="r1"), Record(1, "b", {"text": "b", "n": "x"}, where="r2"),
+               Record(2, "c", {"text": "c", "n": 3}, where="r3"), Record(3, "d", {"text": "d", "n": 4}, where="r4")]
+    failed = sink.write(records, ["A", "B", "C", None])
+    sink.close()
+    assert [(r.index, e.split(":")[0]) for r, e in failed] == [(1, "r2")]
+    assert pq.read_table(io.BytesIO(stream.getvalue())).to_pylist() == [
+        {"text": "a", "n": 1, "translation": "A"}, {"text": "c", "n": 3, "translation": "C"}]
+
+
+def test_jsonl_writer_fails_rows_utf8_cannot_hold():
+    from nllbcli.io import LineSink
+
+    stream = io.BytesIO()
+    records = [Record(0, "a", {"text": "a", "x": "\ud800"}, where="in:1"), Record(1, "b", {"text": "b"}, where="in:2")]
+    failed = LineSink(stream, "jsonl", "translation").write(records, ["A", "B"])
+    assert [(r.index, e) for r, e in failed] == [(0, "in:1: holds a lone surrogate (a \\ud800-\\udfff escape), which UTF-8 cannot write.")]
+    assert stream.getvalue() == b'{"text": "b", "translation": "B"}\n'
+
+
+def test_text_writer_keeps_failed_rows_as_empty_lines():
+    from nllbcli.io import LineSink
+
+    stream = io.BytesIO()
+    LineSink(stream, "text", "translation").write(records_of("a", "b", "c"), ["A", None, "C"])
+    assert stream.getvalue() == b"A\n\nC\n"
 
 
 def test_json_output_of_parquet_values():

@@ -1,12 +1,21 @@
 import io
+import json
 
+import pytest
 from rich.console import Console
 
+from nllbcli.errors import NllbError
 from nllbcli.io import Record
 from nllbcli.options import DecodeOptions
-from nllbcli.pipeline import Job, cut_source, plan_batches, progress_display, read_chunks, translate_records
+from nllbcli.pipeline import Job, cut_source, plan_batches, read_chunks, translate_records
+from nllbcli.progress import Counters, Reporter
 
 JOB = Job("eng_Latn", "fra_Latn")
+WHOLE = Job("eng_Latn", "fra_Latn", split=False)
+
+
+def translations(outcomes):
+    return [o.translation for o in outcomes]
 
 
 def test_plan_batches_sorts_longest_first_within_the_budget():
@@ -29,7 +38,7 @@ def test_translate_records_restores_input_order(fake):
     translator = fake
     texts = ["a" * (i % 7) + str(i) for i in range(50)]
     records = [Record(i, t, {}) for i, t in enumerate(texts)]
-    assert translate_records(translator, records, JOB, DecodeOptions(), 40) == [t[::-1] for t in texts]
+    assert translations(translate_records(translator, records, JOB, DecodeOptions(), 40)) == [t[::-1] for t in texts]
     assert [len(batch[0]) for batch in translator.batches] == sorted((len(b[0]) for b in translator.batches), reverse=True)
 
 
@@ -38,32 +47,120 @@ def test_translate_records_leaves_empty_texts_to_itself(fake):
     done = []
     records = [Record(0, "", {}), Record(1, "ab", {}), Record(2, " \t", {})]
     result = translate_records(translator, records, JOB, DecodeOptions(), 100, lambda rows, tokens: done.append((rows, tokens)))
-    assert result == ["", "ba", ""]
+    assert translations(result) == ["", "ba", ""]
     assert translator.batches == [[[100_001, ord("a"), ord("b"), 2]]]
     assert done == [(2, 0), (1, 2)]
 
 
-def test_translate_records_cuts_long_sources(fake):
+def test_translate_records_cuts_long_sources_and_flags_the_row(fake):
     translator = fake
     translator.config.max_position_embeddings = 4
-    assert translate_records(translator, [Record(0, "abcdef", {})], JOB, DecodeOptions(), 100) == ["ba"]
+    [outcome] = translate_records(translator, [Record(0, "abcdef", {})], JOB, DecodeOptions(), 100)
+    assert (outcome.translation, outcome.cut) == ("ba", True)
     assert translator.batches == [[[100_001, ord("a"), ord("b"), 2]]]
+
+
+def test_rows_are_translated_sentence_by_sentence_and_joined(fake):
+    records = [Record(0, "Ab cd. Ef gh?  Ij!\nKl", {}), Record(1, "甲乙。丙丁！", {})]
+    result = translate_records(fake, records, JOB, DecodeOptions(), 100)
+    assert translations(result) == [".dc bA ?hg fE  !jI\nlK", "。乙甲 ！丁丙"]  # French takes a space where Chinese had none
+    assert sorted(len(s) - 2 for batch in fake.batches for s in batch) == [2, 3, 3, 3, 6, 6]
+    assert translations(translate_records(fake, records, WHOLE, DecodeOptions(), 100)) == [records[0].text[::-1], records[1].text[::-1]]
+
+
+def test_sentences_joined_without_spaces_for_chinese(fake):
+    records = [Record(0, "Ab. Cd.", {"tgt_lang": "zho_Hans"})]
+    fake.tokenizer.lang_codes = ["deu_Latn", "eng_Latn", "fra_Latn", "zho_Hans"]
+    assert translations(translate_records(fake, records, JOB, DecodeOptions(), 100)) == [".bA.dC"]
+
+
+def test_max_length_flag(fake):
+    records = [Record(0, "abcd", {}), Record(1, "ab", {})]
+    result = translate_records(fake, records, JOB, DecodeOptions(max_length=5), 100)
+    assert [o.max_length for o in result] == [True, False]  # 4 tokens after the language token: the limit
+
+
+def test_per_row_languages(fake):
+    records = [
+        Record(0, "ab", {"src_lang": "fr", "tgt_lang": "de"}, where="in:1"),
+        Record(1, "cd", {"tgt_lang": "deu_Latn"}, where="in:2"),
+        Record(2, "ef", {"src_lang": None}, where="in:3"),
+    ]
+    result = translate_records(fake, records, JOB, DecodeOptions(), 100)
+    assert translations(result) == ["ba", "dc", "fe"]
+    assert fake.languages == ["deu_Latn", "fra_Latn"]  # one batch per target language
+    sources = {tuple(s) for batch in fake.batches for s in batch}
+    assert (100_002, ord("a"), ord("b"), 2) in sources and (100_001, ord("c"), ord("d"), 2) in sources
+
+
+@pytest.mark.parametrize(
+    "fields,error",
+    [
+        ({"tgt_lang": "klingon"}, "in:1: field 'tgt_lang': unknown language code 'klingon'"),
+        ({"src_lang": 5}, "in:1: field 'src_lang' is int, not a language code."),
+        ({"tgt_lang": "en-Cyrl"}, "in:1: field 'tgt_lang': language code 'en-Cyrl' asks for eng in Cyrl script"),
+    ],
+)
+def test_bad_row_languages_fail_the_row(fake, fields, error):
+    records = [Record(0, "ab", fields, where="in:1"), Record(1, "cd", {}, where="in:2")]
+    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
+    assert result[0].translation is None and result[0].error.startswith(error)
+    assert result[1].translation == "dc"
+    with pytest.raises(NllbError, match="^" + error[:20]):
+        translate_records(fake, records, JOB, DecodeOptions(), 100)
+
+
+def test_missing_languages_without_defaults(fake):
+    records = [Record(0, "ab", {"src_lang": "en"}, where="in:1"), Record(1, "cd", {"src_lang": "en", "tgt_lang": "fr"}, where="in:2")]
+    result = translate_records(fake, records, Job(None, None, on_error="skip"), DecodeOptions(), 100)
+    assert result[0].error == "in:1: no 'tgt_lang' field and no --tgt to fall back on."
+    assert result[1].translation == "dc"
+
+
+def test_tokenizer_failure_fails_the_row(fake):
+    records = [Record(0, "a\ud800b", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
+    fake.tokenizer.reject = "\ud800"
+    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="record"), DecodeOptions(), 100)
+    assert result[0].error.startswith("in:1: the tokenizer cannot take this text: ")
+    assert result[1].translation == "dc"
 
 
 def test_read_chunks():
     assert [len(chunk) for chunk in read_chunks(iter(range(7)), 3)] == [3, 3, 1]
 
 
-def test_progress_display_on_a_terminal():
+def test_progress_bar_on_a_terminal():
     stream = io.StringIO()
-    console = Console(file=stream, force_terminal=True, width=100)
-    with progress_display(10, True, console) as advance:
-        advance(4, 100)
-        advance(6, 50)
-    assert "10/10" in stream.getvalue() and "tokens/s" in stream.getvalue() and "sentences" in stream.getvalue()
+    console = Console(file=stream, force_terminal=True, width=120)
+    reporter = Reporter("bar", 10, console=console, stream=io.StringIO())
+    reporter.advance(4, 100)
+    reporter.advance(6, 50)
+    reporter.close(summary=False)
+    assert "10/10" in stream.getvalue() and "tokens/s" in stream.getvalue() and "rows" in stream.getvalue()
 
 
-def test_progress_display_off_writes_nothing(capsys):
-    with progress_display(None, False) as advance:
-        advance(1, 1)
-    assert capsys.readouterr() == ("", "")
+def test_progress_none_writes_only_the_summary():
+    stream = io.StringIO()
+    reporter = Reporter("none", None, stream=stream)
+    reporter.counters.rows, reporter.counters.translated, reporter.counters.failed = 3, 2, 1
+    reporter.advance(3, 40)
+    reporter.close()
+    assert stream.getvalue().startswith("Done: 3 rows (2 translated, 1 failed, 0 flagged: 0 cut to fit the model, 0 stopped at --max-length), 0 sentences, 40 tokens in ")
+    assert stream.getvalue().count("\n") == 1
+
+
+def test_progress_json_lines(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("nllbcli.progress.time.monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    reporter = Reporter("json", 20, Counters(rows=5, tokens=10, seconds=2.0), stream=stream)
+    clock[0] += 1
+    reporter.advance(1, 5)  # under JSON_INTERVAL since the start: nothing yet
+    clock[0] += 5
+    reporter.counters.rows = 7
+    reporter.advance(1, 5)
+    reporter.close()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [line["event"] for line in lines] == ["progress", "summary"]
+    assert lines[0] == {"event": "progress", "rows": 7, "translated": 0, "failed": 0, "cut": 0, "max_length": 0,
+                        "sentences": 0, "tokens": 20, "seconds": 8.0, "flagged": 0, "tokens_per_s": 2.5, "total": 20}

@@ -25,11 +25,23 @@ STDIN_NAME = "<stdin>"  # how stdin is named in error messages
 
 @dataclass
 class Record:
-    """One input row."""
+    """One input row. A row that cannot be read (malformed JSON, a missing or non-string field) is still a
+    Record, with `error` set, so it keeps its place and its number."""
 
     index: int  # position in the input, from 0
-    text: str  # the text to translate
+    text: str  # the text to translate ("" for a bad row)
     fields: dict  # every field of the row, the text field included, in input order
+    error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
+    where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
+
+
+@dataclass
+class Position:
+    """How far a reader has got: enough to continue after the last row it gave (for --resume)."""
+
+    rows: int = 0  # rows read, bad ones included
+    lines: int = 0  # lines read, blank ones included (text and JSONL)
+    offset: int = 0  # bytes read (text and JSONL)
 
 
 @dataclass
@@ -39,6 +51,8 @@ class Input:
     records: Iterator[Record]
     total: int | None  # rows in the input when they can be counted cheaply, else None
     schema: pa.Schema | None  # the Arrow schema of the rows, when the format has one
+    position: Position  # just after the last row `records` gave
+    identity: dict  # what --resume checks to know it is the same input: path, size and modification time
 
 
 Write = Callable[[list[Record], list[str]], None]  # writes a chunk of rows with their translations
@@ -57,28 +71,38 @@ def format_of(path: str, given: str | None) -> str:
     return EXTENSIONS[extension]
 
 
-def text_of(fields: dict, field: str, where: str) -> str:
-    """The row's text, or an error naming the row and the field."""
+def text_error(fields: dict, field: str, where: str) -> str | None:
+    """Why the row has no text to translate, naming the row and the field; None when it has one."""
     if field not in fields:
         present = ", ".join(map(str, fields)) or "none"
-        raise NllbError(f"{where}: no field {field!r} to translate (fields: {present}); name the text field with --field.")
+        return f"{where}: no field {field!r} to translate (fields: {present}); name the text field with --field."
     value = fields[field]
     if not isinstance(value, str):
         kind = "null" if value is None else type(value).__name__
-        raise NllbError(f"{where}: field {field!r} is {kind}, not a string.")
-    return value
+        return f"{where}: field {field!r} is {kind}, not a string."
+    return None
+
+
+def record_of(index: int, fields: dict, field: str, where: str) -> Record:
+    error = text_error(fields, field, where)
+    return Record(index, "" if error else fields[field], fields, error, where)
 
 
 @contextmanager
-def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, count: bool = False) -> Iterator[Input]:
-    """Open a file (or stdin for `-`) as an Input; `count` asks for the row total when it is cheap to get."""
+def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, count: bool = False,
+               start: Position | None = None) -> Iterator[Input]:
+    """Open a file (or stdin for `-`) as an Input; `count` asks for the row total when it is cheap to get;
+    `start` continues after the rows an earlier run read (--resume)."""
     from . import jsonl, parquet, text
 
     name = STDIN_NAME if path == "-" else path
+    start = Position(**vars(start)) if start else Position()
+    identity = {"path": "-"} if path == "-" else file_identity(path)
     with ExitStack() as stack:
         if fmt == "parquet":
-            source = pa.BufferReader((stdin or sys.stdin.buffer).read()) if path == "-" else path
-            yield parquet.open_parquet(source, name, field)
+            # Parquet needs to seek: stdin is spooled to a temporary file, not held in memory
+            source = stack.enter_context(spool(stdin or sys.stdin.buffer)) if path == "-" else path
+            yield parquet.open_parquet(source, name, field, start, identity)
             return
         total = None  # stdin cannot be counted without reading it all first
         if path == "-":
@@ -87,33 +111,105 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             if count:
                 total = jsonl.count_rows(path) if fmt == "jsonl" else text.count_lines(path)
             stream = stack.enter_context(open(path, "rb"))
+        skip_bytes(stream, start.offset)
         if fmt == "jsonl":
-            yield Input(jsonl.read_jsonl(stream, name, field), total, None)
+            yield Input(jsonl.read_jsonl(stream, name, field, start), total, None, start, identity)
         else:
-            yield Input(text.read_text(stream, name, field), total, pa.schema([(field, pa.string())]))
+            yield Input(text.read_text(stream, name, field, start), total, pa.schema([(field, pa.string())]), start, identity)
+
+
+def file_identity(path: str) -> dict:
+    stat = os.stat(path)
+    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def skip_bytes(stream: BinaryIO, count: int) -> None:
+    """Move past the first `count` bytes: a seek on a file, reading them on a pipe."""
+    if not count:
+        return
+    try:
+        stream.seek(count)
+        return
+    except (OSError, ValueError, AttributeError):
+        pass
+    while count:
+        block = stream.read(min(count, 1 << 20))
+        if not block:
+            raise NllbError(f"the input is shorter than the {count} bytes an earlier run read: it is not the same input.")
+        count -= len(block)
+
+
+@contextmanager
+def spool(stream: BinaryIO) -> Iterator[str]:
+    """Copy a stream into a temporary file, for readers that need to seek; removed afterwards."""
+    with tempfile.NamedTemporaryFile(prefix="nllb-stdin-", suffix=".parquet") as temp:
+        while block := stream.read(1 << 20):
+            temp.write(block)
+        temp.flush()
+        yield temp.name
 
 
 @contextmanager
 def open_output(path: str, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
                 stdout: BinaryIO | None = None) -> Iterator[Write]:
-    """A writer for a file (renamed into place when the block ends without error) or stdout for `-`."""
-    from . import jsonl, parquet, text
-
+    """A writer for a whole file (renamed into place when the block ends without error) or stdout for `-`.
+    Rows that cannot be written raise NllbError. (The pipeline writes files through `resume.PartialOutput`.)"""
     with ExitStack() as stack:
         stream = (stdout or sys.stdout.buffer) if path == "-" else stack.enter_context(atomic_file(path))
-        if fmt == "jsonl":
-            yield lambda records, translations: jsonl.write_jsonl(stream, records, translations, output_field)
-        elif fmt == "text":
-            yield lambda records, translations: text.write_text(stream, translations)
-        else:
-            sink = parquet.ParquetSink(stream, schema, output_field, field)
-            try:
-                yield sink.write
-            except BaseException:
-                sink.abort()
-                raise
-            sink.close()
+        sink = open_sink(stream, fmt, output_field, schema, field)
+        try:
+            def write(records: list[Record], translations: list[str]) -> None:
+                for record, error in sink.write(records, translations):
+                    raise NllbError(error)
+
+            yield write
+        except BaseException:
+            sink.abort()
+            raise
+        sink.close()
         stream.flush()
+
+
+class LineSink:
+    """Text or JSONL lines into a binary stream. A failed row (translation None) is left out of JSONL and is an
+    empty line in text, so that line n of a text output is still the translation of line n of its input."""
+
+    def __init__(self, stream: BinaryIO, fmt: str, output_field: str):
+        self.stream, self.fmt, self.output_field = stream, fmt, output_field
+
+    def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
+        """Write the rows; returns the (row, reason) pairs that could not be written."""
+        from .jsonl import encode_jsonl_row
+
+        lines: list[bytes] = []
+        failed: list[tuple[Record, str]] = []
+        for record, translation in zip(records, translations):
+            if self.fmt == "text":
+                lines.append((translation or "").encode("utf-8") + b"\n")
+            elif translation is not None:
+                line, error = encode_jsonl_row(record, translation, self.output_field)
+                if error:
+                    failed.append((record, error))
+                else:
+                    lines.append(line)
+        self.stream.write(b"".join(lines))
+        self.stream.flush()
+        return failed
+
+    def close(self) -> None:
+        self.stream.flush()
+
+    def abort(self) -> None:
+        pass
+
+
+def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str):
+    """The writer of one format on a stream: `write(records, translations) -> failed rows`, `close`, `abort`."""
+    from . import parquet
+
+    if fmt == "parquet":
+        return parquet.ParquetSink(stream, schema, output_field, field)
+    return LineSink(stream, fmt, output_field)
 
 
 @contextmanager

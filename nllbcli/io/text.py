@@ -4,21 +4,26 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterator
 
-from ..errors import NllbError
-from . import Record
+from . import Position, Record
 
 
-def read_text(stream: BinaryIO, name: str, field: str) -> Iterator[Record]:
-    """One Record per line, without its trailing newline (and a carriage return before it)."""
-    for index, raw in enumerate(stream):
+def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:
+    """One Record per line, without its trailing newline (and a carriage return before it), from `position` on."""
+    for raw in stream:
+        first = position.offset == 0
+        position.lines += 1
+        position.rows += 1
+        position.offset += len(raw)
+        where = f"{name}:{position.lines}"
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise NllbError(f"{name}:{index + 1}: not valid UTF-8 (byte {error.start + 1}).") from None
+            yield Record(position.rows - 1, "", {}, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where)
+            continue
         line = line.removesuffix("\n").removesuffix("\r")
-        if index == 0:
+        if first:
             line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the text
-        yield Record(index, line, {field: line})
+        yield Record(position.rows - 1, line, {field: line}, None, where)
 
 
 def count_lines(path: str) -> int:
@@ -29,9 +34,3 @@ def count_lines(path: str) -> int:
             lines += block.count(b"\n")
             last = block[-1:]
     return lines + (last != b"\n")
-
-
-def write_text(stream: BinaryIO, translations: list[str]) -> None:
-    """One line per translation; written as each chunk is done so pipes see it."""
-    stream.write("".join(text + "\n" for text in translations).encode("utf-8"))
-    stream.flush()

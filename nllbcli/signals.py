@@ -1,0 +1,66 @@
+"""SIGINT and SIGTERM stop a job between two safe points: never in the middle of a commit.
+
+The handlers raise `Stopped` where the job is, unless it is inside `critical()` (writing a chunk and its state,
+or renaming the finished output); there the signal waits for the section to end. Whatever `Stopped` interrupts
+is work that was not committed yet, which --resume does again, exactly as after `kill -9`.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Stopped(BaseException):
+    """A stop signal arrived. A BaseException, as KeyboardInterrupt, so that no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
+
+
+_shielded = 0  # depth of critical() sections
+_pending: int | None = None  # a signal that arrived inside one
+
+
+def _handle(signum, frame) -> None:
+    global _pending
+    if _shielded:
+        _pending = signum
+        return
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into `Stopped` for the duration of the block (main thread only)."""
+    global _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _pending = None
+    previous = {s: signal.signal(s, _handle) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@contextmanager
+def critical() -> Iterator[None]:
+    """A section no stop signal interrupts; one that arrived meanwhile stops the job when it ends."""
+    global _shielded, _pending
+    _shielded += 1
+    try:
+        yield
+    finally:
+        _shielded -= 1
+    if not _shielded and _pending is not None:
+        signum, _pending = _pending, None
+        raise Stopped(signum)

@@ -1,0 +1,149 @@
+"""Jobs killed at random points (kill -9, SIGTERM, SIGINT) and resumed give byte-identical output.
+
+Real subprocesses on the tiny test model on the CPU, many rows, small chunks, so that a kill lands anywhere:
+while reading, translating, writing a chunk, committing the state, or renaming the finished files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+TINY = str(Path(__file__).parent / "models" / "tiny-a")
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello! We will meet at the station at seven.",
+    "",
+    "Combien de personnes vivent dans cette ville ? Plus de deux millions.",
+    "我们晚上七点在车站见面。这个城市有多少人？",
+    "   ",
+    "Wie viele Menschen leben in dieser Stadt?",
+]
+ROWS = 900
+EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet"}
+
+
+def make_input(path: Path, fmt: str) -> None:
+    texts = [f"{SENTENCES[i % len(SENTENCES)]} {i}" if i % 5 else SENTENCES[i % len(SENTENCES)] for i in range(ROWS)]
+    if fmt == "text":
+        path.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    elif fmt == "jsonl":
+        lines = [json.dumps({"id": i, "text": t, **({"tgt_lang": "de"} if i % 3 == 0 else {})}, ensure_ascii=False) for i, t in enumerate(texts)]
+        lines[77] = '{"id": 77, "text": 5}'  # bad rows, recorded in the errors file
+        lines[401] = "not json"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    else:
+        pq.write_table(pa.table({"id": list(range(ROWS)), "text": texts}), path, row_group_size=128)
+
+
+def command(source: Path, target: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
+            "--device", "cpu", "--beam-size", "1", "--max-length", "6", "--chunk-rows", "40", "--progress", "none",
+            "--on-error", "record", "--errors", "errors.jsonl", *extra, source.name, target.name]  # run in their directory
+
+
+def run(args: list[str], kill_after: float | None = None, sig: int = signal.SIGKILL, cwd: Path | None = None) -> int:
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+    if kill_after is not None:
+        try:
+            process.wait(kill_after)
+        except subprocess.TimeoutExpired:
+            process.send_signal(sig)
+    process.wait(120)
+    process.stderr.close()
+    return process.returncode
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """Each format's output and errors file from one uninterrupted run, and how long it took."""
+    results = {}
+    for fmt in EXTENSION:
+        directory = tmp_path_factory.mktemp(f"straight-{fmt}")
+        source, target = directory / f"in.{EXTENSION[fmt]}", directory / f"out.{EXTENSION[fmt]}"
+        make_input(source, fmt)
+        start = time.monotonic()
+        code = run(command(source, target), cwd=directory)
+        assert code == (3 if fmt == "jsonl" else 0)
+        results[fmt] = (target.read_bytes(), (directory / "errors.jsonl").read_bytes(), time.monotonic() - start)
+        assert sorted(os.listdir(directory)) == sorted(["errors.jsonl", source.name, target.name])
+    return results
+
+
+@pytest.mark.parametrize("fmt", list(EXTENSION))
+def test_kill_9_at_random_points_then_resume_gives_identical_bytes(tmp_path, straight, fmt):
+    expected, expected_errors, seconds = straight[fmt]
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    make_input(source, fmt)
+    rng = random.Random(f"kill-{fmt}")
+    kills = 0
+    committed = []  # rows committed when each kill landed
+    code = run(command(source, target), kill_after=rng.uniform(0.2, seconds), cwd=tmp_path)
+    for attempt in range(4):  # killed again while resuming, at other points
+        if code != -signal.SIGKILL:
+            break
+        kills += 1
+        assert not target.exists()
+        state = tmp_path / f".{target.name}.nllb-state.json"
+        committed.append(json.loads(state.read_text())["position"]["rows"] if state.exists() else 0)
+        code = run(command(source, target, "--resume"), kill_after=rng.uniform(0.2, seconds), cwd=tmp_path)
+    if code == -signal.SIGKILL:
+        code = run(command(source, target, "--resume"), cwd=tmp_path)
+    assert kills >= 1 and any(0 < rows < ROWS for rows in committed), committed  # some kill landed mid-job
+    assert code == (3 if fmt == "jsonl" else 0)
+    assert target.read_bytes() == expected
+    assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
+    assert sorted(os.listdir(tmp_path)) == sorted(["errors.jsonl", source.name, target.name])
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_stop_signal_saves_the_state_and_resume_finishes(tmp_path, straight, sig, code):
+    expected, expected_errors, seconds = straight["jsonl"]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    make_input(source, "jsonl")
+    process = subprocess.Popen(command(source, target), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    state = tmp_path / ".out.jsonl.nllb-state.json"
+    deadline = time.monotonic() + 60
+    while not state.exists() and time.monotonic() < deadline:  # stop it once it has committed something
+        time.sleep(0.02)
+    process.send_signal(sig)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code
+    assert stderr == f"Stopped by {signal.Signals(sig).name}: the rows done so far are saved; run the same command with --resume to continue.\n"
+    assert not target.exists() and state.exists()
+    rows = json.loads(state.read_text())["position"]["rows"]
+    assert 0 < rows < ROWS and rows % 40 == 0
+    assert run(command(source, target, "--resume"), cwd=tmp_path) == 3
+    assert target.read_bytes() == expected
+    assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
+
+
+def test_resume_refuses_another_job(tmp_path):
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    make_input(source, "text")
+    args = command(source, target)
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    state = tmp_path / ".out.txt.nllb-state.json"
+    while not state.exists() and process.poll() is None:
+        time.sleep(0.02)
+    process.kill()
+    process.wait()
+    changed = [a if a != "6" else "7" for a in command(source, target, "--resume")]  # --max-length 7
+    result = subprocess.run(changed, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: cannot resume: the interrupted job differs in decode (was {")
+    assert result.stderr.count("\n") == 1
+    with source.open("a") as stream:
+        stream.write("one more row\n")
+    result = subprocess.run(command(source, target, "--resume"), capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 1 and "differs in input" in result.stderr

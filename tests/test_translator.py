@@ -1,0 +1,106 @@
+"""Translator.generate: GPU out-of-memory split-and-retry, and per-sentence target languages.
+
+The CPU machine has no CuPy: a stand-in exception plays cupy.cuda.memory.OutOfMemoryError, raised by an engine
+wrapper for batches above a size, in front of the real reference engine of the tiny test model."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nllbcli.io import Record
+from nllbcli.options import DecodeOptions
+from nllbcli.pipeline import Job, translate_records
+from nllbcli.translator import SentenceError, load_translator
+
+TINY = str(Path(__file__).parent / "models" / "tiny-a")
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello!", "We will meet at the station at seven.",
+         "Combien de personnes vivent dans cette ville ?", "Мы встретимся на вокзале.", "我们晚上七点在车站见面。", "a b c"]
+OPTIONS = DecodeOptions(beam_size=2, max_length=10)
+
+
+class StandInOutOfMemory(Exception):
+    pass
+
+
+class ShortOfMemory:
+    """An engine that runs out of memory when a batch holds more than `most` sentences, or one longer than `longest`."""
+
+    def __init__(self, engine, most: int, longest: int = 10**9):
+        self.engine, self.most, self.longest = engine, most, longest
+        self.batches = []
+
+    def encode(self, sources):
+        self.batches.append(len(sources))
+        if len(sources) > self.most or max(map(len, sources)) > self.longest:
+            raise StandInOutOfMemory("out of memory allocating 1,073,741,824 bytes")
+        return self.engine.encode(sources)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_translator(TINY, "cpu")
+
+
+@pytest.fixture
+def gpu_like(tiny, monkeypatch):
+    monkeypatch.setattr("nllbcli.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
+
+    def make(most, longest=10**9):
+        return replace(tiny, engine=ShortOfMemory(tiny.engine, most, longest), device="cuda:0")
+
+    return make
+
+
+def test_out_of_memory_halves_the_batch_until_it_fits(tiny, gpu_like):
+    sources = [tiny.tokenizer.encode(t, "eng_Latn") for t in TEXTS]
+    expected = tiny.generate(sources, "fra_Latn", OPTIONS)
+    short = gpu_like(most=2)
+    assert short.generate(sources, "fra_Latn", OPTIONS) == expected
+    assert short.engine.batches == [7, 3, 1, 2, 4, 2, 2]  # 7 -> 3 + 4; 3 -> 1 + 2; 4 -> 2 + 2
+
+
+def test_a_sentence_too_large_even_alone_names_itself(tiny, gpu_like):
+    sources = [tiny.tokenizer.encode(t, "eng_Latn") for t in TEXTS]
+    short = gpu_like(most=8, longest=12)
+    with pytest.raises(SentenceError, match=r"the GPU ran out of memory on this sentence alone \(\d+ source tokens\)") as caught:
+        short.generate(sources, "fra_Latn", OPTIONS)
+    position = caught.value.position
+    assert len(sources[position]) > 12 and all(len(s) <= 12 for s in sources[:position])
+    assert f"({len(sources[position])} source tokens)" in str(caught.value)
+
+
+def test_without_a_gpu_out_of_memory_is_not_caught(tiny, monkeypatch):
+    monkeypatch.setattr("nllbcli.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
+    cpu = replace(tiny, engine=ShortOfMemory(tiny.engine, most=1))
+    with pytest.raises(StandInOutOfMemory):
+        cpu.generate([[5, 6, 2], [5, 7, 2]], "fra_Latn", OPTIONS)
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_the_pipeline_fails_only_the_row_of_a_sentence_too_large(tiny, gpu_like, on_error):
+    short = gpu_like(most=3, longest=12)
+    records = [Record(i, t, {}, where=f"in:{i + 1}") for i, t in enumerate(TEXTS)]
+    job = Job("eng_Latn", "fra_Latn", on_error=on_error, split=False)
+    if on_error == "fail":
+        with pytest.raises(Exception, match=r"^in:\d: the GPU ran out of memory on this sentence alone"):
+            translate_records(short, records, job, OPTIONS, 1000)
+        return
+    outcomes = translate_records(short, records, job, OPTIONS, 1000)
+    lengths = [len(tiny.tokenizer.encode(t, "eng_Latn")) for t in TEXTS]
+    expected = tiny.translate(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
+    for outcome, length, translation in zip(outcomes, lengths, expected):
+        if length > 12:
+            assert outcome.translation is None and "ran out of memory" in outcome.error
+        else:
+            assert outcome.translation == translation
+
+
+def test_one_batch_may_mix_target_languages(tiny):
+    sources = [tiny.tokenizer.encode(t, "eng_Latn") for t in TEXTS]
+    targets = ["fra_Latn", "deu_Latn", "fra_Latn", "zho_Hans", "deu_Latn", "fra_Latn", "zho_Hans"]
+    mixed = tiny.generate(sources, targets, OPTIONS)
+    assert mixed == [tiny.generate([s], t, OPTIONS)[0] for s, t in zip(sources, targets)]
