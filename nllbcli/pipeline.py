@@ -14,6 +14,7 @@ is left out and named on stderr; with record it is left out and written to the -
 from __future__ import annotations
 
 import json
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import islice
@@ -177,11 +178,19 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
 
 
 def parquet_converter(job: Job, source: Input):
-    from .io import atomic_file, parquet
+    from .io import file_mode, parquet
 
     def convert(partial: str, path: str) -> None:
-        with atomic_file(path) as target:
+        """Write the Parquet file beside `path` under a fixed name, then rename it into place. The name is
+        fixed, not random, so a conversion killed half-way leaves nothing that the next run does not replace."""
+        directory, name = os.path.split(os.path.abspath(path))
+        temp = os.path.join(directory, f".{name}.nllb-converting")
+        with open(temp, "wb") as target:
             parquet.frames_to_parquet(partial, target, source.schema, job.output_field, job.field)
+            target.flush()
+            os.fsync(target.fileno())
+        os.chmod(temp, file_mode(path))
+        os.replace(temp, path)
 
     return convert
 
@@ -300,22 +309,19 @@ def translate_records(
     done_rows = [p == 0 for p in pending]
     advance(sum(done_rows), 0)
 
-    by_target: dict[str, list[int]] = {}
-    for number, sentence in enumerate(sentences):
-        by_target.setdefault(sentence.tgt, []).append(number)
     texts: dict[int, str] = {}
-    for tgt, numbers in by_target.items():
-        for batch in plan_batches({n: len(sentences[n].ids) for n in numbers}, max_batch_tokens):
-            outputs = generate_batch(translator, [sentences[n] for n in batch], tgt, decode, records, outcomes, job)
-            finished = 0
-            for n, ids in zip(batch, outputs):
-                sentence = sentences[n]
-                if ids is not None:
-                    texts[n] = tokenizer.decode(ids)
-                    outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
-                pending[sentence.row] -= 1
-                finished += pending[sentence.row] == 0
-            advance(finished, sum(len(ids) for ids in outputs if ids is not None))
+    # one batch may mix target languages: the search forces each sentence's own language token
+    for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
+        finished = 0
+        for n, ids in zip(batch, outputs):
+            sentence = sentences[n]
+            if ids is not None:
+                texts[n] = tokenizer.decode(ids)
+                outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
+            pending[sentence.row] -= 1
+            finished += pending[sentence.row] == 0
+        advance(finished, sum(len(ids) for ids in outputs if ids is not None))
 
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
@@ -329,7 +335,7 @@ def translate_records(
     return outcomes
 
 
-def generate_batch(translator, batch: list[Sentence], tgt: str, decode: DecodeOptions, records: list[Record],
+def generate_batch(translator, batch: list[Sentence], decode: DecodeOptions, records: list[Record],
                    outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
     """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
     rest of the batch goes on."""
@@ -339,6 +345,8 @@ def generate_batch(translator, batch: list[Sentence], tgt: str, decode: DecodeOp
     todo = list(range(len(batch)))
     while todo:
         try:
+            targets = [batch[i].tgt for i in todo]
+            tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
             for i, ids in zip(todo, translator.generate([batch[i].ids for i in todo], tgt, decode)):
                 outputs[i] = ids
             return outputs

@@ -25,14 +25,16 @@ from .options import DecodeOptions
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
 
 
-def generate(engine, sources: list[list[int]], tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+def generate(engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     """Token ids of each translation, after the language token and without </s>, in the order of `sources`."""
     if not sources:
         return []
     encoded = engine.encode(sources)
+    # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
+    langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
     search = greedy_search if options.beam_size == 1 else beam_search
     try:
-        return search(engine, encoded, len(sources), tgt_lang_id, config, options)
+        return search(engine, encoded, len(sources), langs, config, options)
     finally:
         engine.release_sources(encoded)
 
@@ -71,16 +73,16 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
     return scores
 
 
-def greedy_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
     with decoder(engine, encoded, np.arange(batch), options.max_length + 1) as state:
         engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
         outputs: list[list[int]] = [[] for _ in range(batch)]
         alive = np.arange(batch)  # which sentence each decoder row belongs to
-        tokens = np.full(batch, tgt_lang_id)
+        tokens = langs.copy()
         for _ in range(options.max_length - 1):  # the language token was the first generated token
             if options.processes_scores:
-                sequences = np.array([[config.decoder_start_token_id, tgt_lang_id, *outputs[s]] for s in alive])  # (N, T)
+                sequences = np.array([[config.decoder_start_token_id, langs[s], *outputs[s]] for s in alive])  # (N, T)
                 tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
             else:
                 tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
@@ -118,7 +120,7 @@ def to_host(a) -> np.ndarray:
     return a if isinstance(a, np.ndarray) else a.get()
 
 
-def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     xp = getattr(engine, "xp", np)  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
@@ -129,7 +131,7 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
     # (transformers' forced-BOS processor), with beam 0 live and the others at -1e9, as after its first step.
     run_seq = xp.full((batch, k, max_len), config.pad_token_id, dtype=xp.int64)
     run_seq[:, :, 0] = config.decoder_start_token_id
-    run_seq[:, :, 1] = tgt_lang_id
+    run_seq[:, :, 1] = xp.asarray(langs)[:, None]
     run_score = xp.full((batch, k), neg, dtype=xp.float32)
     run_score[:, 0] = 0
     fin_seq = run_seq.copy()
@@ -140,7 +142,7 @@ def beam_search(engine, encoded, batch: int, tgt_lang_id: int, config: ModelConf
 
     with decoder(engine, encoded, np.repeat(np.arange(batch), k), max_len) as state:
         engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
-        tokens = np.full(batch * k, tgt_lang_id)
+        tokens = np.repeat(langs, k)
         cur_len = 2
         if max_len <= cur_len:  # max_length 1: the language token alone
             return [[] for _ in range(batch)]

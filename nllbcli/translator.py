@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
 from .engine.reference import ReferenceEngine
 from .errors import NllbError
@@ -52,21 +54,13 @@ class Translator:
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
 
-        `tgt_lang` is one language for all, or one per source (sources are then grouped by language). A batch
+        `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
         is halved and retried, down to one sentence; a sentence's translation does not depend on its batch, so
         the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
-        if not isinstance(tgt_lang, str):
-            outputs: list[list[int]] = [[] for _ in sources]
-            for lang in dict.fromkeys(tgt_lang):
-                positions = [i for i, t in enumerate(tgt_lang) if t == lang]
-                try:
-                    for i, ids in zip(positions, self.generate([sources[i] for i in positions], lang, options)):
-                        outputs[i] = ids
-                except SentenceError as error:
-                    raise SentenceError(str(error), positions[error.position]) from None
-            return outputs
-        lang = self.tokenizer.lang_id(tgt_lang)
+        per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
+        ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
+        langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
         rows, source_rows = self.engine.capacity(options.max_length)
         if options.beam_size > rows:
             raise ValueError(
@@ -76,23 +70,24 @@ class Translator:
         outputs = []
         part: list[list[int]] = []
         tokens = 0
-        for position, ids in enumerate(sources):
-            if len(ids) > source_rows:
-                raise SentenceError(f"a source of {len(ids)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
-            if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(ids) > source_rows):
-                outputs += self.generate_part(part, lang, options, len(outputs))
+        for position, source in enumerate(sources):
+            if len(source) > source_rows:
+                raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
+            if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(source) > source_rows):
+                outputs += self.generate_part(part, langs, options, len(outputs))
                 part, tokens = [], 0
-            part.append(ids)
-            tokens += len(ids)
+            part.append(source)
+            tokens += len(source)
         if part:
-            outputs += self.generate_part(part, lang, options, len(outputs))
+            outputs += self.generate_part(part, langs, options, len(outputs))
         return outputs
 
-    def generate_part(self, sources: list[list[int]], lang: int, options: DecodeOptions, first: int) -> list[list[int]]:
+    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int) -> list[list[int]]:
         """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
-        position of sources[0] in generate's batch, for the error that names a sentence."""
+        position of sources[0] in generate's batch (langs holds the whole batch's), and names the sentence in
+        an error."""
         try:
-            return generate(self.engine, sources, lang, self.config, options)
+            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options)
         except out_of_memory_errors() if self.device.startswith("cuda") else ():
             release_free_memory()
             if len(sources) == 1:
@@ -100,8 +95,8 @@ class Translator:
                     f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
                     "lower --beam-size or --max-length", first) from None
         half = len(sources) // 2
-        return (self.generate_part(sources[:half], lang, options, first)
-                + self.generate_part(sources[half:], lang, options, first + half))
+        return (self.generate_part(sources[:half], langs, options, first)
+                + self.generate_part(sources[half:], langs, options, first + half))
 
     def translate(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few texts as one batch (the pipeline batches large inputs itself)."""

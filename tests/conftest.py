@@ -46,7 +46,8 @@ class FakeTranslator:
     fail_with: BaseException | None = None  # raised by generate when set
 
     def generate(self, sources, tgt_lang, options):
-        self.tokenizer.lang_id(tgt_lang)
+        for lang in [tgt_lang] if isinstance(tgt_lang, str) else tgt_lang:  # one for all, or one per source
+            self.tokenizer.lang_id(lang)
         if self.fail_with:
             raise self.fail_with
         self.batches.append(sources)

@@ -581,7 +581,7 @@ def test_per_row_languages_in_jsonl_without_defaults(fake):
     result = CliRunner().invoke(cli, ["translate", "-q", "--input-format", "jsonl", "--src-lang-field", "src", "--tgt-lang-field", "tgt"], input=rows)
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["translation"] for line in result.stdout.splitlines()] == ["ba", "dc", "fe"]
-    assert fake.languages == ["deu_Latn", "eng_Latn"]  # rows grouped by target language: two batches
+    assert fake.languages == [["deu_Latn", "eng_Latn", "deu_Latn"]]  # one batch mixing target languages
     assert sorted(s[0] for batch in fake.batches for s in batch) == [100_000, 100_001, 100_002]
 
 

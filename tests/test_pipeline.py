@@ -88,7 +88,7 @@ def test_per_row_languages(fake):
     ]
     result = translate_records(fake, records, JOB, DecodeOptions(), 100)
     assert translations(result) == ["ba", "dc", "fe"]
-    assert fake.languages == ["deu_Latn", "fra_Latn"]  # one batch per target language
+    assert fake.languages == [["deu_Latn", "deu_Latn", "fra_Latn"]]  # one batch, mixing target languages
     sources = {tuple(s) for batch in fake.batches for s in batch}
     assert (100_002, ord("a"), ord("b"), 2) in sources and (100_001, ord("c"), ord("d"), 2) in sources
 

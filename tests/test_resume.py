@@ -52,8 +52,23 @@ def command(source: Path, target: Path, *extra: str) -> list[str]:
             "--on-error", "record", "--errors", "errors.jsonl", *extra, source.name, target.name]  # run in their directory
 
 
-def run(args: list[str], kill_after: float | None = None, sig: int = signal.SIGKILL, cwd: Path | None = None) -> int:
+def stamp(path: Path | None):
+    try:
+        return path.stat().st_mtime_ns if path else None
+    except FileNotFoundError:
+        return None
+
+
+def run(args: list[str], kill_after: float | None = None, sig: int = signal.SIGKILL, cwd: Path | None = None,
+        after_commit: Path | None = None) -> int:
+    """Run a job; kill it kill_after seconds after its start, or, given a state file, after its next commit
+    (so that the kill lands mid-job however fast or slow this machine is today)."""
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=cwd)
+    if after_commit is not None:
+        before = stamp(after_commit)
+        deadline = time.monotonic() + 60
+        while process.poll() is None and stamp(after_commit) == before and time.monotonic() < deadline:
+            time.sleep(0.01)
     if kill_after is not None:
         try:
             process.wait(kill_after)
@@ -88,15 +103,16 @@ def test_kill_9_at_random_points_then_resume_gives_identical_bytes(tmp_path, str
     rng = random.Random(f"kill-{fmt}")
     kills = 0
     committed = []  # rows committed when each kill landed
-    code = run(command(source, target), kill_after=rng.uniform(0.2, seconds), cwd=tmp_path)
+    state = tmp_path / f".{target.name}.nllb-state.json"
+    # the first kill at a random time, maybe before the first commit; the others a random while after a commit
+    code = run(command(source, target), kill_after=rng.uniform(0.2, 0.6 * seconds), cwd=tmp_path)
     for attempt in range(4):  # killed again while resuming, at other points
         if code != -signal.SIGKILL:
             break
-        kills += 1
-        assert not target.exists()
-        state = tmp_path / f".{target.name}.nllb-state.json"
+        kills += 1  # (a kill may also land after the final rename: the output is then whole, and resuming redoes it)
         committed.append(json.loads(state.read_text())["position"]["rows"] if state.exists() else 0)
-        code = run(command(source, target, "--resume"), kill_after=rng.uniform(0.2, seconds), cwd=tmp_path)
+        code = run(command(source, target, "--resume"), kill_after=rng.uniform(0.0, seconds / 4), cwd=tmp_path,
+                   after_commit=state)
     if code == -signal.SIGKILL:
         code = run(command(source, target, "--resume"), cwd=tmp_path)
     assert kills >= 1 and any(0 < rows < ROWS for rows in committed), committed  # some kill landed mid-job

@@ -104,3 +104,20 @@ def test_one_batch_may_mix_target_languages(tiny):
     targets = ["fra_Latn", "deu_Latn", "fra_Latn", "zho_Hans", "deu_Latn", "fra_Latn", "zho_Hans"]
     mixed = tiny.generate(sources, targets, OPTIONS)
     assert mixed == [tiny.generate([s], t, OPTIONS)[0] for s, t in zip(sources, targets)]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_mixed_targets_share_one_engine_batch(tiny, beam_size):
+    """The search forces each sentence's own language token, so mixed targets need no regrouping."""
+    sources = [tiny.tokenizer.encode(t, "eng_Latn") for t in TEXTS]
+    targets = ["fra_Latn", "deu_Latn", "zho_Hans", "fra_Latn", "deu_Latn", "fra_Latn", "zho_Hans"]
+    options = DecodeOptions(beam_size=beam_size, max_length=12)
+    calls = []
+    encode = tiny.engine.encode
+    tiny.engine.encode = lambda batch: calls.append(len(batch)) or encode(batch)
+    try:
+        mixed = tiny.generate(sources, targets, options)
+    finally:
+        tiny.engine.encode = encode
+    assert calls == [len(sources)]
+    assert mixed == [tiny.generate([s], t, options)[0] for s, t in zip(sources, targets)]
