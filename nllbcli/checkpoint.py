@@ -1,8 +1,9 @@
 """Model directory (Hugging Face layout) -> ModelConfig + named float32 weight arrays.
 
 A directory holds `config.json` (model_type m2m_100), `model.safetensors` or shards listed in
-`model.safetensors.index.json`, and `sentencepiece.bpe.model`. Weights may be stored as float32, float16 or
-bfloat16; the tied embedding may be stored once (`model.shared.weight`) or several times.
+`model.safetensors.index.json` (or PyTorch's `pytorch_model.bin` or its shards, read without PyTorch by
+torchbin.py), and `sentencepiece.bpe.model`. Weights may be stored as float32, float16 or bfloat16; the tied
+embedding may be stored once (`model.shared.weight`) or several times.
 """
 
 from __future__ import annotations
@@ -18,10 +19,6 @@ import numpy as np
 from .errors import NllbError
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
-CONVERT_HINT = (
-    "convert it once where transformers is installed: python -c \"from transformers import "
-    "AutoModelForSeq2SeqLM as M; M.from_pretrained('DIR').save_pretrained('DIR')\" (writes model.safetensors)"
-)
 
 
 @dataclass(frozen=True)
@@ -122,13 +119,51 @@ def resolve_model_dir(model: str) -> Path:
         where = ", ".join(str(p) for p in looked)
         raise NllbError(
             f"model {model!r} is not a directory here and not in the local Hugging Face cache ({where}); "
-            f"nllbcli never downloads: fetch it once with `huggingface-cli download {model}` where the hub is "
-            "reachable, or pass --model /path/to/model-directory (also settable with NLLB_MODEL)"
+            f"nllbcli never downloads on its own: fetch it into that cache once, where the hub is reachable, with "
+            f"`{download_command(model)}` (`huggingface-cli download {model}` before huggingface_hub 0.34) or "
+            f"`nllb download {model}`, and --model {model} then finds it; "
+            "or pass --model /path/to/model-directory (also settable with NLLB_MODEL)"
         )
     raise NllbError(
         f"model directory {str(path)!r} does not exist: pass --model with a directory holding config.json, "
-        "model.safetensors and sentencepiece.bpe.model (or set NLLB_MODEL)"
+        "model.safetensors (or pytorch_model.bin) and sentencepiece.bpe.model (or set NLLB_MODEL)"
     )
+
+
+def download_command(repo_id: str) -> str:
+    """The shell command that puts a hub model into the cache nllbcli looks in (hf_cache_dirs)."""
+    return f"hf download {repo_id}"  # huggingface_hub's CLI; before 0.34 it was `huggingface-cli download`
+
+
+def download_patterns(files: list[str]) -> list[str]:
+    """Which files of a hub repo to fetch: config, tokenizer and generation files, and one set of weights.
+
+    safetensors when the repo has them, else pytorch_model*.bin: never both, nor TF, Flax or ONNX weights."""
+    patterns = ["*.json", "*.model", "*.txt"]
+    if any(f.endswith(".safetensors") for f in files):
+        return patterns + ["*.safetensors"]
+    return patterns + ["pytorch_model*.bin"]
+
+
+def download_model(repo_id: str, local_dir: Path | None = None, revision: str | None = None) -> Path:
+    """Fetch a hub model through huggingface_hub (an optional package) into the cache or `local_dir`."""
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise NllbError(
+            "nllb download needs the huggingface_hub package, which nllbcli does not depend on: "
+            f"pip install huggingface_hub (then `nllb download {repo_id}` or `{download_command(repo_id)}`)"
+        ) from None
+    try:
+        files = huggingface_hub.list_repo_files(repo_id, revision=revision)
+        path = huggingface_hub.snapshot_download(
+            repo_id, revision=revision, local_dir=None if local_dir is None else str(local_dir),
+            allow_patterns=download_patterns(files),
+        )
+    except Exception as exc:  # no network, unknown repo, gated model: huggingface_hub's own words, on one line
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise NllbError(f"cannot download {repo_id} from the Hugging Face hub: {message}") from None
+    return Path(path)
 
 
 # ---------------------------------------------------------------------------------------------- safetensors
@@ -173,25 +208,76 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def float32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest, ties to even (as torch's .to(bfloat16))."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "BF16", metadata: dict | None = None) -> None:
+    """Write named arrays as one safetensors file of `dtype` (F32, F16 or BF16), by hand: bf16 needs no PyTorch.
+
+    The header is known before any data (sizes follow from shapes), so each array is converted and written in
+    turn: a model is never held twice in memory.
+    """
+    numpy_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[dtype]
+    itemsize = np.dtype(numpy_dtype).itemsize
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for name, array in arrays.items():
+        size = int(np.prod(array.shape, dtype=np.int64)) * itemsize
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        for array in arrays.values():
+            a = np.ascontiguousarray(array, dtype=np.float32)
+            f.write((float32_to_bf16(a) if dtype == "BF16" else a.astype(numpy_dtype)).tobytes())
+
+
 def weight_files(model_dir: Path) -> list[Path]:
-    """The safetensors files of a model directory, or an error that says what is missing and what to do."""
-    single = model_dir / "model.safetensors"
-    index = model_dir / "model.safetensors.index.json"
-    if single.is_file():
-        return [single]
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise NllbError(f"cannot read {index}: {exc}") from None
+    """The weight files of a model directory, or an error that says what is missing.
+
+    safetensors first (model.safetensors, or shards with model.safetensors.index.json), else PyTorch's
+    pytorch_model.bin or its shards with pytorch_model.bin.index.json (read without PyTorch, see torchbin.py).
+    """
+    for single, index in (
+        ("model.safetensors", "model.safetensors.index.json"),
+        ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
+        if (model_dir / single).is_file():
+            return [model_dir / single]
+        if (model_dir / index).is_file():
+            return index_shards(model_dir / index)
+    raise NllbError(
+        f"{model_dir} has no weights: no model.safetensors (nor model.safetensors.index.json with its shards), "
+        "no pytorch_model.bin (nor pytorch_model.bin.index.json)"
+    )
+
+
+def index_shards(index: Path) -> list[Path]:
+    """The shard files a `*.index.json` lists, checked to be there."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted(set(weight_map.values()))
-        missing = [s for s in shards if not (model_dir / s).is_file()]
-        if missing:
-            raise NllbError(f"{model_dir} is missing {len(missing)} of the {len(shards)} shards its index lists: {', '.join(missing)}")
-        return [model_dir / s for s in shards]
-    if (model_dir / "pytorch_model.bin").is_file() or (model_dir / "pytorch_model.bin.index.json").is_file():
-        raise NllbError(f"{model_dir} has only PyTorch weights (pytorch_model.bin); nllbcli reads safetensors: {CONVERT_HINT}")
-    raise NllbError(f"{model_dir} has no model.safetensors (nor model.safetensors.index.json with its shards)")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise NllbError(f"cannot read {index}: {exc}") from None
+    model_dir = index.parent
+    missing = [s for s in shards if not (model_dir / s).is_file()]
+    if missing:
+        raise NllbError(f"{model_dir} is missing {len(missing)} of the {len(shards)} shards its index lists: {', '.join(missing)}")
+    return [model_dir / s for s in shards]
+
+
+def read_weights(path: Path) -> dict[str, np.ndarray]:
+    """Named float32 arrays from one weight file, safetensors or a PyTorch .bin."""
+    if path.name.endswith(".safetensors"):
+        return read_safetensors(path)
+    from .torchbin import read_torch_bin
+
+    return read_torch_bin(path)
 
 
 def load_checkpoint(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -202,7 +288,7 @@ def load_checkpoint(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]
     config = ModelConfig.from_json(config_path)
     stored: dict[str, np.ndarray] = {}
     for path in weight_files(model_dir):
-        stored.update(read_safetensors(path))
+        stored.update(read_weights(path))
     return config, canonical_weights(config, stored, model_dir)
 
 

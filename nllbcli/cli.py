@@ -189,6 +189,66 @@ def langs(model):
     click.echo("\n".join(codes))
 
 
+@cli.command()
+@click.argument("model")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Replace OUT when it is not empty.")
+def convert(model, out, force):
+    """
+    Copy MODEL into the directory OUT as bf16 safetensors.
+
+    MODEL is a model directory (safetensors or pytorch_model.bin, single or
+    sharded, any dtype) or a hub id in the local Hugging Face cache. OUT gets
+    model.safetensors (half a float32 checkpoint's size, the tied embedding
+    stored once), config.json and the tokenizer and generation files. OUT
+    appears only when complete.
+
+    \b
+    Example:
+        nllb convert facebook/nllb-200-distilled-600M /models/nllb-600M-bf16
+    """
+    from pathlib import Path
+
+    from .convert import convert_model
+
+    try:
+        written = convert_model(model, Path(out), force=force)
+    except (NllbError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
+    click.echo(f"Wrote {written}", err=True)
+
+
+@cli.command()
+@click.argument("repo_id")
+@click.option("--local-dir", type=click.Path(file_okay=False), help="Download into this directory instead of the Hugging Face cache.")
+@click.option("--revision", help="A branch, tag or commit of the hub repository (default: main).")
+def download(repo_id, local_dir, revision):
+    """
+    Fetch a model from the Hugging Face hub.
+
+    Needs the huggingface_hub package (pip install huggingface_hub), which
+    nllbcli does not depend on. Without --local-dir the model goes into the Hugging Face cache, where
+    --model REPO_ID then finds it. Only the config, tokenizer files and one
+    set of weights are fetched (safetensors when the repository has them).
+    Prints the model directory.
+
+    \b
+    Example:
+        nllb download facebook/nllb-200-distilled-600M
+    """
+    from pathlib import Path
+
+    from .checkpoint import download_model
+
+    try:
+        path = download_model(repo_id, None if local_dir is None else Path(local_dir), revision)
+    except (NllbError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(str(path))
+
+
 def progress_mode(progress: str, output: str) -> str:
     """auto is the bar when stderr is a terminal, unless the translations go to that terminal too."""
     if progress != "auto":

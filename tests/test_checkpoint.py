@@ -2,14 +2,12 @@
 
 import json
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from nllbcli.checkpoint import ModelConfig, load_checkpoint, read_safetensors, resolve_model_dir
-from nllbcli.engine.reference import bf16_round
+from nllbcli.checkpoint import ModelConfig, load_checkpoint, read_safetensors, resolve_model_dir, write_safetensors
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
 from nllbcli.translator import load_translator
@@ -17,23 +15,6 @@ from nllbcli.translator import load_translator
 HERE = Path(__file__).parent
 TINY_A = HERE / "models" / "tiny-a"
 TINY_B = HERE / "models" / "tiny-b"
-
-
-def write_safetensors(path: Path, arrays: dict, dtype: str) -> None:
-    """A safetensors file written by hand, so that bfloat16 needs no PyTorch: bf16 is float32's upper 16 bits."""
-    header, blobs, offset = {}, [], 0
-    for name, array in arrays.items():
-        a = np.ascontiguousarray(array, dtype=np.float32)
-        if dtype == "BF16":
-            raw = (bf16_round(a).view(np.uint32) >> 16).astype(np.uint16).tobytes()
-        else:
-            raw = a.astype({"F32": np.float32, "F16": np.float16}[dtype]).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    encoded = json.dumps(header).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
 
 
 def copy_model(src: Path, dst: Path, weights: dict | None = None, dtype: str = "F32") -> Path:
@@ -114,10 +95,11 @@ def test_missing_config_is_explained(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_pytorch_only_directory_says_what_to_do(tmp_path):
+def test_pytorch_only_directory_loads_and_a_bad_bin_is_explained(tmp_path):
+    """A directory with only pytorch_model.bin loads (tests/test_torchbin.py); one that is not a checkpoint says so."""
     shutil.copy(TINY_A / "config.json", tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"\0")
-    with pytest.raises(NllbError, match=r"only PyTorch weights.*save_pretrained"):
+    with pytest.raises(NllbError, match=r"pytorch_model.bin is not a PyTorch checkpoint"):
         load_checkpoint(tmp_path)
 
 
