@@ -37,11 +37,11 @@ class Device(click.ParamType):
         return value
 
 
-def load_model(model: str, device: str):
+def load_model(model: str, device: str, adapter: str | None = None):
     """Load a Translator; imported here so `nllb --help` does not load the model code."""
     from .translator import load_translator
 
-    return load_translator(model, device)
+    return load_translator(model, device, adapter)
 
 
 def load_tokenizer(model: str):
@@ -81,6 +81,7 @@ def cli():
 @click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it.")
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
+@click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension; text for -).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
@@ -100,7 +101,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(input, output, src, tgt, model, device, input_format, output_format, field, output_field, src_lang_field,
+def translate(input, output, src, tgt, model, device, adapter, input_format, output_format, field, output_field, src_lang_field,
               tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty, no_split,
               max_batch_tokens, chunk_rows, on_error, errors_file, resume, progress, quiet):
     """
@@ -158,7 +159,8 @@ def translate(input, output, src, tgt, model, device, input_format, output_forma
         job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
                   field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
                   split=not no_split, on_error=on_error, errors=errors_file)
-        translator = load_model(model, device)
+        # the adapter is passed only when given, so a load_model that knows no adapters still serves
+        translator = load_model(model, device, adapter) if adapter else load_model(model, device)
         with stop_on_signals():
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet)
         code = 3 if counters.failed else 0
@@ -187,6 +189,36 @@ def langs(model):
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo("\n".join(codes))
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--max-length", type=click.IntRange(min=1), default=DecodeOptions.max_length, show_default=True, help="The --max-length the KV cache per sequence is counted for.")
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
+def info(model, max_length, as_json):
+    """
+    Describe MODEL without loading its weights.
+
+    Prints the family (NLLB-200 or M2M-100), dimensions, stored dtype,
+    parameter count, the GPU memory its weights take in bf16 and what the
+    KV pool adds, from config.json and the weight files' headers alone.
+
+    \b
+    Example:
+        nllb info facebook/nllb-200-distilled-600M
+    """
+    import json
+    from dataclasses import asdict
+
+    from .info import describe, inspect_model
+
+    try:
+        facts = inspect_model(model, max_length)
+    except (NllbError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+    except OSError as error:
+        raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
+    click.echo(json.dumps(asdict(facts), indent=1) if as_json else describe(facts))
 
 
 @cli.command()

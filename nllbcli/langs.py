@@ -47,6 +47,23 @@ FLORES_200_CODES: tuple[str, ...] = (
 )
 
 
+# M2M-100's 100 language tokens (`__en__`, ...) in id order (transformers' FAIRSEQ_LANGUAGE_CODES["m2m100"]):
+# ISO 639-1 codes where the language has one, else ISO 639-3 (ast, ceb, ilo); `ns` is fairseq's Northern Sotho.
+M2M100_CODES: tuple[str, ...] = (
+    "af", "am", "ar", "ast", "az", "ba", "be", "bg", "bn", "br", "bs", "ca", "ceb", "cs", "cy", "da", "de", "el",
+    "en", "es", "et", "fa", "ff", "fi", "fr", "fy", "ga", "gd", "gl", "gu", "ha", "he", "hi", "hr", "ht", "hu", "hy",
+    "id", "ig", "ilo", "is", "it", "ja", "jv", "ka", "kk", "km", "kn", "ko", "lb", "lg", "ln", "lo", "lt", "lv", "mg",
+    "mk", "ml", "mn", "mr", "ms", "my", "ne", "nl", "no", "ns", "oc", "or", "pa", "pl", "ps", "pt", "ro", "ru", "sd",
+    "si", "sk", "sl", "so", "sq", "sr", "ss", "su", "sv", "sw", "ta", "th", "tl", "tn", "tr", "uk", "ur", "uz", "vi",
+    "wo", "xh", "yi", "yo", "zh", "zu",
+)
+
+
+def is_flores(known) -> bool:
+    """Whether a model names its languages FLORES-200 style (NLLB: eng_Latn) rather than M2M-100 style (en)."""
+    return not known or "_" in next(iter(known))
+
+
 def closest_codes(code: str, known: list[str] | tuple[str, ...], n: int = 3) -> list[str]:
     """The known codes nearest to `code`: same language part first, then by spelling."""
     prefix = code.split("_")[0].lower()
@@ -69,6 +86,8 @@ def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
         return code
     near = closest_codes(code, known)
     hint = f" Did you mean {' or '.join(near)}?" if near else " Run `nllb langs` to list them."
+    if not is_flores(known):
+        raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} M2M-100 codes such as en.{hint}")
     raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} FLORES-200 codes such as eng_Latn.{hint}")
 
 
@@ -117,6 +136,8 @@ def resolve_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
 def _resolve(code: str, known: tuple[str, ...]) -> str:
     if code in known:
         return code
+    if not is_flores(known):
+        return _resolve_m2m(code, known)
     folded = {c.lower(): c for c in known}
     if code.lower().replace("-", "_") in folded:  # eng_latn, eng-Latn
         return folded[code.lower().replace("-", "_")]
@@ -142,3 +163,56 @@ def _resolve(code: str, known: tuple[str, ...]) -> str:
         return candidates[0]  # the one script the model has for it, when the tag asked for none
     names = " or ".join(candidates)
     raise NllbError(f"language code {code!r} asks for {language} in {script} script, which the model does not have: use {names}.")
+
+
+# ISO 639-3 codes whose M2M-100 code is that of another language: the individual languages NLLB files a
+# macrolanguage under (NLLB_LANGUAGE, the other way round: arb -> ara -> ar), and fairseq's own choices.
+M2M_LANGUAGE = {
+    **{individual: macro for macro, individual in NLLB_LANGUAGE.items() if macro != "cmn"},  # cmn -> zho is right
+    "ekk": "est",  # Standard Estonian: et
+    "nso": "ns",  # Northern Sotho: fairseq's ns (ISO 639-1 has no code for it)
+}
+SAME_SCRIPT = {"Hang": "Kore"}  # Korean's Hangul is within langcodes' Kore (Hangul + Han)
+
+
+@lru_cache(maxsize=None)
+def _m2m_languages(known: tuple[str, ...]) -> dict[str, str]:
+    """ISO 639-3 code -> the model's code, for each M2M-100 code langcodes knows."""
+    import langcodes
+
+    by_alpha3 = {}
+    for c in known:
+        try:
+            by_alpha3[langcodes.Language.get(c).to_alpha3()] = c
+        except (LookupError, ValueError):
+            pass
+    return by_alpha3
+
+
+def _resolve_m2m(code: str, known: tuple[str, ...]) -> str:
+    """An M2M-100 code (`en`) for what a user typed: ISO 639-1/2/3, a BCP-47 tag, or a FLORES-200 code
+    (`eng_Latn`) when M2M-100's one code for that language means it: in its usual script (`zho_Hant` is refused,
+    naming `zh`, since M2M-100's Chinese code does not say which script it writes)."""
+    import langcodes
+
+    if code.lower() in known:  # EN
+        return code.lower()
+    try:
+        tag = langcodes.Language.get(code.replace("_", "-"))
+        alpha3 = tag.to_alpha3()
+    except (LookupError, ValueError):
+        return check_lang(code, known)
+    languages = _m2m_languages(known)
+    mapped = M2M_LANGUAGE.get(alpha3, alpha3)
+    model_code = languages.get(alpha3) or languages.get(mapped) or (mapped if mapped in known else None)
+    if model_code is None:
+        return check_lang(code, known)
+    script = tag.script or tag.maximize().script  # zh-TW: Hant
+    script = SAME_SCRIPT.get(script, script)
+    usual = langcodes.Language.get(model_code).maximize().script
+    if script != usual:
+        raise NllbError(
+            f"language code {code!r} asks for {script} script; M2M-100 has one code for the language, "
+            f"{model_code!r}, mostly trained on {usual} script: use {model_code} if that is meant."
+        )
+    return model_code

@@ -121,6 +121,8 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     import sys
 
     counters = reporter.counters
+    if saved is not None and saved.done and finish_leftovers(job, saved, state_path):
+        return
     if job.output == "-":
         output = None
         sink = open_sink(sys.stdout.buffer, job.output_format, job.output_field, source.schema, job.field)
@@ -162,6 +164,17 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             if errors is not None:
                 errors.discard()
         raise
+
+
+def finish_leftovers(job: Job, saved: Saved, state_path: str) -> bool:
+    """A job killed while it put its finished files in place (its state says done): if the output is already
+    in place (its partial file gone), finish what is left, the errors file and the state, and say so."""
+    if os.path.exists(partial_paths(job.output)[0]) or not os.path.exists(job.output):
+        return False  # the output is not in place yet: the usual path finishes it
+    if job.on_error == "record" and os.path.exists(partial_paths(job.errors)[0]):
+        PartialFile(job.errors, saved.errors_bytes).finish()
+    remove_state(state_path)
+    return True
 
 
 def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):

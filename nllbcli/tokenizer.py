@@ -1,10 +1,16 @@
-"""NLLB's tokenizer on sentencepiece: text + language -> ids, and ids -> text.
+"""NLLB's and M2M-100's tokenizers on sentencepiece: text + language -> ids, and ids -> text.
 
 Ids follow fairseq's NLLB dictionary, as transformers' NllbTokenizer does:
 `<s>`=0 `<pad>`=1 `</s>`=2 `<unk>`=3; sentencepiece piece i>=3 at id i+1; the language codes after the
 sentencepiece vocabulary, in FLORES-200 order; `<mask>` last. A source is `[src_lang] pieces </s>`
 (transformers' non-legacy behaviour). Where the model directory ships `tokenizer.json`, its ids are used, so
 they agree with it by construction.
+
+M2M-100 (M2M100Tokenizer) takes its piece ids from `vocab.json` (fairseq's dictionary: `<s>` `<pad>` `</s>` `<unk>`
+then the pieces in the dictionary's order, not sentencepiece's), its language tokens `__xx__` after that
+vocabulary, then 8 `madeupword` tokens. Sources and the decoder's start are laid out as NLLB's. Both classes
+offer encode(text, src_lang), decode(ids), lang_codes and lang_id(code): the engine and search never know which.
+`tokenizer_from_model_dir` picks one from the files a model directory holds.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 import sentencepiece as spm
 
 from .errors import NllbError
-from .langs import FLORES_200_CODES, check_lang
+from .langs import FLORES_200_CODES, M2M100_CODES, check_lang
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -126,3 +132,106 @@ class NllbTokenizer:
         pieces = "".join(self.sp.IdToPiece(self.piece_of_id[i]) for i in map(int, ids) if i in self.piece_of_id)
         text = pieces.replace(SPACE, " ")
         return text[1:] if text.startswith(" ") else text
+
+
+class M2M100Tokenizer:
+    """M2M-100's tokenizer, as transformers' M2M100Tokenizer: ids from vocab.json, languages as `__xx__` tokens."""
+
+    def __init__(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], lang_codes=M2M100_CODES, madeup_words: int = 8):
+        self.sp = sp
+        unk = vocab["<unk>"]
+        # sentencepiece id -> model id: a piece fairseq's dictionary lacks is <unk>, as transformers maps it
+        self.piece_ids = np.array([vocab.get(sp.IdToPiece(i), unk) for i in range(sp.GetPieceSize())], dtype=np.int64)
+        self.piece_of_id = {i: piece for piece, i in vocab.items() if piece not in SPECIAL_TOKENS}
+        first_lang = len(vocab)
+        self.lang_ids = {code: first_lang + i for i, code in enumerate(lang_codes)}  # "en" -> id of "__en__"
+        self.size = first_lang + len(lang_codes) + madeup_words  # ids the model must have
+
+    @classmethod
+    def from_model_dir(cls, model_dir: Path, config=None) -> "M2M100Tokenizer":
+        """Load `vocab.json` and `sentencepiece.bpe.model`, as M2M-100's hub repositories ship them."""
+        sp = load_sentencepiece(model_dir)
+        path = model_dir / "vocab.json"
+        try:
+            vocab = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+                raise ValueError("not a JSON object of piece -> id")
+        except (OSError, ValueError) as exc:
+            raise NllbError(f"cannot read {path}: {exc}") from None
+        for token, expected in zip(SPECIAL_TOKENS, (BOS_ID, PAD_ID, EOS_ID, UNK_ID)):
+            if vocab.get(token) != expected:
+                raise NllbError(f"{path}: {token} has id {vocab.get(token)}, not {expected}: not an M2M-100 vocabulary")
+        if sorted(vocab.values()) != list(range(len(vocab))):
+            raise NllbError(f"{path}: the ids are not 0..{len(vocab) - 1} each once: not an M2M-100 vocabulary")
+        try:
+            declared = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            declared = {}
+        codes = declared.get("language_codes", "m2m100") if isinstance(declared, dict) else "m2m100"
+        if codes != "m2m100":  # wmt21's 8 languages and others: their ids would silently be wrong
+            raise NllbError(f"{model_dir}: tokenizer_config.json sets language_codes {codes!r}; nllbcli knows M2M-100's 100 (m2m100)")
+        tokenizer = cls(sp, vocab)
+        if config is not None and tokenizer.size > config.vocab_size:
+            raise NllbError(
+                f"{model_dir}: the tokenizer has {tokenizer.size} ids but the model's vocab_size is "
+                f"{config.vocab_size}: the tokenizer files do not belong to this model"
+            )
+        return tokenizer
+
+    @property
+    def lang_codes(self) -> list[str]:
+        return list(self.lang_ids)
+
+    def lang_id(self, code: str) -> int:
+        """The id of `__code__`, or an error naming the closest codes the model knows."""
+        return self.lang_ids[check_lang(code, self.lang_codes)]
+
+    def encode_pieces(self, text: str) -> list[int]:
+        return self.piece_ids[self.sp.EncodeAsIds(text)].tolist()
+
+    def encode(self, text: str, src_lang: str) -> list[int]:
+        """`[__src__] pieces </s>`: what the encoder reads."""
+        return [self.lang_id(src_lang), *self.encode_pieces(text), EOS_ID]
+
+    def decode(self, ids) -> str:
+        """Text of generated ids; special tokens, language tokens and madeup words are skipped."""
+        pieces = [self.piece_of_id[i] for i in map(int, ids) if i in self.piece_of_id]
+        return self.sp.DecodePieces(pieces).strip()
+
+
+def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
+    model_file = model_dir / "sentencepiece.bpe.model"
+    if not model_file.is_file():
+        raise NllbError(
+            f"{model_dir} has no sentencepiece.bpe.model: copy it from the model's hub repository "
+            "(nllbcli tokenizes with sentencepiece)"
+        )
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(model_file))
+    except (OSError, RuntimeError) as exc:
+        raise NllbError(f"cannot read {model_file}: {exc}") from None
+    return sp
+
+
+def tokenizer_family(model_dir: Path) -> str:
+    """"m2m100" or "nllb", from the files present: tokenizer_config.json's tokenizer_class when it names one,
+    else vocab.json without tokenizer.json means M2M-100 (its hub repositories ship no tokenizer.json)."""
+    try:
+        declared = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if isinstance(declared, str) and declared.startswith("M2M100"):
+        return "m2m100"
+    if isinstance(declared, str) and declared.startswith("Nllb"):
+        return "nllb"
+    if (model_dir / "vocab.json").is_file() and not (model_dir / "tokenizer.json").is_file():
+        return "m2m100"
+    return "nllb"
+
+
+def tokenizer_from_model_dir(model_dir: Path, config=None) -> "NllbTokenizer | M2M100Tokenizer":
+    """The tokenizer a model directory holds, NLLB's or M2M-100's."""
+    if tokenizer_family(model_dir) == "m2m100":
+        return M2M100Tokenizer.from_model_dir(model_dir, config)
+    return NllbTokenizer.from_model_dir(model_dir, config)

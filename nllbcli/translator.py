@@ -12,7 +12,7 @@ from .engine.reference import ReferenceEngine
 from .errors import NllbError
 from .options import DecodeOptions
 from .search import generate
-from .tokenizer import NllbTokenizer
+from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 
 
 class SentenceError(NllbError):
@@ -46,7 +46,7 @@ def release_free_memory() -> None:
 @dataclass
 class Translator:
     config: ModelConfig
-    tokenizer: NllbTokenizer
+    tokenizer: NllbTokenizer | M2M100Tokenizer  # the engine and search never know which
     engine: ReferenceEngine  # or engine.cuda.CudaEngine: the same calls
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
@@ -126,17 +126,24 @@ def choose_device(device: str) -> str:
     return f"cuda:{index}"
 
 
-def load_tokenizer(model: str) -> NllbTokenizer:
+def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:
     """The tokenizer of a model directory alone: quick, so languages are checked before the weights load."""
-    return NllbTokenizer.from_model_dir(resolve_model_dir(model))
+    return tokenizer_from_model_dir(resolve_model_dir(model))
 
 
-def load_translator(model: str, device: str = "auto") -> Translator:
-    """Load a model directory (or a hub id from the local Hugging Face cache) onto a device."""
+def load_translator(model: str, device: str = "auto", adapter: str | None = None) -> Translator:
+    """Load a model directory (or a hub id from the local Hugging Face cache) onto a device, with a PEFT LoRA
+    adapter directory merged into its weights when one is given."""
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
     config, weights = load_checkpoint(model_dir)
-    tokenizer = NllbTokenizer.from_model_dir(model_dir, config)
+    if adapter is not None:
+        from pathlib import Path
+
+        from .lora import merge_lora
+
+        weights = merge_lora(config, weights, Path(adapter))
+    tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
         return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir))
     from .engine.cuda import CudaEngine

@@ -163,3 +163,32 @@ def test_resume_refuses_another_job(tmp_path):
         stream.write("one more row\n")
     result = subprocess.run(command(source, target, "--resume"), capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 1 and "differs in input" in result.stderr
+
+
+@pytest.mark.parametrize("fmt", ["txt", "parquet"])
+def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fake, tmp_path, monkeypatch, fmt):
+    """The last window: the output renamed into place, the errors file and the state not yet done."""
+    from click.testing import CliRunner
+
+    import nllbcli.pipeline as pipeline
+    from nllbcli.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    if fmt == "txt":
+        Path("in.txt").write_text("ab\ncd\n")
+    else:
+        pq.write_table(pa.table({"text": ["ab", "cd"]}), "in.parquet")
+    args = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn", "--errors", "errors.jsonl", f"in.{fmt}", f"out.{fmt}"]
+
+    def killed(path):
+        raise KeyboardInterrupt  # stands for kill -9 between putting the output in place and removing the state
+
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "remove_state", killed)
+        assert CliRunner().invoke(cli, args).exit_code == 130
+    finished = Path(f"out.{fmt}").read_bytes()
+    assert Path(f".out.{fmt}.nllb-state.json").exists() and not Path(f".out.{fmt}.nllb-partial").exists()
+    result = CliRunner().invoke(cli, args + ["--resume"])
+    assert result.exit_code == 0, result.output
+    assert Path(f"out.{fmt}").read_bytes() == finished
+    assert sorted(os.listdir(".")) == sorted(["errors.jsonl", f"in.{fmt}", f"out.{fmt}"])

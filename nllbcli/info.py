@@ -1,0 +1,145 @@
+"""What a model directory holds and what running it will take, read from config.json and the weight files'
+headers (the safetensors JSON header, the pickle of a pytorch_model.bin): no weight is loaded.
+
+GPU memory is counted as engine/cuda.py lays the weights out: every matrix in bf16 (the tied embedding once),
+biases and LayerNorm parameters in float32, and the float32 sinusoidal position table. The KV pool comes on top:
+the CUDA engine sizes it at start from the memory left free (POOL_FRACTION of it, at most MAX_POOL_BYTES).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .checkpoint import ModelConfig, read_safetensors_header, resolve_model_dir, weight_files
+from .errors import NllbError
+
+# engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
+# these equal to its values)
+POOL_FRACTION = 0.5
+MAX_POOL_BYTES = 16 << 30
+BF16_BYTES, F32_BYTES = 2, 4
+
+SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
+TIED = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+
+# The published checkpoints by shape: (family, d_model, encoder layers, decoder layers, FFN, vocab) -> names
+KNOWN_SHAPES = {
+    ("NLLB-200", 1024, 12, 12, 4096, 256206): "nllb-200-distilled-600M",
+    ("NLLB-200", 1024, 24, 24, 8192, 256206): "nllb-200-1.3B or nllb-200-distilled-1.3B",
+    ("NLLB-200", 2048, 24, 24, 8192, 256206): "nllb-200-3.3B",
+    ("M2M-100", 1024, 12, 12, 4096, 128112): "m2m100_418M",
+    ("M2M-100", 1024, 24, 24, 8192, 128112): "m2m100_1.2B",
+}
+
+
+@dataclass
+class ModelInfo:
+    model_dir: str
+    family: str  # "NLLB-200" or "M2M-100"
+    languages: int | None  # language tokens of the tokenizer; None when its files cannot be read
+    config: dict
+    files: list[str]
+    file_bytes: int
+    dtypes: list[str]  # of the stored floating-point tensors
+    parameters: int  # the tied embedding counted once; the sinusoidal positions are not parameters
+    gpu_weight_bytes: int  # the CUDA engine's copy of the weights
+    kv_bytes_per_sequence: int  # self-attention K and V of one sequence (one beam) of max_length tokens
+    cross_bytes_per_source_token: int  # cross-attention K and V of one source token, every decoder layer
+    max_length: int
+    known_as: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) of the floating-point tensors of one weight file, from its header alone."""
+    if path.name.endswith(".safetensors"):
+        header, _ = read_safetensors_header(path)
+        return {name: (tuple(t["shape"]), SAFETENSORS_NAMES.get(t["dtype"], t["dtype"].lower()))
+                for name, t in header.items() if t.get("dtype") in SAFETENSORS_NAMES}
+    from .torchbin import open_torch_checkpoint
+
+    checkpoint = open_torch_checkpoint(path)  # the pickle only: the tensor data stays in the file
+    return {name: (ref.shape, STORAGE_NAMES[ref.storage.kind.name]) for name, ref in checkpoint.tensors.items() if ref.floating}
+
+
+def count(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
+    """Describe a model directory (or a cached hub id) from its config and headers."""
+    from .tokenizer import tokenizer_family, tokenizer_from_model_dir
+
+    model_dir = resolve_model_dir(model)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
+    config = ModelConfig.from_json(config_path)
+    family = "M2M-100" if tokenizer_family(model_dir) == "m2m100" else "NLLB-200"
+    notes = []
+    try:
+        languages: int | None = len(tokenizer_from_model_dir(model_dir, config).lang_codes)
+    except NllbError as error:
+        languages = None
+        notes.append(f"the tokenizer cannot be loaded: {error}")
+    files = weight_files(model_dir)
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+    for path in files:
+        tensors.update({name.removeprefix("model."): t for name, t in stored_tensors(path).items()})
+    tensors = {name: t for name, t in tensors.items() if "embed_positions" not in name}  # sinusoidal, not learned
+    embedding = next((name for name in TIED if name in tensors), None)
+    if embedding is None:
+        raise NllbError(f"{model_dir}: no embedding found (looked for {', '.join(TIED)})")
+    tied = set(TIED) - {embedding} if config.tie_word_embeddings else set(TIED[:3]) - {embedding}
+    counted = {name: t for name, t in tensors.items() if name not in tied}
+    parameters = sum(count(shape) for shape, _ in counted.values())
+    gpu = sum(count(shape) * (BF16_BYTES if len(shape) == 2 else F32_BYTES) for shape, _ in counted.values())
+    gpu += (config.max_position_embeddings + 2) * config.d_model * F32_BYTES  # the position table
+    c = config
+    known = KNOWN_SHAPES.get((family, c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_ffn_dim, c.vocab_size))
+    return ModelInfo(
+        model_dir=str(model_dir), family=family, languages=languages, config=asdict(config),
+        files=[p.name for p in files], file_bytes=sum(p.stat().st_size for p in files),
+        dtypes=sorted({dtype for _, dtype in tensors.values()}), parameters=parameters, gpu_weight_bytes=gpu,
+        kv_bytes_per_sequence=c.decoder_layers * 2 * (max_length + 1) * c.d_model * BF16_BYTES,
+        cross_bytes_per_source_token=c.decoder_layers * 2 * c.d_model * BF16_BYTES,
+        max_length=max_length, known_as=known, notes=notes,
+    )
+
+
+def human_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def describe(info: ModelInfo) -> str:
+    """The lines `nllb info` prints."""
+    c = info.config
+    heads = c["encoder_attention_heads"], c["decoder_attention_heads"]
+    head_dims = "/".join(str(c["d_model"] // h) for h in dict.fromkeys(heads))
+    ffn = c["encoder_ffn_dim"] if c["encoder_ffn_dim"] == c["decoder_ffn_dim"] else f"{c['encoder_ffn_dim']}/{c['decoder_ffn_dim']}"
+    languages = "languages unknown" if info.languages is None else f"{info.languages} languages"
+    lines = [
+        f"Model:       {info.model_dir}",
+        f"Family:      {info.family} ({languages})" + (f", the shape of {info.known_as}" if info.known_as else ""),
+        f"Dimensions:  d_model {c['d_model']}, {c['encoder_layers']} encoder + {c['decoder_layers']} decoder layers, "
+        f"heads {heads[0]}/{heads[1]} (head_dim {head_dims}), FFN {ffn}, vocab {c['vocab_size']:,}, "
+        f"{c['max_position_embeddings']} positions, {c['activation_function']}",
+        f"Weights:     {', '.join(info.files)} ({human_bytes(info.file_bytes)}), stored as {', '.join(info.dtypes)}",
+        f"Parameters:  {info.parameters:,} ({info.parameters / 1e6:,.1f}M)",
+        f"GPU memory:  {human_bytes(info.gpu_weight_bytes)} for the weights (matrices in bf16, biases and norms in float32),"
+        " plus the CUDA context",
+        f"KV pool:     on top of the weights, sized at start to {POOL_FRACTION:.0%} of the GPU memory left free "
+        f"(at most {human_bytes(MAX_POOL_BYTES)}); each sequence (each beam) of --max-length {info.max_length} takes "
+        f"{human_bytes(info.kv_bytes_per_sequence)}, each source token {human_bytes(info.cross_bytes_per_source_token)}",
+        f"CPU memory:  {human_bytes(info.parameters * F32_BYTES)} while loading (the weights are read as float32)",
+    ]
+    lines += [f"Note:        {note}" for note in info.notes]
+    return "\n".join(lines)
