@@ -51,17 +51,7 @@ class NllbTokenizer:
     @classmethod
     def from_model_dir(cls, model_dir: Path, config=None) -> "NllbTokenizer":
         """Load `sentencepiece.bpe.model`, with `tokenizer.json`'s ids where the directory ships one."""
-        model_file = model_dir / "sentencepiece.bpe.model"
-        if not model_file.is_file():
-            raise NllbError(
-                f"{model_dir} has no sentencepiece.bpe.model: copy it from the model's hub repository "
-                "(nllbcli tokenizes with sentencepiece)"
-            )
-        sp = spm.SentencePieceProcessor()
-        try:
-            sp.Load(str(model_file))
-        except (OSError, RuntimeError) as exc:
-            raise NllbError(f"cannot read {model_file}: {exc}") from None
+        sp = load_sentencepiece(model_dir)
         tokenizer_json = model_dir / "tokenizer.json"
         if tokenizer_json.is_file():
             tokenizer = cls.from_tokenizer_json(sp, tokenizer_json)
@@ -200,6 +190,7 @@ class M2M100Tokenizer:
 
 
 def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
+    """The directory's sentencepiece model, or an error that says what is missing."""
     model_file = model_dir / "sentencepiece.bpe.model"
     if not model_file.is_file():
         raise NllbError(
