@@ -47,7 +47,8 @@ def bench_gemm(results: list) -> None:
     rng = cp.random.default_rng(0)
     for m, k, n, what in [(35840, 1024, 4096, "encoder FFN1"), (1024, 1024, 3072, "decode QKV, 1,024 rows"),
                           (1024, 1024, 4096, "decode FFN1, 1,024 rows"), (64, 1024, 4096, "decode FFN1, 64 rows"),
-                          (256, 4096, 1024, "decode FFN2, 256 rows")]:
+                          (256, 4096, 1024, "decode FFN2, 256 rows"), (4096, 1024, 3072, "decode QKV, 4,096 rows"),
+                          (4096, 4096, 1024, "decode FFN2, 4,096 rows")]:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         wt = w.T
@@ -55,12 +56,12 @@ def bench_gemm(results: list) -> None:
         flops = 2 * m * n * k
         row = {"what": f"gemm {what}", "shape": [m, k, n], "cublas_ms": cublas * 1e3, "cublas_tflops": flops / cublas / 1e12,
                "default_tile": kernels.gemm_tile(m, n)}
-        for tile in kernels.GEMM_TILES:
+        for tile in kernels.available_tiles():
             ours = timed(lambda: kernels.gemm(a, w, tile=tile))
             row[f"{tile}_ms"], row[f"{tile}_tflops"] = ours * 1e3, flops / ours / 1e12
         results.append(row)
         print(json.dumps(results[-1]), flush=True)
-    for m in (64, 1024):
+    for m in (64, 1024, 4096):
         h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
         w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
         wt = w.T
@@ -136,7 +137,7 @@ def main() -> int:
     args = parser.parse_args()
     results = [{"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "cupy": cp.__version__}]
     bench_gemm(results)
-    bench_engine(results, [tuple(int(x) for x in run.split("x")) for run in args.runs.split(",")])
+    bench_engine(results, [tuple(int(x) for x in run.split("x")) for run in args.runs.split(",") if run])
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -2,17 +2,7 @@
 //
 // A (M, K) bf16 row-major; W (N, K) bf16 row-major (nn.Linear's weight layout, so both operands are
 // K-contiguous); K % 8 == 0 (16-byte rows for cp.async); M and N any size (edges are zero-filled/guarded).
-// Epilogues:
-//   EPILOGUE_STORE  out[m, n] = relu?(acc + bias[n]) + residual[m, n], stored bf16 or f32 (out_f32);
-//                   bias (N,) f32 and residual (M, N) f32 may be null.
-//   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
-//                   and its column go to part_val/part_idx[m, blockIdx.x] (ties: lower column);
-//                   argmax_reduce_kernel then reduces the gridDim.x partials per row.
-//   EPILOGUE_TOPK   the logits are never written either: per row and block, the max and the sum of
-//                   exp(logit - max) over the block's columns go to part_stat[m, blockIdx.x, 0..1], and the
-//                   block's TOPK best columns, best first (ties: lower column), to
-//                   part_val/part_idx[m, blockIdx.x, 0..TOPK-1]; topk_reduce_kernel makes log-probabilities.
-//                   Needs the tile staged in shared memory: BM * BN floats within the stages.
+// Epilogues (bias, ReLU, residual; or argmax / top-k of the logits without writing them): gemm_epilogue.cuh.
 // Launch: grid (ceil(N/BN), ceil(M/BM)), block 32 * (BM/WM) * (BN/WN) threads, dynamic shared memory
 // STAGES * (BM + BN) * 40 * 2 bytes. Tile sizes are -D defines set by the loader: BM x BN per block, WM x WN
 // per warp (multiples of 16 x 16), BK = 32, STAGES (2 or more).
@@ -20,7 +10,6 @@
 // ldmatrix reads fall on distinct banks; cp.async fills STAGES - 1 stages ahead while the tensor cores read
 // one. Every output element sums its K products in the same order whatever the tile shape or stage count,
 // so all configurations give the same bits.
-#include "common.cuh"
 
 #ifndef BM
 #define BM 128
@@ -38,12 +27,11 @@
 #define THREADS (32 * WARPS_M * WARPS_N)
 #define MT (WM / 16)
 #define NT (WN / 8)
-#define EPILOGUE_STORE 0
-#define EPILOGUE_ARGMAX 1
-#define EPILOGUE_TOPK 2
-#ifndef TOPK
-#define TOPK 8
-#endif
+#define EPI_THREADS THREADS
+#define EPI_SYNC() __syncthreads()
+#define EPI_SMEM_BYTES (STAGES * (BM + BN) * LDS * 2)
+#include "common.cuh"
+#include "gemm_epilogue.cuh"
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global, bool valid) {
     unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
@@ -62,11 +50,6 @@ __device__ __forceinline__ void mma_bf16(float* c, const unsigned* a, const unsi
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
-__device__ __forceinline__ bool beats(float v, int i, float best, int at) {
-    return v > best || (v == best && i < at);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS)
@@ -136,115 +119,9 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();  // the stages may be reused below
-
-    if (epilogue == EPILOGUE_STORE) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + (e >> 1) * 8;
-                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + (e & 1);
-                    if (m >= M || n >= N) continue;
-                    float v = acc[i][j][e];
-                    if (bias) v += bias[n];
-                    if (relu) v = fmaxf(v, 0.f);
-                    if (residual) v += residual[(size_t)m * N + n];
-                    if (out_f32) ((float*)out)[(size_t)m * N + n] = v;
-                    else ((__nv_bfloat16*)out)[(size_t)m * N + n] = float_to_bf16(v);
-                }
-        return;
-    }
-
-#if BM * BN * 4 <= STAGES * (BM + BN) * LDS * 2  // tiles whose logits fit in the A and W stages
-    if (epilogue == EPILOGUE_TOPK) {
-        // Stage the tile's logits in shared memory (the A/W stages are free now), then one warp per row.
-        float* tile = reinterpret_cast<float*>(gemm_smem);
-#pragma unroll
-        for (int i = 0; i < MT; ++i)
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = warp_m * WM + i * 16 + (lane >> 2) + (e >> 1) * 8;
-                    const int col = warp_n * WN + j * 8 + (lane & 3) * 2 + (e & 1);
-                    tile[row * BN + col] = block_n + col < N ? acc[i][j][e] : NEG_INF;
-                }
-        __syncthreads();
-        for (int row = warp; row < BM; row += THREADS / 32) {
-            const int m = block_m + row;
-            if (m >= M) continue;
-            float* values = tile + row * BN;
-            float best = NEG_INF;
-            for (int c = lane; c < BN; c += 32) best = fmaxf(best, values[c]);
-            best = warp_max(best);
-            float sum = 0.f;
-            for (int c = lane; c < BN; c += 32) sum += values[c] == NEG_INF ? 0.f : __expf(values[c] - best);
-            sum = warp_sum(sum);
-            const size_t part = (size_t)m * gridDim.x + blockIdx.x;
-            if (lane == 0) { part_stat[2 * part] = best; part_stat[2 * part + 1] = sum; }
-            for (int r = 0; r < TOPK; ++r) {  // TOPK rounds of a warp argmax, each taking its winner out
-                float v = NEG_INF;
-                int at = 0x7fffffff;
-                for (int c = lane; c < BN; c += 32)
-                    if (beats(values[c], block_n + c, v, at)) { v = values[c]; at = block_n + c; }
-#pragma unroll
-                for (int offset = 16; offset > 0; offset >>= 1) {
-                    const float ov = __shfl_xor_sync(0xffffffff, v, offset);
-                    const int oi = __shfl_xor_sync(0xffffffff, at, offset);
-                    if (beats(ov, oi, v, at)) { v = ov; at = oi; }
-                }
-                if (lane == 0) { part_val[part * TOPK + r] = v; part_idx[part * TOPK + r] = at; }
-                if (at != 0x7fffffff && ((at - block_n) & 31) == lane) values[at - block_n] = NEG_INF;
-                __syncwarp();
-            }
-        }
-        return;
-    }
-#endif
-
-    // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps.
-    __shared__ float red_val[WARPS_N][BM];
-    __shared__ int red_idx[WARPS_N][BM];
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float best = NEG_INF;
-            int at = 0x7fffffff;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e;
-                    const float v = acc[i][j][half * 2 + e];
-                    if (n < N && beats(v, n, best, at)) { best = v; at = n; }
-                }
-#pragma unroll
-            for (int offset = 1; offset < 4; offset <<= 1) {
-                const float v = __shfl_xor_sync(0xffffffff, best, offset);
-                const int n = __shfl_xor_sync(0xffffffff, at, offset);
-                if (beats(v, n, best, at)) { best = v; at = n; }
-            }
-            if ((lane & 3) == 0) {
-                const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
-                red_val[warp_n][row] = best;
-                red_idx[warp_n][row] = at;
-            }
-        }
-    __syncthreads();
-    for (int row = tid; row < BM; row += THREADS) {
-        const int m = block_m + row;
-        if (m >= M) continue;
-        float best = red_val[0][row];
-        int at = red_idx[0][row];
-        for (int w = 1; w < WARPS_N; ++w)
-            if (beats(red_val[w][row], red_idx[w][row], best, at)) { best = red_val[w][row]; at = red_idx[w][row]; }
-        part_val[(size_t)m * gridDim.x + blockIdx.x] = best;
-        part_idx[(size_t)m * gridDim.x + blockIdx.x] = at;
-    }
+    __syncthreads();  // the stages may be reused by the epilogue
+    gemm_epilogue(acc, gemm_smem, tid, warp_m, warp_n, block_m, block_n, blockIdx.x, gridDim.x, bias, residual, out,
+                  part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
 }
 
 // argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m].

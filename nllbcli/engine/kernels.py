@@ -10,8 +10,10 @@ Letters: M rows, N output columns, K reduction length, D d_model, H heads, E hea
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -41,15 +43,16 @@ def arch() -> str:
 
 
 @lru_cache(maxsize=None)
-def module(name: str, defines: tuple[tuple[str, int], ...] = ()) -> cp.RawModule:
-    """Compile (or fetch from CuPy's cache) one kernel file for this GPU, with `-D` defines."""
+def module(name: str, defines: tuple[tuple[str, int], ...] = (), target: str | None = None) -> cp.RawModule:
+    """Compile (or fetch from CuPy's cache) one kernel file for this GPU, with `-D` defines. target: an
+    architecture other than the GPU's own, as "sm_90a" for Hopper's wgmma."""
     fast = () if os.environ.get("NLLB_EXACT_MATH") == "1" else ("--use_fast_math",)  # exact exp, rsqrt, division
-    options = ("-std=c++17", f"-arch={arch()}") + fast + tuple(f"-D{k}={v}" for k, v in defines)
+    options = ("-std=c++17", f"-arch={target or arch()}") + fast + tuple(f"-D{k}={v}" for k, v in defines)
     return cp.RawModule(code=read_source(name), options=options)
 
 
-def function(file: str, kernel: str, **defines: int):
-    return module(file, tuple(sorted(defines.items()))).get_function(kernel)
+def function(file: str, kernel: str, target: str | None = None, **defines: int):
+    return module(file, tuple(sorted(defines.items())), target).get_function(kernel)
 
 
 def check(condition: bool, message: str) -> None:
@@ -72,32 +75,126 @@ NULL = np.uint64(0)  # an absent pointer argument
 # ------------------------------------------------------------------------------------------------ gemm.cu
 
 GEMM_TILES = {
-    "large": dict(BM=128, BN=128, WM=64, WN=32, STAGES=2),
-    "small": dict(BM=64, BN=64, WM=32, WN=32, STAGES=2),
+    # gemm.cu, mma.sync: any GPU from sm_80
+    "large": dict(kind="mma", BM=128, BN=128, WM=64, WN=32, STAGES=2),
+    "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
     # candidates measured against the two above (bench/engine_bench.py, docs/PERF.md): all slower so far
-    "large3": dict(BM=128, BN=128, WM=64, WN=64, STAGES=3),
-    "wide3": dict(BM=128, BN=256, WM=64, WN=64, STAGES=3),
-    "small4": dict(BM=64, BN=64, WM=32, WN=32, STAGES=4),
+    "large3": dict(kind="mma", BM=128, BN=128, WM=64, WN=64, STAGES=3),
+    "wide3": dict(kind="mma", BM=128, BN=256, WM=64, WN=64, STAGES=3),
+    "small4": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=4),
+    # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
+    "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
+    "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
+    "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
 }
-
-
-def gemm_launch(tile: dict, grid: tuple, args: tuple, **defines) -> None:
-    """Launch gemm_kernel with a tile configuration: threads and dynamic shared memory follow from it."""
-    kernel = function("gemm.cu", "gemm_kernel", **tile, **defines)
-    threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
-    smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
-    if smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = smem
-    kernel(grid, (threads,), args, shared_mem=smem)
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
 
 
+def wgmma_available() -> bool:
+    """Hopper (compute capability 9.0) runs gemm_sm90.cu; NLLB_NO_WGMMA=1 keeps gemm.cu everywhere."""
+    try:
+        return arch() == "sm_90" and os.environ.get("NLLB_NO_WGMMA") != "1"
+    except cp.cuda.runtime.CUDARuntimeError:  # no GPU here
+        return False
+
+
+def available_tiles() -> list[str]:
+    return [t for t, c in GEMM_TILES.items() if c["kind"] == "mma" or wgmma_available()]
+
+
 def gemm_tile(m: int, n: int) -> str:
-    """Large tiles once they make a full wave of blocks, else small ones (decode steps have few rows).
-    Measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns (192-256 blocks),
-    small is 1.3x large at 256 rows x 1,024 columns (16 blocks)."""
-    blocks = -(-m // 128) * -(-n // 128)
-    return "large" if blocks >= cp.cuda.Device().attributes["MultiProcessorCount"] else "small"
+    """The default tile for an (m x k) @ (k x n) product.
+
+    On Hopper, wgmma tiles: 128 x 256 once they make a full wave of blocks, 64-row tiles for decode steps of
+    at most 64 rows, else 128 x 128. Elsewhere mma.sync: large tiles once they make a full wave of blocks,
+    else small ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns,
+    small is 1.3x large at 256 rows x 1,024 columns)."""
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    if wgmma_available():
+        if -(-m // 128) * -(-n // 256) >= sms:
+            return "wg256"
+        return "wg64" if m <= 64 else "wg128"
+    return "large" if -(-m // 128) * -(-n // 128) >= sms else "small"
+
+
+# TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16, box 64 columns x rows,
+# 128-byte swizzle, zeros past the edges. Cached by (address, shape, row stride, box rows), which fix them.
+TENSOR_MAP = np.dtype([("bits", np.uint64, (16,))])
+_maps: OrderedDict = OrderedDict()
+MAX_MAPS = 4096
+MAPS_IN_MEMORY = os.environ.get("NLLB_TMAP_GLOBAL") == "1"  # pass maps by pointer to device memory, not by value
+
+
+@lru_cache(maxsize=None)
+def _encode_tiled():
+    fn = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def tensor_map(a: cp.ndarray, box_rows: int):
+    """The TMA map of a 2-D bf16 array whose rows are contiguous (a row slice of a wider array will do)."""
+    rows, cols = a.shape
+    key = (a.data.ptr, rows, cols, a.strides[0], box_rows)
+    found = _maps.get(key)
+    if found is not None:
+        _maps.move_to_end(key)
+        return found
+    raw = np.zeros(TENSOR_MAP.itemsize + 64, np.uint8)  # the driver wants the map 64-byte aligned
+    offset = -raw.ctypes.data % 64
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, ...
+    rc = _encode_tiled()(raw.ctypes.data + offset, BF16_TYPE, 2, a.data.ptr, (u64 * 2)(cols, rows),
+                         (u64 * 1)(a.strides[0]), (u32 * 2)(64, box_rows), (u32 * 2)(1, 1), 0, SWIZZLE_128B,
+                         L2_PROMOTE_128B, 0)
+    if rc:
+        raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {cols} array")
+    value = raw[offset:offset + TENSOR_MAP.itemsize].view(TENSOR_MAP)[0]
+    made = cp.asarray(raw[offset:offset + TENSOR_MAP.itemsize]) if MAPS_IN_MEMORY else value
+    _maps[key] = made
+    if len(_maps) > MAX_MAPS:
+        _maps.popitem(last=False)
+    return made
+
+
+def tma_ready(a: cp.ndarray) -> bool:
+    return a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 and a.strides[1] == 2
+
+
+def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
+                epilogue: int, relu: bool = False, out_f32: bool = False, **defines) -> None:
+    """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
+    and dynamic shared memory follow from it. Absent arrays are None."""
+    tile = dict(GEMM_TILES[name])
+    kind = tile.pop("kind")
+    m, k = a.shape
+    n = w.shape[0]
+    ptr = lambda x: NULL if x is None else x
+    tail = (ptr(bias), ptr(residual), ptr(out), ptr(part_val), ptr(part_idx), cp.int32(m), cp.int32(n), cp.int32(k),
+            cp.int32(1 if relu else 0), cp.int32(epilogue), cp.int32(1 if out_f32 else 0), ptr(part_stat))
+    if kind == "mma":
+        kernel = function("gemm.cu", "gemm_kernel", **tile, **defines)
+        threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
+        smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
+        grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail
+    else:
+        check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
+        check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
+        if MAPS_IN_MEMORY:
+            defines = dict(defines, TMAP_GLOBAL=1)
+        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **tile, **defines)
+        bm, bn = 64 * tile["CONSUMERS"], tile["BN"]
+        threads = 128 * (tile["CONSUMERS"] + 1)
+        smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
+        m_fastest = m <= n  # consecutive blocks share the W tile; A, the smaller operand, stays in L2
+        grid = (-(-m // bm), -(-n // bn)) if m_fastest else (-(-n // bn), -(-m // bm))
+        args = (tensor_map(a, bm), tensor_map(w, bn)) + tail + (cp.int32(1 if m_fastest else 0),)
+    if smem > 48 * 1024:
+        kernel.max_dynamic_shared_size_bytes = smem
+    kernel(grid, (threads,), args, shared_mem=smem)
 
 
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
@@ -117,12 +214,9 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
         out = cp.empty((m, n), dtype=out_dtype)
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
-    t = GEMM_TILES[tile or gemm_tile(m, n)]
-    gemm_launch(t, (-(-n // t["BN"]), -(-m // t["BM"])), (
-        a, w, bias if bias is not None else NULL, residual if residual is not None else NULL, out, NULL, NULL,
-        cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(1 if relu else 0),
-        cp.int32(EPILOGUE_STORE), cp.int32(1 if out.dtype == F32 else 0), NULL,
-    ))
+    if m:
+        gemm_launch(tile or gemm_tile(m, n), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
+                    out_f32=out.dtype == F32)
     return out
 
 
@@ -135,24 +229,23 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     check_array("h", h, BF16)
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
-    t = GEMM_TILES[tile or gemm_tile(m, n)]  # 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
-    blocks_n = -(-n // t["BN"])
+    tile = tile or gemm_tile(m, n)  # mma.sync: 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
+    blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     part_val = cp.empty((m, blocks_n), dtype=F32)
     part_idx = cp.empty((m, blocks_n), dtype=cp.int32)
-    gemm_launch(t, (blocks_n, -(-m // t["BM"])), (
-        h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(k), cp.int32(0),
-        cp.int32(EPILOGUE_ARGMAX), cp.int32(0), NULL,
-    ))
+    if m:
+        gemm_launch(tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_ARGMAX)
     ids = cp.empty((m,), dtype=cp.int32) if ids is None else ids
     values = cp.empty((m,), dtype=F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
     check_array("values", values, F32, (m,))
-    function("gemm.cu", "argmax_reduce_kernel")((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
+    if m:
+        function("gemm.cu", "argmax_reduce_kernel")((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
     return ids, values
 
 
 def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None = None,
-                ids: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+                ids: cp.ndarray | None = None, tile: str | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
     first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids."""
     m, d = h.shape
@@ -161,15 +254,13 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     check_array("w", w, BF16, (n, d))
     check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
     check(1 <= k <= 32 and k <= n, f"top-k needs 1 <= k <= 32 and k <= V, got k={k}")
-    t = GEMM_TILES["small"]
-    blocks_n = -(-n // t["BN"])
+    tile = tile or ("wg128" if wgmma_available() else "small")  # tiles whose logits fit in their stages
+    blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     stat = cp.empty((m, blocks_n, 2), dtype=F32)
     part_val = cp.empty((m, blocks_n, k), dtype=F32)
     part_idx = cp.empty((m, blocks_n, k), dtype=cp.int32)
-    gemm_launch(t, (blocks_n, -(-m // t["BM"])), (
-        h, w, NULL, NULL, NULL, part_val, part_idx, cp.int32(m), cp.int32(n), cp.int32(d), cp.int32(0),
-        cp.int32(EPILOGUE_TOPK), cp.int32(0), stat,
-    ), TOPK=k)
+    if m:
+        gemm_launch(tile, h, w, None, None, None, part_val, part_idx, stat, EPILOGUE_TOPK, TOPK=k)
     logprob = cp.empty((m, k), dtype=F32) if logprob is None else logprob
     ids = cp.empty((m, k), dtype=cp.int32) if ids is None else ids
     check_array("logprob", logprob, F32, (m, k))

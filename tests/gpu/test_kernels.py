@@ -30,7 +30,7 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-@pytest.mark.parametrize("tile", list(kernels.GEMM_TILES))
+@pytest.mark.parametrize("tile", kernels.available_tiles())
 @pytest.mark.parametrize("m,n,k", [(1, 64, 64), (37, 1000, 72), (300, 515, 1024), (129, 130, 40), (512, 384, 256)])
 @pytest.mark.parametrize("epilogue", ["plain", "bias_relu", "bias_residual_f32"])
 def test_gemm_matches_reference(tile, m, n, k, epilogue):
@@ -56,7 +56,7 @@ def test_gemm_matches_reference(tile, m, n, k, epilogue):
     assert rel_err(got, want) < (1e-5 if out_dtype == cp.float32 else 1e-2)
 
 
-@pytest.mark.parametrize("tile", ["small", "large"])
+@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if t in ("small", "large", "wg64", "wg128", "wg256")])
 @pytest.mark.parametrize("m,v,d", [(1, 606, 64), (7, 5000, 96), (130, 2051, 128)])
 def test_logits_argmax_matches_reference(tile, m, v, d):
     h = bf16(rng.normal(size=(m, d)).astype(np.float32))
@@ -75,7 +75,7 @@ def test_every_gemm_tile_gives_the_same_bits():
     """Tiles and pipeline depths change the schedule, never the order of each output's sum."""
     a = to_device_bf16(rng.normal(size=(200, 320)).astype(np.float32))
     w = to_device_bf16(rng.normal(size=(700, 320)).astype(np.float32))
-    outs = [cp.asnumpy(kernels.gemm(a, w, out_dtype=cp.float32, tile=tile)) for tile in kernels.GEMM_TILES]
+    outs = [cp.asnumpy(kernels.gemm(a, w, out_dtype=cp.float32, tile=tile)) for tile in kernels.available_tiles()]
     for other in outs[1:]:
         np.testing.assert_array_equal(other, outs[0])
 
@@ -88,16 +88,17 @@ def test_logits_argmax_breaks_ties_towards_the_lower_id():
     assert cp.asnumpy(ids).tolist() == [17, 17, 17]
 
 
+@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if t in ("small", "wg64", "wg128", "wg256")])
 @pytest.mark.parametrize("k", [1, 8, 32])
-@pytest.mark.parametrize("m,v,d", [(1, 606, 64), (70, 5000, 96), (9, 3208, 256)])
-def test_logits_topk_matches_reference(k, m, v, d):
+@pytest.mark.parametrize("m,v,d", [(1, 606, 64), (70, 5000, 96), (9, 3208, 256), (200, 3000, 64)])
+def test_logits_topk_matches_reference(tile, k, m, v, d):
     h = bf16(rng.normal(size=(m, d)).astype(np.float32))
     w = bf16(rng.normal(size=(v, d)).astype(np.float32) / 4)
     logits = h.astype(np.float64) @ w.T.astype(np.float64)
     logprob = logits - logits.max(1, keepdims=True)
     logprob -= np.log(np.exp(logprob).sum(1, keepdims=True))
     got_lp, got_ids = kernels.logits_topk(to_device_bf16(h), to_device_bf16(w), k, logprob=poisoned((m, k), cp.float32),
-                                          ids=poisoned((m, k), cp.int32))
+                                          ids=poisoned((m, k), cp.int32), tile=tile)
     got_lp, got_ids = cp.asnumpy(got_lp), cp.asnumpy(got_ids)
     want_ids = np.argsort(-logprob, axis=1, kind="stable")[:, :k]
     want_lp = np.take_along_axis(logprob, want_ids, axis=1)

@@ -1,0 +1,161 @@
+// The GEMM kernels' shared epilogue: what happens to a finished BM x BN tile of fp32 accumulators.
+// Pasted after the including kernel has defined its geometry:
+//   BM, BN       the block tile; WM, WN one warp's part of it; MT = WM / 16, NT = WN / 8; WARPS_N = BN / WN
+//   EPI_THREADS  the threads that hold the tile (warps numbered from 0 among them); EPI_SYNC() their barrier
+//   EPI_SMEM_BYTES  shared memory free for staging once the main loop is done; TOPK the candidates per block
+// Fragment acc[i][j][e] of warp (warp_m, warp_n) is tile row warp_m * WM + i * 16 + lane / 4 + (e / 2) * 8,
+// tile column warp_n * WN + j * 8 + (lane % 4) * 2 + e % 2: the layout of mma.sync m16n8 and of wgmma m64nN.
+//   EPILOGUE_STORE  out[m, n] = relu?(acc + bias[n]) + residual[m, n], stored bf16 or f32 (out_f32);
+//                   bias (N,) f32 and residual (M, N) f32 may be null.
+//   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
+//                   and its column go to part_val/part_idx[m, part] (ties: lower column), where part is the
+//                   block's column-tile index of `parts`; argmax_reduce_kernel reduces the partials per row.
+//   EPILOGUE_TOPK   the logits are never written either: per row and block, the max and the sum of
+//                   exp(logit - max) over the block's columns go to part_stat[m, part, 0..1], and the block's
+//                   TOPK best columns, best first (ties: lower column), to part_val/part_idx[m, part, 0..TOPK-1];
+//                   topk_reduce_kernel makes log-probabilities. Stages the tile in shared memory (BM * BN floats).
+#define EPILOGUE_STORE 0
+#define EPILOGUE_ARGMAX 1
+#define EPILOGUE_TOPK 2
+#ifndef TOPK
+#define TOPK 8
+#endif
+
+// Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
+__device__ __forceinline__ bool beats(float v, int i, float best, int at) {
+    return v > best || (v == best && i < at);
+}
+
+__device__ __forceinline__ void gemm_epilogue(
+    float (&acc)[MT][NT][4], unsigned char* stage_smem, int tid, int warp_m, int warp_n, int block_m, int block_n,
+    int part, int parts, const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
+    float* __restrict__ part_val, int* __restrict__ part_idx, float* __restrict__ part_stat,
+    int M, int N, int relu, int epilogue, int out_f32) {
+    const int lane = tid & 31, warp = tid >> 5;
+    if (epilogue == EPILOGUE_STORE) {
+        // two neighbouring columns in one 4- or 8-byte access, where N is even and the arrays are aligned for it
+        const bool pairs = (N & 1) == 0 && (((size_t)bias | (size_t)residual) & 7) == 0 &&
+                           ((size_t)out & (out_f32 ? 7 : 3)) == 0;
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2;
+                    if (m >= M || n >= N) continue;
+                    float v0 = acc[i][j][half * 2], v1 = acc[i][j][half * 2 + 1];
+                    const size_t at = (size_t)m * N + n;
+                    if (pairs) {  // n is even, so n + 1 < N too
+                        if (bias) { const float2 b = *reinterpret_cast<const float2*>(bias + n); v0 += b.x; v1 += b.y; }
+                        if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                        if (residual) { const float2 r = *reinterpret_cast<const float2*>(residual + at); v0 += r.x; v1 += r.y; }
+                        if (out_f32) *reinterpret_cast<float2*>((float*)out + at) = make_float2(v0, v1);
+                        else *reinterpret_cast<__nv_bfloat162*>((__nv_bfloat16*)out + at) = __floats2bfloat162_rn(v0, v1);
+                        continue;
+                    }
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        if (n + e >= N) continue;
+                        float v = e ? v1 : v0;
+                        if (bias) v += bias[n + e];
+                        if (relu) v = fmaxf(v, 0.f);
+                        if (residual) v += residual[at + e];
+                        if (out_f32) ((float*)out)[at + e] = v;
+                        else ((__nv_bfloat16*)out)[at + e] = float_to_bf16(v);
+                    }
+                }
+        return;
+    }
+
+#if BM * BN * 4 <= EPI_SMEM_BYTES  // tiles whose logits fit in the freed stages
+    if (epilogue == EPILOGUE_TOPK) {
+        // Stage the tile's logits in shared memory (the stages are free once every warp is done), then one
+        // warp per row.
+        float* tile = reinterpret_cast<float*>(stage_smem);
+        EPI_SYNC();
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = warp_m * WM + i * 16 + (lane >> 2) + (e >> 1) * 8;
+                    const int col = warp_n * WN + j * 8 + (lane & 3) * 2 + (e & 1);
+                    tile[row * BN + col] = block_n + col < N ? acc[i][j][e] : NEG_INF;
+                }
+        EPI_SYNC();
+        for (int row = warp; row < BM; row += EPI_THREADS / 32) {
+            const int m = block_m + row;
+            if (m >= M) continue;
+            float* values = tile + row * BN;
+            float best = NEG_INF;
+            for (int c = lane; c < BN; c += 32) best = fmaxf(best, values[c]);
+            best = warp_max(best);
+            float sum = 0.f;
+            for (int c = lane; c < BN; c += 32) sum += values[c] == NEG_INF ? 0.f : __expf(values[c] - best);
+            sum = warp_sum(sum);
+            const size_t slot = (size_t)m * parts + part;
+            if (lane == 0) { part_stat[2 * slot] = best; part_stat[2 * slot + 1] = sum; }
+            for (int r = 0; r < TOPK; ++r) {  // TOPK rounds of a warp argmax, each taking its winner out
+                float v = NEG_INF;
+                int at = 0x7fffffff;
+                for (int c = lane; c < BN; c += 32)
+                    if (beats(values[c], block_n + c, v, at)) { v = values[c]; at = block_n + c; }
+#pragma unroll
+                for (int offset = 16; offset > 0; offset >>= 1) {
+                    const float ov = __shfl_xor_sync(0xffffffff, v, offset);
+                    const int oi = __shfl_xor_sync(0xffffffff, at, offset);
+                    if (beats(ov, oi, v, at)) { v = ov; at = oi; }
+                }
+                if (lane == 0) { part_val[slot * TOPK + r] = v; part_idx[slot * TOPK + r] = at; }
+                if (at != 0x7fffffff && ((at - block_n) & 31) == lane) values[at - block_n] = NEG_INF;
+                __syncwarp();
+            }
+        }
+        return;
+    }
+#endif
+
+    // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps.
+    __shared__ float red_val[WARPS_N][BM];
+    __shared__ int red_idx[WARPS_N][BM];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float best = NEG_INF;
+            int at = 0x7fffffff;
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e;
+                    const float v = acc[i][j][half * 2 + e];
+                    if (n < N && beats(v, n, best, at)) { best = v; at = n; }
+                }
+#pragma unroll
+            for (int offset = 1; offset < 4; offset <<= 1) {
+                const float v = __shfl_xor_sync(0xffffffff, best, offset);
+                const int n = __shfl_xor_sync(0xffffffff, at, offset);
+                if (beats(v, n, best, at)) { best = v; at = n; }
+            }
+            if ((lane & 3) == 0) {
+                const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                red_val[warp_n][row] = best;
+                red_idx[warp_n][row] = at;
+            }
+        }
+    EPI_SYNC();
+    for (int row = tid; row < BM; row += EPI_THREADS) {
+        const int m = block_m + row;
+        if (m >= M) continue;
+        float best = red_val[0][row];
+        int at = red_idx[0][row];
+        for (int w = 1; w < WARPS_N; ++w)
+            if (beats(red_val[w][row], red_idx[w][row], best, at)) { best = red_val[w][row]; at = red_idx[w][row]; }
+        part_val[(size_t)m * parts + part] = best;
+        part_idx[(size_t)m * parts + part] = at;
+    }
+}

@@ -1,0 +1,223 @@
+// gemm_sm90_kernel: C = epilogue(A @ W^T) on Hopper (sm_90a): TMA loads, wgmma, fp32 accumulation.
+//
+// Operands and epilogues as gemm.cu's gemm_kernel (A (M, K) and W (N, K) bf16, K-contiguous; gemm_epilogue.cuh),
+// with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
+// 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the block order.
+// Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing 64
+// rows x BN columns with wgmma m64nBNk16; BM = 64 * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
+// shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
+// Launch: block 128 * (CONSUMERS + 1) threads; grid (ceil(M/BM), ceil(N/BN)) when m_fastest, else
+// (ceil(N/BN), ceil(M/BM)): consecutive blocks then share a W tile (good when A is the smaller operand and
+// stays in L2) or an A tile. Dynamic shared memory STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the
+// alignment the 128-byte swizzle needs).
+// Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
+#ifndef BN
+#define BN 128
+#define CONSUMERS 2
+#define STAGES 5
+#endif
+#define BM (64 * CONSUMERS)
+#define BK 64
+#define THREADS (128 * (CONSUMERS + 1))
+#define WM 16
+#define WN BN
+#define MT 1
+#define NT (BN / 8)
+#define WARPS_N 1
+#define EPI_THREADS (128 * CONSUMERS)
+#define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
+#define EPI_SMEM_BYTES (STAGES * (BM + BN) * BK * 2)
+#include "common.cuh"
+#include "gemm_epilogue.cuh"
+
+struct __align__(64) TensorMap { unsigned long long bits[16]; };  // a CUtensorMap, made on the host
+#ifdef TMAP_GLOBAL  // the maps in device memory, passed by pointer
+#define TMAP_PARAM(name) const TensorMap* __restrict__ name
+#define TMAP_ADDR(name) (name)
+#else  // the maps passed by value as kernel parameters
+#define TMAP_PARAM(name) const __grid_constant__ TensorMap name
+#define TMAP_ADDR(name) (&name)
+#endif
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+// Copy the box at (column x, row y) of a 2-D tensor map into shared memory; completes on `bar`.
+__device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x, int y, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major tile with 128-byte rows, 128-byte swizzled: rows in groups of 8
+// (1,024 bytes apart); the start address moves 32 bytes per 16 columns of k.
+__device__ __forceinline__ unsigned long long smem_desc(const void* p) {
+    const unsigned long long addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | ((16ull >> 4) << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// d (64 x N per warpgroup, fragments as gemm_epilogue.cuh) += A (64 x 16) @ B (N x 16)^T, both from shared memory.
+__device__ __forceinline__ void wgmma_n128(float (&d)[1][16][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63},"
+        " %64, %65, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]),
+          "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]),
+          "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]),
+          "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]),
+          "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]),
+          "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]),
+          "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]),
+          "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]),
+          "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]),
+          "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]),
+          "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]),
+          "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]),
+          "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]),
+          "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]),
+          "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]),
+          "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3])
+        : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_n256(float (&d)[1][32][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        " %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        " %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        " %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        " %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        " %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95,"
+        " %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111,"
+        " %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127},"
+        " %128, %129, 1, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0][0][0]), "+f"(d[0][0][1]), "+f"(d[0][0][2]), "+f"(d[0][0][3]),
+          "+f"(d[0][1][0]), "+f"(d[0][1][1]), "+f"(d[0][1][2]), "+f"(d[0][1][3]),
+          "+f"(d[0][2][0]), "+f"(d[0][2][1]), "+f"(d[0][2][2]), "+f"(d[0][2][3]),
+          "+f"(d[0][3][0]), "+f"(d[0][3][1]), "+f"(d[0][3][2]), "+f"(d[0][3][3]),
+          "+f"(d[0][4][0]), "+f"(d[0][4][1]), "+f"(d[0][4][2]), "+f"(d[0][4][3]),
+          "+f"(d[0][5][0]), "+f"(d[0][5][1]), "+f"(d[0][5][2]), "+f"(d[0][5][3]),
+          "+f"(d[0][6][0]), "+f"(d[0][6][1]), "+f"(d[0][6][2]), "+f"(d[0][6][3]),
+          "+f"(d[0][7][0]), "+f"(d[0][7][1]), "+f"(d[0][7][2]), "+f"(d[0][7][3]),
+          "+f"(d[0][8][0]), "+f"(d[0][8][1]), "+f"(d[0][8][2]), "+f"(d[0][8][3]),
+          "+f"(d[0][9][0]), "+f"(d[0][9][1]), "+f"(d[0][9][2]), "+f"(d[0][9][3]),
+          "+f"(d[0][10][0]), "+f"(d[0][10][1]), "+f"(d[0][10][2]), "+f"(d[0][10][3]),
+          "+f"(d[0][11][0]), "+f"(d[0][11][1]), "+f"(d[0][11][2]), "+f"(d[0][11][3]),
+          "+f"(d[0][12][0]), "+f"(d[0][12][1]), "+f"(d[0][12][2]), "+f"(d[0][12][3]),
+          "+f"(d[0][13][0]), "+f"(d[0][13][1]), "+f"(d[0][13][2]), "+f"(d[0][13][3]),
+          "+f"(d[0][14][0]), "+f"(d[0][14][1]), "+f"(d[0][14][2]), "+f"(d[0][14][3]),
+          "+f"(d[0][15][0]), "+f"(d[0][15][1]), "+f"(d[0][15][2]), "+f"(d[0][15][3]),
+          "+f"(d[0][16][0]), "+f"(d[0][16][1]), "+f"(d[0][16][2]), "+f"(d[0][16][3]),
+          "+f"(d[0][17][0]), "+f"(d[0][17][1]), "+f"(d[0][17][2]), "+f"(d[0][17][3]),
+          "+f"(d[0][18][0]), "+f"(d[0][18][1]), "+f"(d[0][18][2]), "+f"(d[0][18][3]),
+          "+f"(d[0][19][0]), "+f"(d[0][19][1]), "+f"(d[0][19][2]), "+f"(d[0][19][3]),
+          "+f"(d[0][20][0]), "+f"(d[0][20][1]), "+f"(d[0][20][2]), "+f"(d[0][20][3]),
+          "+f"(d[0][21][0]), "+f"(d[0][21][1]), "+f"(d[0][21][2]), "+f"(d[0][21][3]),
+          "+f"(d[0][22][0]), "+f"(d[0][22][1]), "+f"(d[0][22][2]), "+f"(d[0][22][3]),
+          "+f"(d[0][23][0]), "+f"(d[0][23][1]), "+f"(d[0][23][2]), "+f"(d[0][23][3]),
+          "+f"(d[0][24][0]), "+f"(d[0][24][1]), "+f"(d[0][24][2]), "+f"(d[0][24][3]),
+          "+f"(d[0][25][0]), "+f"(d[0][25][1]), "+f"(d[0][25][2]), "+f"(d[0][25][3]),
+          "+f"(d[0][26][0]), "+f"(d[0][26][1]), "+f"(d[0][26][2]), "+f"(d[0][26][3]),
+          "+f"(d[0][27][0]), "+f"(d[0][27][1]), "+f"(d[0][27][2]), "+f"(d[0][27][3]),
+          "+f"(d[0][28][0]), "+f"(d[0][28][1]), "+f"(d[0][28][2]), "+f"(d[0][28][3]),
+          "+f"(d[0][29][0]), "+f"(d[0][29][1]), "+f"(d[0][29][2]), "+f"(d[0][29][3]),
+          "+f"(d[0][30][0]), "+f"(d[0][30][1]), "+f"(d[0][30][2]), "+f"(d[0][30][3]),
+          "+f"(d[0][31][0]), "+f"(d[0][31][1]), "+f"(d[0][31][2]), "+f"(d[0][31][3])
+        : "l"(desc_a), "l"(desc_b));
+}
+#if BN == 128
+#define WGMMA wgmma_n128
+#elif BN == 256
+#define WGMMA wgmma_n256
+#endif
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+gemm_sm90_kernel(TMAP_PARAM(map_a), TMAP_PARAM(map_w), const float* __restrict__ bias, const float* __restrict__ residual,
+                 void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
+                 int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest) {
+    extern __shared__ __align__(1024) unsigned char gemm_smem[];
+    __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+    unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
+    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
+    __nv_bfloat16* Ws = As + STAGES * BM * BK;                    // STAGES x BN x BK, swizzled
+    const int tile_m = m_fastest ? blockIdx.x : blockIdx.y, tile_n = m_fastest ? blockIdx.y : blockIdx.x;
+    const int block_m = tile_m * BM, block_n = tile_n * BN;
+    const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
+            mbar_init(&empty[s], CONSUMERS);  // one arrival per consumer warpgroup
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warpgroup == 0) {  // producer
+        if (threadIdx.x == 0) {
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int s = kt % STAGES;
+                if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);  // consumers are done with it
+                mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
+                tma_load(As + s * BM * BK, TMAP_ADDR(map_a), kt * BK, block_m, &full[s]);
+                tma_load(Ws + s * BN * BK, TMAP_ADDR(map_w), kt * BK, block_n, &full[s]);
+            }
+        }
+        return;
+    }
+
+    const int consumer = warpgroup - 1, tid = threadIdx.x - 128;
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % STAGES;
+        mbar_wait(&full[s], (kt / STAGES) & 1);
+        const __nv_bfloat16* a = As + s * BM * BK + consumer * 64 * BK;
+        const __nv_bfloat16* w = Ws + s * BN * BK;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) WGMMA(acc, smem_desc(a + kk), smem_desc(w + kk));
+        wgmma_commit();
+        wgmma_wait<1>();  // the previous stage's products are done: hand that stage back
+        if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+    }
+    wgmma_wait<0>();
+    gemm_epilogue(acc, base, tid, tid / 32, 0, block_m, block_n, tile_n, CEIL_DIV(N, BN), bias, residual, out,
+                  part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
+}
