@@ -116,7 +116,7 @@ def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
         lengths = np.sort(rng.integers(10, 61, batch))
         sources = [[256047] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
         options = DecodeOptions(beam_size=beams, max_length=41)
-        rows, source_rows = engine.capacity(options.max_length)
+        rows, source_rows = engine.capacity(options.max_length, options.beam_size)
         generate(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
         cp.cuda.Device().synchronize()
         t = time.perf_counter()

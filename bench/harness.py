@@ -52,7 +52,7 @@ def bench_ours(sources, runs, results) -> None:
     engine = CudaEngine(config, random_weights(config))
     for batch, beams in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
-        rows, source_rows = engine.capacity(options.max_length)
+        rows, source_rows = engine.capacity(options.max_length, options.beam_size)
         pool = cp.get_default_memory_pool()
         for part in in_parts(sources[:batch], beams, rows, source_rows):  # warm-up at this size
             generate(engine, part, 256057, config, options)

@@ -25,7 +25,7 @@ from bench.harness import workload  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
 
-FAMILIES = ["gemm", "attention", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
+FAMILIES = ["gemm", "attention", "attention_prefill", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
 
 
 class Timer:
@@ -98,6 +98,9 @@ def main() -> int:
             ms = timed(lambda: timer.originals["logits_argmax"](h, engine.lm_head, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_argmax_tile": tile, "ms": ms,
                               "tflops": 2 * batch * 1024 * 256206 / ms / 1e9}), flush=True)
+        for tile in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg256")]:
+            ms = timed(lambda: timer.originals["logits_topk"](h, engine.lm_head, 8, tile=tile), repeat=5) * 1e3
+            print(json.dumps({"batch": batch, "logits_topk8_tile": tile, "ms": ms}), flush=True)
     return 0
 
 

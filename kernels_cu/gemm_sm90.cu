@@ -30,14 +30,8 @@
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
 
-struct __align__(64) TensorMap { unsigned long long bits[16]; };  // a CUtensorMap, made on the host
-#ifdef TMAP_GLOBAL  // the maps in device memory, passed by pointer
-#define TMAP_PARAM(name) const TensorMap* __restrict__ name
-#define TMAP_ADDR(name) (name)
-#else  // the maps passed by value as kernel parameters
-#define TMAP_PARAM(name) const __grid_constant__ TensorMap name
-#define TMAP_ADDR(name) (&name)
-#endif
+// A CUtensorMap made on the host, passed by value (a __grid_constant__ parameter the TMA unit reads in place).
+struct __align__(64) TensorMap { unsigned long long bits[16]; };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
@@ -167,7 +161,8 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[1][32][4], unsigned long l
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
-gemm_sm90_kernel(TMAP_PARAM(map_a), TMAP_PARAM(map_w), const float* __restrict__ bias, const float* __restrict__ residual,
+gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
+                 const float* __restrict__ bias, const float* __restrict__ residual,
                  void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
                  int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest) {
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
@@ -194,8 +189,8 @@ gemm_sm90_kernel(TMAP_PARAM(map_a), TMAP_PARAM(map_w), const float* __restrict__
                 const int s = kt % STAGES;
                 if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);  // consumers are done with it
                 mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
-                tma_load(As + s * BM * BK, TMAP_ADDR(map_a), kt * BK, block_m, &full[s]);
-                tma_load(Ws + s * BN * BK, TMAP_ADDR(map_w), kt * BK, block_n, &full[s]);
+                tma_load(As + s * BM * BK, &map_a, kt * BK, block_m, &full[s]);
+                tma_load(Ws + s * BN * BK, &map_w, kt * BK, block_n, &full[s]);
             }
         }
         return;

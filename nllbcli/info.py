@@ -17,7 +17,7 @@ from .errors import NllbError
 # engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
 # these equal to its values)
 POOL_FRACTION = 0.5
-MAX_POOL_BYTES = 16 << 30
+MAX_POOL_BYTES = 24 << 30
 BF16_BYTES, F32_BYTES = 2, 4
 
 SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}

@@ -75,28 +75,30 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
 
 def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
+    steps = options.max_length - 1  # the language token was the first generated token
     with decoder(engine, encoded, np.arange(batch), options.max_length + 1) as state:
         engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
-        outputs: list[list[int]] = [[] for _ in range(batch)]
+        generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
+        lengths = np.zeros(batch, dtype=np.int64)
         alive = np.arange(batch)  # which sentence each decoder row belongs to
         tokens = langs.copy()
-        for _ in range(options.max_length - 1):  # the language token was the first generated token
+        for t in range(steps):
             if options.processes_scores:
-                sequences = np.array([[config.decoder_start_token_id, langs[s], *outputs[s]] for s in alive])  # (N, T)
+                prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
+                sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
                 tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
             else:
                 tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
-            keep = []
-            for row, (sentence, token) in enumerate(zip(alive, tokens)):
-                outputs[sentence].append(int(token))
-                if token != eos:
-                    keep.append(row)
-            if len(keep) < len(alive):
-                if not keep:
+            generated[alive, t] = tokens
+            lengths[alive] = t + 1
+            ended = tokens == eos
+            if ended.any():
+                keep = np.flatnonzero(~ended)
+                if not len(keep):
                     break
-                engine.select(state, np.array(keep))
+                engine.select(state, keep)
                 alive, tokens = alive[keep], tokens[keep]
-    return [strip_output(o, eos) for o in outputs]
+    return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
 
 
 def topk_desc(x, k: int):

@@ -61,7 +61,7 @@ class Translator:
         per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
-        rows, source_rows = self.engine.capacity(options.max_length)
+        rows, source_rows = self.engine.capacity(options.max_length, options.beam_size)
         if options.beam_size > rows:
             raise ValueError(
                 f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "

@@ -27,7 +27,7 @@ Dimensions:  d_model 32, 2 encoder + 2 decoder layers, heads 4/2 (head_dim 8/16)
 Weights:     pytorch_model.bin (263.77 KiB), stored as float32
 Parameters:  60,224 (0.1M)
 GPU memory:  129.56 KiB for the weights (matrices in bf16, biases and norms in float32), plus the CUDA context
-KV pool:     on top of the weights, sized at start to 50% of the GPU memory left free (at most 16.00 GiB); each sequence (each beam) of --max-length 200 takes 50.25 KiB, each source token 256 B
+KV pool:     on top of the weights, sized at start to 50% of the GPU memory left free (at most 24.00 GiB); each sequence (each beam) of --max-length 200 takes 50.25 KiB, each source token 256 B
 CPU memory:  235.25 KiB while loading (the weights are read as float32)
 """
 

@@ -2,7 +2,7 @@
 
 Both answer the same calls, so search.py runs on either:
 
-    capacity(max_length) -> (rows, source_tokens)   what the KV pool holds at once (the GPU's is fixed)
+    capacity(max_length, beams) -> (rows, source_tokens)  what the KV pool holds at once (the GPU's is fixed)
     encode(sources) -> encoded                     the encoder, and every decoder layer's cross K/V
     start(encoded, source_rows, max_positions)     a decoder state with one row per sequence (per beam)
     step(encoded, state, tokens, want_logits)      feed one token per row; the logits (tests, prefill)

@@ -23,7 +23,7 @@ from .reference import sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
-MAX_POOL_BYTES = 16 << 30
+MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy (docs/PERF.md)
 
 
 def to_bf16(a: np.ndarray) -> cp.ndarray:
@@ -115,16 +115,18 @@ class CudaEngine:
 
     # -- the pool
 
-    def capacity(self, max_length: int) -> tuple[int, int]:
-        """Decoder rows and source tokens the pool holds at once; makes the pool on first use (or when a
-        longer max_length needs longer slots: the pool is otherwise never grown)."""
+    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
+        """Decoder rows and source tokens the pool holds at once; makes the pool on first use, split between
+        slots and source rows for this beam size (kvpool.plan_pool), and again only when a longer max_length
+        needs longer slots or the beam size changes: the pool is otherwise never grown."""
         cache_rows = max_length + 1
-        if self.pool is None or self.pool.plan.cache_rows < cache_rows:
+        if self.pool is None or self.pool.plan.cache_rows < cache_rows or self.pool.plan.beams != beams:
             self.pool = None
             cp.get_default_memory_pool().free_all_blocks()
             free = self.device.mem_info[0]
             budget = self.pool_bytes or min(MAX_POOL_BYTES, int(free * DEFAULT_POOL_FRACTION))
-            plan = plan_pool(self.config.decoder_layers, self.config.d_model, cache_rows, budget, self.config.max_position_embeddings + 2)
+            plan = plan_pool(self.config.decoder_layers, self.config.d_model, cache_rows, budget,
+                             self.config.max_position_embeddings + 2, beams)
             self.pool = KVPool(self.config.decoder_layers, self.config.d_model, plan)
             needed_rows = max(self.config.max_position_embeddings, max_length) + 3
             if self.positions.shape[0] < needed_rows:

@@ -51,8 +51,16 @@ def module(name: str, defines: tuple[tuple[str, int], ...] = (), target: str | N
     return cp.RawModule(code=read_source(name), options=options)
 
 
+_functions: dict = {}
+
+
 def function(file: str, kernel: str, target: str | None = None, **defines: int):
-    return module(file, tuple(sorted(defines.items())), target).get_function(kernel)
+    """A compiled kernel, looked up once per (file, kernel, target, defines): launchers call this per launch."""
+    key = (file, kernel, target, tuple(sorted(defines.items())))
+    found = _functions.get(key)
+    if found is None:
+        found = _functions[key] = module(file, key[3], target).get_function(kernel)
+    return found
 
 
 def check(condition: bool, message: str) -> None:
@@ -61,10 +69,13 @@ def check(condition: bool, message: str) -> None:
 
 
 def check_array(name: str, a: cp.ndarray, dtype, shape: tuple | None = None) -> None:
-    check(a.dtype == dtype, f"{name} must be {cp.dtype(dtype).name}, not {a.dtype}")
-    check(a.flags.c_contiguous, f"{name} must be C-contiguous")
-    if shape is not None:
-        check(a.shape == shape, f"{name} has shape {a.shape}, expected {shape}")
+    """The messages are made only on failure: launchers call this thousands of times per batch."""
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must be {cp.dtype(dtype).name}, not {a.dtype}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{name} has shape {a.shape}, expected {shape}")
 
 
 BF16 = cp.dtype("bfloat16")
@@ -90,6 +101,7 @@ GEMM_TILES = {
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
 
 
+@lru_cache(maxsize=None)
 def wgmma_available() -> bool:
     """Hopper (compute capability 9.0) runs gemm_sm90.cu; NLLB_NO_WGMMA=1 keeps gemm.cu everywhere."""
     try:
@@ -102,6 +114,11 @@ def available_tiles() -> list[str]:
     return [t for t, c in GEMM_TILES.items() if c["kind"] == "mma" or wgmma_available()]
 
 
+@lru_cache(maxsize=None)
+def multiprocessors() -> int:
+    return cp.cuda.Device().attributes["MultiProcessorCount"]
+
+
 def gemm_tile(m: int, n: int) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
@@ -109,7 +126,7 @@ def gemm_tile(m: int, n: int) -> str:
     at most 64 rows, else 128 x 128. Elsewhere mma.sync: large tiles once they make a full wave of blocks,
     else small ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns,
     small is 1.3x large at 256 rows x 1,024 columns)."""
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sms = multiprocessors()
     if wgmma_available():
         if -(-m // 128) * -(-n // 256) >= sms:
             return "wg256"
@@ -122,7 +139,6 @@ def gemm_tile(m: int, n: int) -> str:
 TENSOR_MAP = np.dtype([("bits", np.uint64, (16,))])
 _maps: OrderedDict = OrderedDict()
 MAX_MAPS = 4096
-MAPS_IN_MEMORY = os.environ.get("NLLB_TMAP_GLOBAL") == "1"  # pass maps by pointer to device memory, not by value
 
 
 @lru_cache(maxsize=None)
@@ -152,8 +168,7 @@ def tensor_map(a: cp.ndarray, box_rows: int):
                          L2_PROMOTE_128B, 0)
     if rc:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {cols} array")
-    value = raw[offset:offset + TENSOR_MAP.itemsize].view(TENSOR_MAP)[0]
-    made = cp.asarray(raw[offset:offset + TENSOR_MAP.itemsize]) if MAPS_IN_MEMORY else value
+    made = raw[offset:offset + TENSOR_MAP.itemsize].view(TENSOR_MAP)[0]  # a kernel parameter, passed by value
     _maps[key] = made
     if len(_maps) > MAX_MAPS:
         _maps.popitem(last=False)
@@ -183,8 +198,6 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     else:
         check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
-        if MAPS_IN_MEMORY:
-            defines = dict(defines, TMAP_GLOBAL=1)
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **tile, **defines)
         bm, bn = 64 * tile["CONSUMERS"], tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)

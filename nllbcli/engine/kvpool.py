@@ -82,15 +82,20 @@ class PoolPlan:
     slots: int  # live sequences (beams) at once
     cache_rows: int  # decoder positions per slot: the decoder start plus max_length tokens
     cross_rows: int  # source tokens at once, all sources together
+    beams: int = 1  # the beam size the split was made for
 
 
-def plan_pool(layers: int, d_model: int, cache_rows: int, budget_bytes: int, max_source: int) -> PoolPlan:
-    """Split a memory budget between self-attention slots (3/4) and cross K/V rows (1/4)."""
+def plan_pool(layers: int, d_model: int, cache_rows: int, budget_bytes: int, max_source: int, beams: int = 1) -> PoolPlan:
+    """Split a memory budget between self-attention slots and cross K/V rows as a job uses them: a sentence
+    takes `beams` slots of cache_rows rows each, and a cross row per source token, taken to be about
+    cache_rows too (a translation is about as long as its source). So the cross rows get 1 / (1 + beams) of
+    the budget: half for greedy search, a fifth for 4 beams."""
     per_slot = layers * 2 * cache_rows * d_model * BF16.itemsize
     per_cross_row = layers * 2 * d_model * BF16.itemsize
-    slots = max(1, min(16384, budget_bytes * 3 // 4 // per_slot))
-    cross_rows = max(max_source, min(1 << 20, budget_bytes // 4 // per_cross_row))
-    return PoolPlan(int(slots), int(cache_rows), int(cross_rows))
+    cross_bytes = budget_bytes // (1 + beams)
+    slots = max(1, min(16384, (budget_bytes - cross_bytes) // per_slot))
+    cross_rows = max(max_source, min(1 << 21, cross_bytes // per_cross_row))
+    return PoolPlan(int(slots), int(cache_rows), int(cross_rows), beams)
 
 
 class KVPool:

@@ -148,7 +148,7 @@ class ReferenceEngine:
             self.pos_table = sinusoidal_positions(length + self.config.pad_token_id + 3, self.config.d_model, self.config.pad_token_id)
         return self.pos_table
 
-    def capacity(self, max_length: int) -> tuple[int, int]:
+    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
         """Decoder rows and source tokens at once: unbounded here (host memory)."""
         return 1 << 62, 1 << 62
 
