@@ -1,14 +1,17 @@
 """The benchmark harness: nllbcli's GPU engine and transformers' `generate`, one run, same GPU, same inputs.
 
-    python bench/harness.py [--sentences 4096] [--ours 256x1,1024x1,4096x1,256x4,1024x4]
+    python bench/harness.py [--preset nllb-200-distilled-600M] [--sentences 4096]
+                            [--ours 256x1,1024x1,4096x1,256x4,1024x4]
                             [--transformers 1024x1,4096x1,256x4,1024x4] [--out results.json]
 
-Workload (issue 5): an NLLB-200-distilled-600M-shaped model with random bf16 weights; 4,096 sentences of
-10 to 60 source tokens, sorted by length; 40 generated tokens each (the target-language token included, as
-transformers' max_new_tokens counts it: transformers gets min_new_tokens = max_new_tokens = 40, and </s> is
-moved to an id random weights never pick for nllbcli, so both generate exactly 40); every batch size is
-warmed up with one batch before it is timed. Tokens/s counts generated tokens; peak memory is the largest
-that PyTorch's or CuPy's allocator held during that configuration.
+Workload (issue 5): an NLLB-200-distilled-600M-shaped model with random bf16 weights, or another published
+shape with --preset (bench/shapes.py: the NLLB-200 sizes 600M, 1.3B and 3.3B, M2M-100 418M and 1.2B), the
+same shape for both engines; 4,096 sentences of 10 to 60 source tokens, sorted by length; 40 generated
+tokens each (the target-language token included, as transformers' max_new_tokens counts it: transformers
+gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of the vocabulary for nllbcli,
+one random weights never pick, so both generate exactly 40); every batch size is warmed up with one batch
+before it is timed. Tokens/s counts generated tokens; peak memory is the largest that PyTorch's or CuPy's
+allocator held during that configuration.
 """
 
 from __future__ import annotations
@@ -24,51 +27,54 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import NLLB_600M, in_parts, random_weights  # noqa: E402
+from bench.shapes import DEFAULT, PRESETS, Preset, parameter_count  # noqa: E402
+from nllbcli.checkpoint import ModelConfig  # noqa: E402
 
 NEW_TOKENS = 40
-LANG = 256047  # eng_Latn's id in NLLB's vocabulary
 
 
-def workload(sentences: int, seed: int = 1) -> list[list[int]]:
+def workload(sentences: int, preset: Preset, seed: int = 1) -> list[list[int]]:
+    """Sources in the preset's language token; pieces below 250,000 (NLLB) or below the language tokens (M2M)."""
     rng = np.random.default_rng(seed)
     lengths = np.sort(rng.integers(10, 61, sentences))
-    return [[LANG] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
+    top = min(250000, preset.pieces)
+    return [[preset.src_lang_id] + rng.integers(4, top, n - 2).tolist() + [2] for n in lengths]
 
 
 def parse(runs: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
 
 
-def bench_ours(sources, runs, results) -> None:
+def bench_ours(sources, runs, results, preset: Preset) -> None:
     import cupy as cp
 
+    from bench.engine_bench import in_parts, random_weights
     from nllbcli.engine.cuda import CudaEngine
     from nllbcli.options import DecodeOptions
     from nllbcli.search import generate
 
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
-    config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
+    config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     engine = CudaEngine(config, random_weights(config))
     for batch, beams in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
         rows, source_rows = engine.capacity(options.max_length, options.beam_size)
         pool = cp.get_default_memory_pool()
         for part in in_parts(sources[:batch], beams, rows, source_rows):  # warm-up at this size
-            generate(engine, part, 256057, config, options)
+            generate(engine, part, preset.tgt_lang_id, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
         tokens = 0
         for i in range(0, len(sources), batch):
             for part in in_parts(sources[i : i + batch], beams, rows, source_rows):
-                outputs = generate(engine, part, 256057, config, options)
+                outputs = generate(engine, part, preset.tgt_lang_id, config, options)
                 tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
             pool_peak = max(pool_peak, pool.total_bytes())
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
-        results.append({"engine": "nllbcli", "batch": batch, "beams": beams, "tokens": tokens, "seconds": seconds,
-                        "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
+        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "tokens": tokens,
+                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
                         "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
     del engine
@@ -76,26 +82,34 @@ def bench_ours(sources, runs, results) -> None:
     cp.get_default_memory_pool().free_all_blocks()
 
 
-def bench_transformers(sources, runs, results) -> None:
-    import torch
-    from transformers import GenerationConfig, M2M100Config, M2M100ForConditionalGeneration
+def m2m100_config(c: ModelConfig):
+    """transformers' M2M100Config of the same shape (random weights: nothing is loaded)."""
+    from transformers import M2M100Config
 
-    c = NLLB_600M
-    config = M2M100Config(vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
-                          decoder_layers=c.decoder_layers, encoder_attention_heads=c.encoder_attention_heads,
-                          decoder_attention_heads=c.decoder_attention_heads, encoder_ffn_dim=c.encoder_ffn_dim,
-                          decoder_ffn_dim=c.decoder_ffn_dim, max_position_embeddings=c.max_position_embeddings,
-                          pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+    return M2M100Config(vocab_size=c.vocab_size, d_model=c.d_model, encoder_layers=c.encoder_layers,
+                        decoder_layers=c.decoder_layers, encoder_attention_heads=c.encoder_attention_heads,
+                        decoder_attention_heads=c.decoder_attention_heads, encoder_ffn_dim=c.encoder_ffn_dim,
+                        decoder_ffn_dim=c.decoder_ffn_dim, max_position_embeddings=c.max_position_embeddings,
+                        scale_embedding=c.scale_embedding, activation_function=c.activation_function,
+                        pad_token_id=c.pad_token_id, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+                        decoder_start_token_id=c.decoder_start_token_id)
+
+
+def bench_transformers(sources, runs, results, preset: Preset) -> None:
+    import torch
+    from transformers import GenerationConfig, M2M100ForConditionalGeneration
+
+    c = preset.config
     torch.manual_seed(0)
-    model = M2M100ForConditionalGeneration(config).to("cuda", torch.bfloat16).eval()
+    model = M2M100ForConditionalGeneration(m2m100_config(c)).to("cuda", torch.bfloat16).eval()
     for batch, beams in runs:
         gen = GenerationConfig(num_beams=beams, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                               forced_bos_token_id=256057, decoder_start_token_id=2, eos_token_id=2, pad_token_id=1,
-                               early_stopping=False)
+                               forced_bos_token_id=preset.tgt_lang_id, decoder_start_token_id=c.decoder_start_token_id,
+                               eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id, early_stopping=False)
 
         def run(chunk):
             width = max(len(s) for s in chunk)
-            ids = torch.full((len(chunk), width), 1, dtype=torch.long)
+            ids = torch.full((len(chunk), width), c.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for i, s in enumerate(chunk):
                 ids[i, : len(s)] = torch.tensor(s)
@@ -111,8 +125,9 @@ def bench_transformers(sources, runs, results) -> None:
         tokens = sum(run(sources[i : i + batch]) for i in range(0, len(sources), batch))
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t
-        results.append({"engine": "transformers", "batch": batch, "beams": beams, "tokens": tokens, "seconds": seconds,
-                        "tokens_per_s": tokens / seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+        results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams,
+                        "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
         print(json.dumps(results[-1]), flush=True)
 
 
@@ -133,17 +148,21 @@ def table(results: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=list(PRESETS), default=DEFAULT,
+                        help=f"model shape, random weights (bench/shapes.py; default {DEFAULT})")
     parser.add_argument("--sentences", type=int, default=4096)
     parser.add_argument("--ours", default="256x1,1024x1,4096x1,256x4,1024x4")
     parser.add_argument("--transformers", default="1024x1,4096x1,256x4,1024x4")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    sources = workload(args.sentences)
+    preset = PRESETS[args.preset]
+    print(f"{preset.name}: {parameter_count(preset.config):,} parameters, random bf16 weights", flush=True)
+    sources = workload(args.sentences, preset)
     results: list[dict] = []
-    bench_ours(sources, parse(args.ours), results)
+    bench_ours(sources, parse(args.ours), results, preset)
     if args.transformers:
-        bench_transformers(sources, parse(args.transformers), results)
-    print(table(results))
+        bench_transformers(sources, parse(args.transformers), results, preset)
+    print(f"{preset.name}\n" + table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     return 0

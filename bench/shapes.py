@@ -1,0 +1,88 @@
+"""The published NLLB-200 and M2M-100 sizes as ModelConfig presets, for the benchmark and the GPU tests.
+
+    from bench.shapes import PRESETS
+    preset = PRESETS["nllb-200-3.3B"]     # preset.config: a ModelConfig; preset.tgt_lang_id: fra_Latn's id
+
+    python bench/harness.py --preset nllb-200-3.3B         # the harness on that shape (default: 600M)
+
+Numbers from each hub repository's config.json (facebook/NAME); the parameter counts follow from them
+(parameter_count) and are the published ones, which tests/test_shapes.py checks:
+
+| preset                  | d_model | layers  | heads (size) | FFN   | vocabulary | parameters    |
+|-------------------------|---------|---------|--------------|-------|------------|---------------|
+| nllb-200-distilled-600M | 1,024   | 12 + 12 | 16 (64)      | 4,096 | 256,206    | 615,073,792   |
+| nllb-200-1.3B           | 1,024   | 24 + 24 | 16 (64)      | 8,192 | 256,206    | 1,370,638,336 |
+| nllb-200-distilled-1.3B | 1,024   | 24 + 24 | 16 (64)      | 8,192 | 256,206    | 1,370,638,336 |
+| nllb-200-3.3B           | 2,048   | 24 + 24 | 16 (128)     | 8,192 | 256,206    | 3,344,863,232 |
+| m2m100_418M             | 1,024   | 12 + 12 | 16 (64)      | 4,096 | 128,112    | 483,905,536   |
+| m2m100_1.2B             | 1,024   | 24 + 24 | 16 (64)      | 8,192 | 128,112    | 1,239,470,080 |
+
+Every one: max_position_embeddings 1,024, ReLU, embeddings scaled by sqrt(d_model), one embedding matrix
+shared by the encoder, the decoder and the output projection. The two 1.3B models have the same shape (one
+is distilled from the 3.3B); nllb-200-3.3B is the only size whose head size is 128, not 64.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from nllbcli.checkpoint import ModelConfig  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str  # the hub repository, facebook/NAME
+    config: ModelConfig
+    src_lang_id: int  # English's language token in this vocabulary (eng_Latn, __en__): sources start with it
+    tgt_lang_id: int  # French's (fra_Latn, __fr__): the forced first generated token
+    pieces: int  # ids below this are sentencepiece pieces; the language tokens follow them
+
+
+def model_config(vocab_size: int, d_model: int, layers: int, ffn: int, heads: int = 16) -> ModelConfig:
+    """An M2M-100/NLLB shape with as many encoder as decoder layers; the rest are M2M100Config's defaults."""
+    return ModelConfig(vocab_size=vocab_size, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
+                       decoder_ffn_dim=ffn, max_position_embeddings=1024)
+
+
+NLLB_VOCAB, M2M_VOCAB = 256206, 128112
+
+
+def nllb(name: str, d_model: int, layers: int, ffn: int) -> Preset:
+    # 256,001 pieces and specials, then FLORES-200's 202 codes: eng_Latn the 47th, fra_Latn the 57th
+    return Preset(name, model_config(NLLB_VOCAB, d_model, layers, ffn), 256047, 256057, 256001)
+
+
+def m2m(name: str, d_model: int, layers: int, ffn: int) -> Preset:
+    # 128,004 pieces and specials (vocab.json), then the 100 `__xx__` codes: __en__ the 19th, __fr__ the 25th
+    return Preset(name, model_config(M2M_VOCAB, d_model, layers, ffn), 128022, 128028, 128004)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    nllb("nllb-200-distilled-600M", 1024, 12, 4096),
+    nllb("nllb-200-1.3B", 1024, 24, 8192),
+    nllb("nllb-200-distilled-1.3B", 1024, 24, 8192),
+    nllb("nllb-200-3.3B", 2048, 24, 8192),
+    m2m("m2m100_418M", 1024, 12, 4096),
+    m2m("m2m100_1.2B", 1024, 24, 8192),
+]}
+DEFAULT = "nllb-200-distilled-600M"  # the shape every measurement in docs/PERF.md used before the presets
+NLLB_600M = PRESETS[DEFAULT].config  # the same ModelConfig as bench/engine_bench.py's NLLB_600M
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """Parameters of the model, the shared embedding counted once (sinusoidal positions have none)."""
+    d = config.d_model
+
+    def linear(n_in: int, n_out: int) -> int:
+        return n_in * n_out + n_out
+
+    attention = 4 * linear(d, d)
+    norm = 2 * d
+    encoder_layer = attention + 2 * norm + linear(d, config.encoder_ffn_dim) + linear(config.encoder_ffn_dim, d)
+    decoder_layer = 2 * attention + 3 * norm + linear(d, config.decoder_ffn_dim) + linear(config.decoder_ffn_dim, d)
+    return (config.vocab_size * d + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
+            + 2 * norm)  # + the encoder's and the decoder's final LayerNorm

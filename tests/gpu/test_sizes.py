@@ -1,0 +1,329 @@
+"""Every NLLB-200 and M2M-100 size on the GPU engine (issue 7).
+
+- Full size: each published shape of bench/shapes.py (NLLB-200 distilled-600M, 1.3B, distilled-1.3B, 3.3B;
+  M2M-100 418M, 1.2B) with random weights (no checkpoint needed) translates with greedy and beam search into
+  ids of its vocabulary, and a sentence's translation does not depend on its batch.
+- Numbers: tiny models with the two head sizes of those shapes (64, and nllb-200-3.3B's 128, which takes
+  attention_decode_128_kernel at every decoder step) against the CPU reference: logits and greedy outputs.
+- Formats: a pytorch_model.bin model, an M2M-100 model and a LoRA adapter, through the CLI on the GPU,
+  against the CPU.
+
+    python -m pytest -q -m gpu tests/gpu/test_sizes.py      # on a GPU machine; skipped elsewhere
+"""
+
+import gc
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from bench.shapes import PRESETS  # noqa: E402
+from nllbcli.checkpoint import ModelConfig  # noqa: E402
+from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
+from nllbcli.options import DecodeOptions  # noqa: E402
+from nllbcli.pipeline import cut_source  # noqa: E402
+from nllbcli.search import generate  # noqa: E402
+from nllbcli.translator import load_translator  # noqa: E402
+
+POOL_BYTES = 1 << 30  # a few sentences at a time: the KV pool need not take half the GPU
+
+
+def random_weights(config: ModelConfig, seed: int, scale: float, embed_scale: float, share_layers: bool = False,
+                   tied: bool = True) -> dict[str, np.ndarray]:
+    """Random weights of a shape, bf16 values so that the GPU holds exactly these: matrices and biases of
+    standard deviation `scale`, LayerNorms 1 + that and that; one embedding of deviation `embed_scale` for the
+    encoder, the decoder and (tied) the output projection, as NLLB has. Uniform values cut to bf16 in place:
+    the 3.3B shape's 525M-value embedding takes 2 s that way, 10 s with normal values rounded by bf16_round.
+    share_layers: every layer of a side holds the same arrays, so that a 3.3B shape is made in seconds (the
+    engine still copies each layer to the GPU: full-size memory and work there)."""
+    rng = np.random.default_rng(seed)
+    d = config.d_model
+
+    def bf16_values(a: np.ndarray) -> np.ndarray:
+        a.view(np.uint32)[...] &= np.uint32(0xFFFF0000)  # keep the top 16 bits: a bf16 value, rounded to zero
+        return a
+
+    def uniform(*shape: int, std: float = scale) -> np.ndarray:
+        a = rng.random(shape, dtype=np.float32)
+        a -= np.float32(0.5)
+        a *= np.float32(2 * 3**0.5 * std)  # uniform on [-std √3, std √3]: standard deviation std
+        return bf16_values(a)
+
+    def norm() -> tuple[np.ndarray, np.ndarray]:
+        return bf16_values(1 + uniform(d)), uniform(d)
+
+    def layer(ffn: int, cross: bool) -> dict[str, np.ndarray]:
+        w = {}
+        for attn in ("self_attn", "encoder_attn") if cross else ("self_attn",):
+            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                w[f"{attn}.{proj}.weight"], w[f"{attn}.{proj}.bias"] = uniform(d, d), uniform(d)
+            w[f"{attn}_layer_norm.weight"], w[f"{attn}_layer_norm.bias"] = norm()
+        w["fc1.weight"], w["fc1.bias"] = uniform(ffn, d), uniform(ffn)
+        w["fc2.weight"], w["fc2.bias"] = uniform(d, ffn), uniform(d)
+        w["final_layer_norm.weight"], w["final_layer_norm.bias"] = norm()
+        return w
+
+    shared = uniform(config.vocab_size, d, std=embed_scale)
+    out = {"encoder.embed_tokens.weight": shared, "decoder.embed_tokens.weight": shared,
+           "lm_head.weight": shared if tied else uniform(config.vocab_size, d, std=embed_scale)}
+    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim),
+                              ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
+        one = layer(ffn, side == "decoder") if share_layers else None
+        for i in range(layers):
+            arrays = one if share_layers else layer(ffn, side == "decoder")
+            out.update({f"{side}.layers.{i}.{name}": a for name, a in arrays.items()})
+        out[f"{side}.layer_norm.weight"], out[f"{side}.layer_norm.bias"] = norm()
+    return out
+
+
+def release_gpu_memory() -> None:
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def pool_is_free(engine: CudaEngine) -> bool:
+    pool = engine.pool
+    return pool.slots.available == pool.plan.slots and pool.cross_runs.available == pool.plan.cross_rows
+
+
+# ------------------------------------------------------------------------------------------------ full size
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_size_translates_on_the_gpu(name):
+    """The full shape on the device (3.3B: 6.7 GB of bf16 weights), four short sources, greedy and 4 beams."""
+    preset = PRESETS[name]
+    config = preset.config
+    weights = random_weights(config, seed=0, scale=0.02, embed_scale=0.02, share_layers=True)
+    engine = CudaEngine(config, weights, pool_bytes=POOL_BYTES)
+    del weights
+    try:
+        rng = np.random.default_rng(3)
+        sources = [[preset.src_lang_id] + rng.integers(4, preset.pieces, n).tolist() + [config.eos_token_id]
+                   for n in (6, 13, 3, 9)]
+        for beams in (1, 4):
+            options = DecodeOptions(beam_size=beams, max_length=8)
+            engine.capacity(options.max_length, beams)
+            together = generate(engine, sources, preset.tgt_lang_id, config, options)
+            alone = generate(engine, sources[:1], preset.tgt_lang_id, config, options)
+            assert len(together) == len(sources)
+            for output in together:
+                assert isinstance(output, list) and len(output) <= options.max_length - 1, output
+                assert all(type(t) is int and 0 <= t < config.vocab_size for t in output), output
+                assert config.eos_token_id not in output, output
+            assert alone[0] == together[0], (beams, alone[0], together[0])
+            assert pool_is_free(engine)
+        # the logits themselves: finite over the whole vocabulary after the language token
+        encoded = engine.encode(sources[:1])
+        state = engine.start(encoded, np.arange(1), 4)
+        try:
+            engine.step(encoded, state, np.array([config.decoder_start_token_id]), want_logits=False)
+            logits = engine.step(encoded, state, np.array([preset.tgt_lang_id]))
+        finally:
+            engine.release(state)
+            engine.release_sources(encoded)
+        assert logits.shape == (1, config.vocab_size) and np.isfinite(logits).all()
+    finally:
+        del engine
+        release_gpu_memory()
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+
+def tiny_config(head_size: int) -> ModelConfig:
+    d = 2 * head_size  # two heads
+    return ModelConfig(vocab_size=512, d_model=d, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                       decoder_attention_heads=2, encoder_ffn_dim=2 * d, decoder_ffn_dim=2 * d,
+                       max_position_embeddings=64)
+
+
+TINY_LANG = 500  # any id serves as a language token here
+
+
+@lru_cache(maxsize=None)
+def tiny(head_size: int):
+    """The reference with the GPU's numbers (bf16 weights, activations rounded where the GPU rounds) and the GPU.
+
+    Each layer its own weights (a layer mixed up with another shows). Weights of deviation 0.1 and an output
+    projection of its own: with the embedding tied, the token just fed dominates the residual stream and every
+    sentence repeats its language token, which would make the greedy comparison below say nothing."""
+    config = tiny_config(head_size)
+    weights = random_weights(config, seed=head_size, scale=0.1, embed_scale=0.05, tied=False)
+    reference = ReferenceEngine(config, weights, bf16_activations=True)
+    return config, reference, CudaEngine(config, weights, pool_bytes=POOL_BYTES)
+
+
+# Largest logit error relative to the largest logit, as in test_engine.py. Emulated on the CPU (the reference
+# again with float64 GEMM sums, rounded at the same places, and with 0 to 64 f32 ulps of noise on every softmax
+# and LayerNorm output for the GPU's fast-math): 1e-7 where no bf16 rounding flips, else 3e-3 to 6e-3 over the
+# 6 steps, both head sizes. A wrong head split, position, mask, slot or reorder gives errors of order 1. The
+# bound is the sample model's in test_engine.py.
+TINY_TOLERANCE = 3e-2
+
+
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_head_sizes_logits_match_reference(head_size):
+    """Teacher-forced decoder steps over a padded batch, a beam reorder in the middle: test_engine.py's check."""
+    config, ref, gpu = tiny(head_size)
+    rng = np.random.default_rng(5)
+    sources = [[TINY_LANG] + rng.integers(4, 480, n).tolist() + [2] for n in (3, 17, 9)]
+    rows = np.array([0, 1, 1, 2, 2, 2])
+    gpu.capacity(16)
+    encoded_r, encoded_g = ref.encode(sources), gpu.encode(sources)
+    state_r, state_g = ref.start(encoded_r, rows, 16), gpu.start(encoded_g, rows, 16)
+    for step in range(6):
+        tokens = np.full(len(rows), 2) if step == 0 else rng.integers(4, 480, len(rows))
+        want = ref.step(encoded_r, state_r, tokens)
+        got = gpu.step(encoded_g, state_g, tokens)
+        assert not np.isnan(got).any()
+        error = np.abs(got - want).max() / np.abs(want).max()
+        print(f"head size {head_size} step {step}: largest logit error {error:.2e} of the largest logit")
+        assert error < TINY_TOLERANCE, (step, error)
+        if step == 3:  # beams follow their parents: row 0 copies row 2's cache, row 2 is dropped
+            order = np.array([2, 1, 0, 4, 5, 5])
+            ref.reorder(state_r, order)
+            gpu.reorder(state_g, order)
+    gpu.release(state_g)
+    gpu.release_sources(encoded_g)
+    assert pool_is_free(gpu)
+
+
+# The reference's first choice (the token after the language token) is clear when its best logit leads the
+# second by a margin. Later choices are not held to one: errors grow over the steps of a random model (tiny-a's
+# std-0.5 weights turn one flipped bf16 rounding into 0.2 of the largest logit within five steps,
+# test_engine.py), so whole outputs are held to a share of the sentences instead. Emulated as above, first
+# choices changed only where the lead was below 0.003 for the tiny models here, and below 0.18 for the
+# std-0.5 checkpoints further down (with 64 ulps of noise; below 0.1 with 16).
+TINY_MARGIN = 0.05
+CHECKPOINT_MARGIN = 0.25
+
+
+def first_choice_lead(reference: ReferenceEngine, config: ModelConfig, source: list[int], lang: int) -> float:
+    """How far the reference's best first token leads the second, in logits."""
+    encoded = reference.encode([source])
+    state = reference.start(encoded, np.arange(1), 2)
+    reference.step(encoded, state, np.array([config.decoder_start_token_id]), want_logits=False)
+    top2 = np.sort(reference.step(encoded, state, np.array([lang]))[0])[-2:]
+    return float(top2[1] - top2[0])
+
+
+def check_agreement(reference, config: ModelConfig, sources, lang: int, want, got, margin: float,
+                    share: float) -> None:
+    """The GPU's outputs `got` against the reference's `want`: the same first token (</s> for an empty output)
+    wherever the reference's first choice leads by `margin`, and the same whole output on `share` of them."""
+
+    def first(ids: list[int]) -> int:
+        return ids[0] if ids else config.eos_token_id
+
+    clear = []
+    for i, (source, a, b) in enumerate(zip(sources, want, got)):
+        if first(a) != first(b):
+            lead = first_choice_lead(reference, config, source, lang)
+            print(f"sentence {i}: first tokens {first(a)} (reference), {first(b)} (GPU); reference lead {lead:.4f}")
+            clear += [(i, round(lead, 4))] if lead >= margin else []
+    same = sum(a == b for a, b in zip(want, got))
+    print(f"{same} of {len(want)} outputs the same")
+    assert not clear, f"first tokens differ where the reference's choice was clear (sentence, lead): {clear}"
+    assert same >= share * len(want), [(a, b) for a, b in zip(want, got) if a != b][:5]
+
+
+@pytest.mark.parametrize("head_size", [64, 128])
+def test_head_sizes_greedy_translations_match_reference(head_size, monkeypatch):
+    """32 sources, 11 generated tokens each: the decode attention kernel of the head size runs at every one."""
+    config, ref, gpu = tiny(head_size)
+    launched = set()
+    lookup = kernels.function
+
+    def function(file, kernel, *args, **defines):  # every launcher looks its kernel up through this
+        launched.add(kernel)
+        return lookup(file, kernel, *args, **defines)
+
+    monkeypatch.setattr(kernels, "function", function)
+    rng = np.random.default_rng(7)
+    sources = [[TINY_LANG] + rng.integers(4, 480, n).tolist() + [2] for n in rng.integers(3, 30, 32)]
+    options = DecodeOptions(beam_size=1, max_length=12)
+    gpu.capacity(options.max_length)
+    want = generate(ref, sources, TINY_LANG + 1, config, options)
+    got = generate(gpu, sources, TINY_LANG + 1, config, options)
+    assert len({tuple(w) for w in want}) > len(want) // 2  # the outputs depend on the source
+    # Emulated on the CPU: 32 and 30 of 32 the same (head sizes 64 and 128), 29 at worst with noise.
+    # test_engine.py asks 99% of a trained model's translations; random ones have more near-ties, hence 75%.
+    check_agreement(ref, config, sources, TINY_LANG + 1, want, got, margin=TINY_MARGIN, share=0.75)
+    assert pool_is_free(gpu)
+    assert f"attention_decode_{head_size}_kernel" in launched, sorted(launched)
+
+
+# ------------------------------------------------------------------------------------------------ formats
+
+MODELS = ROOT / "tests" / "models"
+HELDOUT = ROOT / "data" / "samples" / "heldout"
+MAX_LENGTH = 8
+
+FORMATS = [  # model, adapter, --src, --tgt
+    ("tiny-bin", None, "eng_Latn", "fra_Latn"),  # pytorch_model.bin (float32), read without PyTorch
+    ("tiny-m2m", None, "en", "fr"),  # M2M-100: vocab.json tokenizer, __xx__ language tokens, 4 and 2 heads
+    ("tiny-a", "tiny-a-lora", "eng_Latn", "fra_Latn"),  # a PEFT LoRA adapter merged at load (--adapter)
+]
+
+
+def load_with_gpu_numbers(model: str, adapter: str | None):
+    """The CPU translator the CLI would load (load_translator: checkpoint, adapter merge, tokenizer), its
+    reference engine given the GPU's numbers: bf16 weights, activations rounded where the GPU rounds."""
+    translator = load_translator(model, "cpu", adapter)
+    rounded = {name: bf16_round(w) for name, w in translator.engine.w.items()}
+    translator.engine = ReferenceEngine(translator.config, rounded, bf16_activations=True)
+    return translator
+
+
+@pytest.mark.parametrize("model,adapter,src,tgt", FORMATS)
+def test_checkpoint_formats_translate_on_the_gpu_as_on_the_cpu(model, adapter, src, tgt, tmp_path):
+    """Greedy translations of 48 held-out sentences on the GPU, loaded as the CLI loads (load_translator,
+    --adapter merged), against the CPU; and `nllb translate --device cuda` writes exactly the GPU's.
+
+    Why not the outputs of `--device cpu` itself: these three checkpoints hold float32 weights of std 0.5,
+    which the GPU rounds to bf16 at load, and on such random weights that makes another model: float32 and
+    bf16 greedy outputs agree on only 6 (tiny-bin), 24 (tiny-m2m) and 8 (tiny-a with the adapter) of 32
+    held-out sentences (measured on the CPU); the golden files (transformers, float32) differ for the same
+    reason. So the CPU side is the CLI's own loader with the reference given the GPU's numbers, and the
+    outputs are held to check_agreement: the GPU sums in another order, a bf16 rounding flips now and then,
+    and std-0.5 weights amplify it."""
+    from click.testing import CliRunner
+
+    from nllbcli.cli import cli
+
+    texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:48]
+    model_dir, adapter_dir = str(MODELS / model), adapter and str(MODELS / adapter)
+    options = DecodeOptions(beam_size=1, max_length=MAX_LENGTH)
+    gpu = load_translator(model_dir, "cuda", adapter_dir)
+    cpu = load_with_gpu_numbers(model_dir, adapter_dir)
+    sources = [cut_source(cpu.tokenizer.encode(t, src), cpu.config.max_position_embeddings) for t in texts]
+    got = gpu.generate(sources, tgt, options)
+    want = cpu.generate(sources, tgt, options)
+    # emulated on the CPU: 45 (tiny-bin), 48 (tiny-m2m) and 47 (tiny-a with the adapter) of 48 the same; 35,
+    # 45 and 42 with 16 ulps of noise, 28, 44 and 34 with 64 (see TINY_TOLERANCE); a broken engine: next to none
+    lang = cpu.tokenizer.lang_id(tgt)
+    check_agreement(cpu.engine, cpu.config, sources, lang, want, got, margin=CHECKPOINT_MARGIN, share=0.5)
+
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"  # JSONL: a translation may hold any character
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    args = ["translate", "--src", src, "--tgt", tgt, "--model", model_dir, "--device", "cuda", "--beam-size", "1",
+            "--max-length", str(MAX_LENGTH), "--no-split", "-q", str(source), str(output)]
+    result = CliRunner().invoke(cli, args + (["--adapter", adapter_dir] if adapter else []))
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in output.read_text(encoding="utf-8").split("\n") if line]
+    assert [row["text"] for row in rows] == texts
+    # the CLI batches by length, and a translation does not depend on its batch (test_engine.py): the same ids
+    assert [row["translation"] for row in rows] == [gpu.tokenizer.decode(ids) for ids in got]
+    del gpu
+    release_gpu_memory()
