@@ -71,26 +71,45 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
 // seq_len[b] - 1 of k and v (ldk); out row seq_start[b] + i (ldo), for i < rows_per_seq: rows past the
 // sequence's length (padding) are written as zeros. rows_per_seq 0: the sequences are packed one after
 // the other with no padding, and only their own rows are written. Scores and the softmax in f32.
+// A query's lanes score one key each (its dot product over e in increasing order), then each lane sums the
+// values of its own output columns over the keys in increasing order.
 // Shared memory (dynamic): K and V as max_len x (E + 2) bf16 (the 2 spare columns put the rows that the 32
 // lanes read at once on 32 different banks), then 8 x E f32 for the queries, then 8 x max_len f32 scores.
-// Launch: grid (B, H), block 256 threads; seq_len <= max_len; E even.
-extern "C" __global__ void attention_prefill_kernel(const __nv_bfloat16* __restrict__ q, int ldq,
-                                                    const __nv_bfloat16* __restrict__ k,
-                                                    const __nv_bfloat16* __restrict__ v, int ldk,
-                                                    const int* __restrict__ seq_start, const int* __restrict__ seq_len,
-                                                    int rows_per_seq, __nv_bfloat16* __restrict__ out, int ldo,
-                                                    int E, float scale, int max_len) {
+// Launch: grid (B, H), block 256 threads; seq_len <= max_len; E even, and a multiple of 8 for the
+// specialised head sizes (attention_prefill_64_kernel, _128_: E fixed at compile time) and rows of q, k and
+// v 16-byte aligned there; attention_prefill_kernel takes any even E.
+template <int HEAD>
+__device__ __forceinline__ void attention_prefill(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                  const __nv_bfloat16* __restrict__ k,
+                                                  const __nv_bfloat16* __restrict__ v, int ldk,
+                                                  const int* __restrict__ seq_start, const int* __restrict__ seq_len,
+                                                  int rows_per_seq, __nv_bfloat16* __restrict__ out, int ldo,
+                                                  int E_runtime, float scale, int max_len) {
     extern __shared__ __align__(16) unsigned char smem[];
+    const int E = HEAD ? HEAD : E_runtime;  // a constant where the kernel is specialised: loops unroll
     const int b = blockIdx.x, h = blockIdx.y;
     const int start = seq_start[b], n = seq_len[b], lds = E + 2;
     __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
     __nv_bfloat16* Vs = Ks + (size_t)max_len * lds;
     float* Qs = reinterpret_cast<float*>(Vs + (size_t)max_len * lds);
     float* Ss = Qs + 8 * E;
-    for (int idx = threadIdx.x; idx < n * E; idx += blockDim.x) {
-        const int j = idx / E, e = idx - j * E;
-        Ks[j * lds + e] = k[(size_t)(start + j) * ldk + h * E + e];
-        Vs[j * lds + e] = v[(size_t)(start + j) * ldk + h * E + e];
+    if constexpr (HEAD > 0) {  // 16-byte loads, stored as four 4-byte words (rows of E + 2 are only 4-byte aligned)
+        constexpr int CHUNKS = HEAD / 8;
+        for (int idx = threadIdx.x; idx < n * CHUNKS; idx += blockDim.x) {
+            const int j = idx / CHUNKS, c = (idx - j * CHUNKS) * 8;
+            const size_t at = (size_t)(start + j) * ldk + h * E + c;
+            const uint4 kr = *reinterpret_cast<const uint4*>(k + at), vr = *reinterpret_cast<const uint4*>(v + at);
+            unsigned* kd = reinterpret_cast<unsigned*>(Ks + j * lds + c);
+            unsigned* vd = reinterpret_cast<unsigned*>(Vs + j * lds + c);
+            kd[0] = kr.x, kd[1] = kr.y, kd[2] = kr.z, kd[3] = kr.w;
+            vd[0] = vr.x, vd[1] = vr.y, vd[2] = vr.z, vd[3] = vr.w;
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < n * E; idx += blockDim.x) {
+            const int j = idx / E, e = idx - j * E;
+            Ks[j * lds + e] = k[(size_t)(start + j) * ldk + h * E + e];
+            Vs[j * lds + e] = v[(size_t)(start + j) * ldk + h * E + e];
+        }
     }
     __syncthreads();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -107,9 +126,14 @@ extern "C" __global__ void attention_prefill_kernel(const __nv_bfloat16* __restr
         __syncwarp();
         float m = NEG_INF;
         for (int j = lane; j < n; j += 32) {
-            const __nv_bfloat16* key = Ks + j * lds;
+            const __nv_bfloat162* key = reinterpret_cast<const __nv_bfloat162*>(Ks + j * lds);
             float dot = 0.f;
-            for (int e = 0; e < E; ++e) dot += qs[e] * bf16_to_float(key[e]);
+#pragma unroll 8
+            for (int e2 = 0; e2 < E / 2; ++e2) {
+                const float2 kv = __bfloat1622float2(key[e2]);
+                dot += qs[2 * e2] * kv.x;
+                dot += qs[2 * e2 + 1] * kv.y;
+            }
             sc[j] = dot * scale;
             m = fmaxf(m, sc[j]);
         }
@@ -122,14 +146,29 @@ extern "C" __global__ void attention_prefill_kernel(const __nv_bfloat16* __restr
         }
         const float inv = 1.f / warp_sum(sum);
         __syncwarp();
-        for (int e = lane; e < E; e += 32) {
-            float acc = 0.f;
-            for (int j = 0; j < n; ++j) acc += sc[j] * bf16_to_float(Vs[j * lds + e]);
-            dst[e] = float_to_bf16(acc * inv);
+        for (int e2 = lane; e2 < E / 2; e2 += 32) {  // output columns 2 e2 and 2 e2 + 1
+            float acc0 = 0.f, acc1 = 0.f;
+            for (int j = 0; j < n; ++j) {
+                const float2 val = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162*>(Vs + j * lds)[e2]);
+                acc0 += sc[j] * val.x;
+                acc1 += sc[j] * val.y;
+            }
+            reinterpret_cast<__nv_bfloat162*>(dst)[e2] = __floats2bfloat162_rn(acc0 * inv, acc1 * inv);
         }
         __syncwarp();
     }
 }
+
+#define PREFILL_ENTRY(NAME, HEAD)                                                                                \
+    extern "C" __global__ void NAME(const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k, \
+                                    const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ seq_start,  \
+                                    const int* __restrict__ seq_len, int rows_per_seq, __nv_bfloat16* __restrict__ out, \
+                                    int ldo, int E, float scale, int max_len) {                                       \
+        attention_prefill<HEAD>(q, ldq, k, v, ldk, seq_start, seq_len, rows_per_seq, out, ldo, E, scale, max_len);   \
+    }
+PREFILL_ENTRY(attention_prefill_kernel, 0)
+PREFILL_ENTRY(attention_prefill_64_kernel, 64)
+PREFILL_ENTRY(attention_prefill_128_kernel, 128)
 
 // attention_decode_kernel: one query per row (decoder self- or cross-attention), one warp per (row, head).
 //

@@ -13,7 +13,9 @@
 //   EPILOGUE_TOPK   the logits are never written either: per row and block, the max and the sum of
 //                   exp(logit - max) over the block's columns go to part_stat[m, part, 0..1], and the block's
 //                   TOPK best columns, best first (ties: lower column), to part_val/part_idx[m, part, 0..TOPK-1];
-//                   topk_reduce_kernel makes log-probabilities. Stages the tile in shared memory (BM * BN floats).
+//                   topk_reduce_kernel makes log-probabilities. Where a warp holds whole rows of the tile
+//                   (WARPS_N == 1, the wgmma kernel) from the registers, each quad merging its lanes' lists;
+//                   elsewhere through the tile staged in shared memory (BM * BN floats).
 #define EPILOGUE_STORE 0
 #define EPILOGUE_ARGMAX 1
 #define EPILOGUE_TOPK 2
@@ -26,12 +28,26 @@ __device__ __forceinline__ bool beats(float v, int i, float best, int at) {
     return v > best || (v == best && i < at);
 }
 
+// Put (v, n) into top[0..TOPK-1] / at[], kept best first (ties: lower column), if it beats the last.
+__device__ __forceinline__ void topk_insert(float (&top)[TOPK], int (&at)[TOPK], float v, int n) {
+    if (!beats(v, n, top[TOPK - 1], at[TOPK - 1])) return;
+    top[TOPK - 1] = v, at[TOPK - 1] = n;
+#pragma unroll
+    for (int r = TOPK - 1; r > 0; --r)
+        if (beats(top[r], at[r], top[r - 1], at[r - 1])) {
+            const float tv = top[r];
+            const int ti = at[r];
+            top[r] = top[r - 1], at[r] = at[r - 1];
+            top[r - 1] = tv, at[r - 1] = ti;
+        }
+}
+
 __device__ __forceinline__ void gemm_epilogue(
     float (&acc)[MT][NT][4], unsigned char* stage_smem, int tid, int warp_m, int warp_n, int block_m, int block_n,
     int part, int parts, const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
     float* __restrict__ part_val, int* __restrict__ part_idx, float* __restrict__ part_stat,
     int M, int N, int relu, int epilogue, int out_f32) {
-    const int lane = tid & 31, warp = tid >> 5;
+    const int lane = tid & 31;
     if (epilogue == EPILOGUE_STORE) {
         // two neighbouring columns in one 4- or 8-byte access, where N is even and the arrays are aligned for it
         const bool pairs = (N & 1) == 0 && (((size_t)bias | (size_t)residual) & 7) == 0 &&
@@ -69,11 +85,64 @@ __device__ __forceinline__ void gemm_epilogue(
         return;
     }
 
-#if BM * BN * 4 <= EPI_SMEM_BYTES  // tiles whose logits fit in the freed stages
+#if WARPS_N == 1  // a row of the tile lives in the 4 lanes of one quad: top-k straight from the registers
+    if (epilogue == EPILOGUE_TOPK) {
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                float best = NEG_INF;
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
+                best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
+                best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
+                float sum = 0.f, top[TOPK];
+                int at[TOPK];
+#pragma unroll
+                for (int r = 0; r < TOPK; ++r) top[r] = NEG_INF, at[r] = 0x7fffffff;
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int n = block_n + j * 8 + (lane & 3) * 2 + e;
+                        if (n >= N) continue;
+                        const float v = acc[i][j][half * 2 + e];
+                        sum += __expf(v - best);
+                        topk_insert(top, at, v, n);
+                    }
+#pragma unroll
+                for (int offset = 1; offset < 4; offset <<= 1) {  // merge the quad's lists
+                    sum += __shfl_xor_sync(0xffffffff, sum, offset);
+                    float other[TOPK];
+                    int other_at[TOPK];
+#pragma unroll
+                    for (int r = 0; r < TOPK; ++r) {
+                        other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
+                        other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
+                    }
+#pragma unroll
+                    for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
+                }
+                if ((lane & 3) == 0 && m < M) {
+                    const size_t slot = (size_t)m * parts + part;
+                    part_stat[2 * slot] = best;
+                    part_stat[2 * slot + 1] = sum;
+#pragma unroll
+                    for (int r = 0; r < TOPK; ++r) part_val[slot * TOPK + r] = top[r], part_idx[slot * TOPK + r] = at[r];
+                }
+            }
+        return;
+    }
+#elif BM * BN * 4 <= EPI_SMEM_BYTES  // tiles whose logits fit in the freed stages
     if (epilogue == EPILOGUE_TOPK) {
         // Stage the tile's logits in shared memory (the stages are free once every warp is done), then one
         // warp per row.
         float* tile = reinterpret_cast<float*>(stage_smem);
+        const int warp = tid >> 5;
         EPI_SYNC();
 #pragma unroll
         for (int i = 0; i < MT; ++i)
@@ -158,4 +227,5 @@ __device__ __forceinline__ void gemm_epilogue(
         part_val[(size_t)m * parts + part] = best;
         part_idx[(size_t)m * parts + part] = at;
     }
+    EPI_SYNC();  // red_val and red_idx are free for the next tile
 }

@@ -2,14 +2,16 @@
 //
 // Operands and epilogues as gemm.cu's gemm_kernel (A (M, K) and W (N, K) bf16, K-contiguous; gemm_epilogue.cuh),
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
-// 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the block order.
+// 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing 64
 // rows x BN columns with wgmma m64nBNk16; BM = 64 * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
 // shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
-// Launch: block 128 * (CONSUMERS + 1) threads; grid (ceil(M/BM), ceil(N/BN)) when m_fastest, else
-// (ceil(N/BN), ceil(M/BM)): consecutive blocks then share a W tile (good when A is the smaller operand and
-// stays in L2) or an A tile. Dynamic shared memory STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the
-// alignment the 128-byte swizzle needs).
+// Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
+// (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
+// in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
+// run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
+// Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)), or (tiles); dynamic shared memory
+// STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -170,9 +172,10 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
     __nv_bfloat16* Ws = As + STAGES * BM * BK;                    // STAGES x BN x BK, swizzled
-    const int tile_m = m_fastest ? blockIdx.x : blockIdx.y, tile_n = m_fastest ? blockIdx.y : blockIdx.x;
-    const int block_m = tile_m * BM, block_n = tile_n * BN;
+    const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK);
+#define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
+#define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -185,34 +188,41 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 
     if (warpgroup == 0) {  // producer
         if (threadIdx.x == 0) {
-            for (int kt = 0; kt < k_tiles; ++kt) {
-                const int s = kt % STAGES;
-                if (kt >= STAGES) mbar_wait(&empty[s], ((kt / STAGES) - 1) & 1);  // consumers are done with it
-                mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
-                tma_load(As + s * BM * BK, &map_a, kt * BK, block_m, &full[s]);
-                tma_load(Ws + s * BN * BK, &map_w, kt * BK, block_n, &full[s]);
-            }
+            int it = 0;  // k-steps issued over all of this block's tiles
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+                    const int s = it % STAGES;
+                    if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
+                    mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
+                    tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
+                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
+                }
         }
         return;
     }
 
     const int consumer = warpgroup - 1, tid = threadIdx.x - 128;
-    float acc[MT][NT][4];
+    int it = 0;
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        float acc[MT][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        const int s = kt % STAGES;
-        mbar_wait(&full[s], (kt / STAGES) & 1);
-        const __nv_bfloat16* a = As + s * BM * BK + consumer * 64 * BK;
-        const __nv_bfloat16* w = Ws + s * BN * BK;
-        wgmma_fence();
+        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        for (int kt = 0; kt < k_tiles; ++kt, ++it) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            const __nv_bfloat16* a = As + s * BM * BK + consumer * 64 * BK;
+            const __nv_bfloat16* w = Ws + s * BN * BK;
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK; kk += 16) WGMMA(acc, smem_desc(a + kk), smem_desc(w + kk));
-        wgmma_commit();
-        wgmma_wait<1>();  // the previous stage's products are done: hand that stage back
-        if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(kt - 1) % STAGES]);
+            for (int kk = 0; kk < BK; kk += 16) WGMMA(acc, smem_desc(a + kk), smem_desc(w + kk));
+            wgmma_commit();
+            wgmma_wait<1>();  // the previous step's products are done: hand its stage back
+            if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        }
+        wgmma_wait<0>();
+        if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
+        const int tile_n = TILE_N(t);
+        gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
+                      part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
     }
-    wgmma_wait<0>();
-    gemm_epilogue(acc, base, tid, tid / 32, 0, block_m, block_n, tile_n, CEIL_DIV(N, BN), bias, residual, out,
-                  part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
 }

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import GenerationConfig, M2M100ForConditionalGeneration, M2M100Tokenizer
+from transformers import GenerationConfig, M2M100Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_test_models import GENERATION_TEXTS, TOKENIZER_TEXTS, make_model, train_sentencepiece  # noqa: E402

@@ -163,7 +163,15 @@ class CudaEngine:
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
             h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
         x = kernels.layernorm(h, *self.enc_ln)
-        kv = kernels.gemm(x, self.cross_w, self.cross_b)  # (T, 2 L D)
+        try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
+            first = pool.cross_runs.claim(len(ids))
+        except PoolFull:  # the free rows are fragmented: a run per source, through a copy
+            first = None
+        if first is not None:
+            starts = list(first + offsets)
+            kernels.gemm(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)])  # (T, 2 L D)
+            return CudaEncoded(np.array(starts), lengths)
+        kv = kernels.gemm(x, self.cross_w, self.cross_b)
         starts = []
         try:
             for n in lengths:
@@ -262,6 +270,10 @@ class CudaEngine:
 
     def release_sources(self, encoded: CudaEncoded) -> None:
         if not encoded.released:
-            for st, n in zip(encoded.start, encoded.length):
-                self.pool.cross_runs.release(int(st), int(n))
+            start, length = encoded.start, encoded.length
+            if len(start) and np.array_equal(start[1:], start[:-1] + length[:-1]):  # one run (encode's usual case)
+                self.pool.cross_runs.release(int(start[0]), int(length.sum()))
+            else:
+                for st, n in zip(start, length):
+                    self.pool.cross_runs.release(int(st), int(n))
             encoded.released = True

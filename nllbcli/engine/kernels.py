@@ -175,6 +175,9 @@ def tensor_map(a: cp.ndarray, box_rows: int):
     return made
 
 
+PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
+
+
 def tma_ready(a: cp.ndarray) -> bool:
     return a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 and a.strides[1] == 2
 
@@ -202,8 +205,9 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         bm, bn = 64 * tile["CONSUMERS"], tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)
         smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
-        m_fastest = m <= n  # consecutive blocks share the W tile; A, the smaller operand, stays in L2
-        grid = (-(-m // bm), -(-n // bn)) if m_fastest else (-(-n // bn), -(-m // bm))
+        m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
+        tiles = -(-m // bm) * -(-n // bn)
+        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
         args = (tensor_map(a, bm), tensor_map(w, bn)) + tail + (cp.int32(1 if m_fastest else 0),)
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
@@ -267,7 +271,8 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     check_array("w", w, BF16, (n, d))
     check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
     check(1 <= k <= 32 and k <= n, f"top-k needs 1 <= k <= 32 and k <= V, got k={k}")
-    tile = tile or ("wg128" if wgmma_available() else "small")  # tiles whose logits fit in their stages
+    if tile is None:  # wgmma: the lists live in registers, beside 64 (wg128) or 32 (wg64) accumulators a thread
+        tile = ("wg128" if k <= 8 else "wg64") if wgmma_available() else "small"
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     stat = cp.empty((m, blocks_n, 2), dtype=F32)
     part_val = cp.empty((m, blocks_n, k), dtype=F32)
@@ -294,7 +299,8 @@ def layernorm(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 
     out = cp.empty((m, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (m, d))
     if m:
-        function("layernorm.cu", "layernorm_kernel")((m,), (256,), (x, weight, bias, out, cp.int32(d), cp.float32(eps)))
+        function("layernorm.cu", "layernorm_kernel")((-(-m // 8),), (256,), (x, weight, bias, out, cp.int32(m), cp.int32(d),
+                                                                        cp.float32(eps)))
     return out
 
 
@@ -382,7 +388,9 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
         attention(q[query_rows[0] : query_rows[-1] + 1], k, v, cp.asarray(np.repeat(starts, repeats).astype(np.int32)),
                   cp.asarray(np.repeat(lens, repeats).astype(np.int32)), heads, out=out[query_rows[0] : query_rows[-1] + 1])
         return out
-    kernel = function("attention.cu", "attention_prefill_kernel")
+    aligned = all(a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 for a in (q, k, v))
+    name = f"attention_prefill_{e}_kernel" if e in (64, 128) and aligned else "attention_prefill_kernel"
+    kernel = function("attention.cu", name)
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
     kernel((b, heads), (256,), (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), seq_start, seq_len,
