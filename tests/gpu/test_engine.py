@@ -15,6 +15,8 @@ from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.tokenizer import NllbTokenizer  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402
 
+from checks import teacher_forced_errors  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
@@ -44,29 +46,10 @@ def engines(name):
 def test_engine_logits_match_reference(name):
     """Teacher-forced steps over a padded batch, with a beam reorder in the middle: logits within bf16 error."""
     config, ref, gpu = engines(name)
-    rng = np.random.default_rng(5)
     lang = NllbTokenizer.from_model_dir(MODELS[name]).lang_id("eng_Latn")
+    rng = np.random.default_rng(5)
     sources = [[lang] + rng.integers(4, 300, n).tolist() + [2] for n in (3, 17, 9)]
-    rows = np.array([0, 1, 1, 2, 2, 2])
-    gpu.capacity(16)
-    encoded_r, encoded_g = ref.encode(sources), gpu.encode(sources)
-    state_r, state_g = ref.start(encoded_r, rows, 16), gpu.start(encoded_g, rows, 16)
-    for step in range(6):
-        tokens = np.full(len(rows), 2) if step == 0 else rng.integers(4, 300, len(rows))
-        want = ref.step(encoded_r, state_r, tokens)
-        got = gpu.step(encoded_g, state_g, tokens)
-        assert not np.isnan(got).any()
-        error = np.abs(got - want).max() / np.abs(want).max()
-        print(f"{name} step {step}: largest logit error {error:.2e} of the largest logit")
-        assert error < TOLERANCE[name], (step, error)
-        if step == 3:  # beams follow their parents: row 0 copies row 2's cache, row 2 is dropped
-            order = np.array([2, 1, 0, 4, 5, 5])
-            ref.reorder(state_r, order)
-            gpu.reorder(state_g, order)
-    gpu.release(state_g)
-    gpu.release_sources(encoded_g)
-    assert gpu.pool.slots.available == gpu.pool.plan.slots
-    assert gpu.pool.cross_runs.available == gpu.pool.plan.cross_rows
+    teacher_forced_errors(ref, gpu, sources, rng, 4, 300, name, TOLERANCE[name])
 
 
 @lru_cache(maxsize=None)
