@@ -11,7 +11,7 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of
 from .langs import resolve_lang
-from .options import BatchOptions, DecodeOptions
+from .options import GPU_BATCHING, BatchOptions, DecodeOptions
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -94,8 +94,8 @@ def cli():
 @click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), default=DecodeOptions.no_repeat_ngram_size, show_default=True, help="No n-gram of this many tokens occurs twice in a translation; 0 is off.")
 @click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=DecodeOptions.repetition_penalty, show_default=True, help="Scores of tokens already generated are divided by this (multiplied when negative); 1 is off.")
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
-@click.option("--max-batch-tokens", type=click.IntRange(min=1), default=BatchOptions.max_batch_tokens, show_default=True, help="Source tokens per batch, counted as rows x longest row.")
-@click.option("--chunk-rows", type=click.IntRange(min=1), default=BatchOptions.read_chunk_rows, show_default=True, help="Rows read, translated and committed together (what --resume repeats at most).")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
+@click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed, with their row number and reason (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped (starts afresh when there is nothing to continue).")
@@ -144,7 +144,6 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     if errors_file and output != "-" and os.path.abspath(errors_file) == os.path.abspath(output):
         raise InvalidUsage("--errors must be another file than OUTPUT.")
     decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
-    batching = BatchOptions(max_batch_tokens, chunk_rows)
     mode = "none" if quiet else progress_mode(progress, output)
     code = 0
     try:
@@ -161,6 +160,7 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
                   split=not no_split, on_error=on_error, errors=errors_file)
         # the adapter is passed only when given, so a load_model that knows no adapters still serves
         translator = load_model(model, device, adapter) if adapter else load_model(model, device)
+        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
         with stop_on_signals():
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet)
         code = 3 if counters.failed else 0

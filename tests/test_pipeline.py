@@ -6,7 +6,7 @@ from rich.console import Console
 
 from nllbcli.errors import NllbError
 from nllbcli.io import Record
-from nllbcli.options import DecodeOptions
+from nllbcli.options import GPU_BATCHING, BatchOptions, DecodeOptions
 from nllbcli.pipeline import Job, cut_source, plan_batches, read_chunks, translate_records
 from nllbcli.progress import Counters, Reporter
 
@@ -22,6 +22,15 @@ def test_plan_batches_sorts_longest_first_within_the_budget():
     lengths = {0: 3, 1: 10, 2: 4, 3: 4, 4: 2, 5: 9}
     assert plan_batches(lengths, 20) == [[1, 5], [2, 3, 0, 4]]
     assert plan_batches(lengths, 8) == [[1], [5], [2, 3], [0, 4]]  # rows longer than the budget go alone
+
+
+def test_batch_defaults_follow_the_device():
+    """A GPU batches thousands of sentences at once; the CPU the small default; a given value always wins."""
+    assert BatchOptions.for_device("cpu") == BatchOptions()
+    assert BatchOptions.for_device("cuda:1") == GPU_BATCHING
+    assert GPU_BATCHING.max_batch_tokens >= 4096 * 64 and GPU_BATCHING.read_chunk_rows >= 4096
+    assert BatchOptions.for_device("cuda:0", 100, None) == BatchOptions(100, GPU_BATCHING.read_chunk_rows)
+    assert BatchOptions.for_device("cpu", None, 7) == BatchOptions(BatchOptions().max_batch_tokens, 7)
 
 
 def test_plan_batches_of_nothing():
