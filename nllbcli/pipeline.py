@@ -4,7 +4,8 @@ Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split int
 --no-split), the sentences are grouped by target language and sorted by length so each batch pads little,
 batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
 the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
-none of this changes the output.
+none of this changes the output. Reading and tokenizing run one chunk ahead on a thread (ChunkReader), so
+they overlap the model's work on the chunk before; writing and committing stay on the main thread.
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
@@ -15,13 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .errors import NllbError
-from .io import Input, Record, file_identity, open_input, open_sink
+from .io import Input, Position, Record, file_identity, open_input, open_sink
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
@@ -137,20 +140,24 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     committed = saved is not None and saved.position.rows > 0
 
     try:
+        end = source.position
         if not (saved and saved.done):
-            for chunk in read_chunks(source.records, batching.read_chunk_rows):
-                outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance)
+            reader = ChunkReader(source, batching.read_chunk_rows, lambda chunk: prepare_records(translator, chunk, job))
+            for chunk, position, (outcomes, sentences) in reader:
+                translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
+                                   reporter.advance)
                 with critical():
                     write_chunk(chunk, outcomes, sink, errors, job, reporter)
                     if output is not None:
-                        save_state(state_path, Saved(identity, source.position, output.sync(),
+                        save_state(state_path, Saved(identity, position, output.sync(),
                                                      errors.sync() if errors else 0, vars(counters).copy()))
                         committed = True
+            end = reader.position
         with critical():
             sink.close()
             if output is not None:
                 reporter.tick()
-                save_state(state_path, Saved(identity, source.position, output.sync(), errors.sync() if errors else 0,
+                save_state(state_path, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
                                              vars(counters).copy(), done=True))
                 output.finish(parquet_converter(job, source) if job.output_format == "parquet" else None)
             if errors is not None:
@@ -257,6 +264,53 @@ def read_chunks(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
         yield chunk
 
 
+class ChunkReader:
+    """The input's chunks, each read and prepared (`prepare(chunk)`: tokenized) on a thread one chunk ahead of
+    the caller, so reading and tokenizing overlap the model's work on the chunk before. Yields (chunk, the
+    reader's position just after it, prepare's result); an error of prepare's or the reader's is raised when
+    its chunk's turn comes, after the chunks before it. `position`: the reader's position just after the
+    last chunk taken (at the end, the input's end). At most one chunk waits ahead; the thread is a daemon, so
+    a job stopped while it waits on a slow stdin still exits."""
+
+    def __init__(self, source: Input, size: int, prepare: Callable[[list[Record]], object]):
+        self.source, self.size, self.prepare = source, size, prepare
+        self.position = replace(source.position)
+
+    def __iter__(self) -> Iterator[tuple[list[Record], Position, object]]:
+        ready: queue.Queue = queue.Queue()
+        turn = threading.Semaphore(1)  # a chunk may be read: one ahead of the caller
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                for chunk in read_chunks(self.source.records, self.size):
+                    position = replace(self.source.position)
+                    ready.put(("chunk", chunk, position, self.prepare(chunk)))
+                    turn.acquire()
+                    if stop.is_set():
+                        return
+                ready.put(("end", None, replace(self.source.position), None))
+            except BaseException as error:  # noqa: BLE001 - every error goes to the caller, in its turn
+                ready.put(("error", error, None, None))
+
+        turn.acquire()
+        thread = threading.Thread(target=work, name="nllb-reader", daemon=True)
+        thread.start()
+        try:
+            while True:
+                kind, chunk, position, prepared = ready.get()
+                if kind == "error":
+                    raise chunk
+                self.position = position
+                if kind == "end":
+                    return
+                turn.release()  # read the next chunk while the caller works on this one
+                yield chunk, position, prepared
+        finally:
+            stop.set()
+            turn.release()
+
+
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
     """The row's source and target language: its own fields where it has them, else --src and --tgt."""
     languages = []
@@ -287,6 +341,13 @@ def translate_records(
     """What became of each row of a chunk, in the rows' order. Empty texts stay empty, without the model.
 
     With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
+    outcomes, sentences = prepare_records(translator, records, job)
+    return translate_prepared(translator, records, outcomes, sentences, job, decode, max_batch_tokens, advance)
+
+
+def prepare_records(translator: Translator, records: list[Record], job: Job) -> tuple[list[Outcome], list[Sentence]]:
+    """A chunk's rows split into sentences and tokenized (no model, no progress: it may run on the reader's
+    thread). With --on-error fail the first bad row raises NllbError."""
     tokenizer = translator.tokenizer
     limit = translator.config.max_position_embeddings
     known = tuple(tokenizer.lang_codes)
@@ -316,6 +377,15 @@ def translate_records(
             sentences = [s for s in sentences if s.row != position]
     for outcome in outcomes:
         outcome.parts = []
+    return outcomes, sentences
+
+
+def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
+                       sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
+                       advance: Advance = lambda rows, tokens: None) -> list[Outcome]:
+    """The prepared chunk through the model: its sentences in length-sorted batches, decoded and joined back
+    into `outcomes` (returned), rows in input order."""
+    tokenizer = translator.tokenizer
     pending = [0] * len(records)
     for sentence in sentences:
         pending[sentence.row] += 1

@@ -173,3 +173,62 @@ def test_progress_json_lines(monkeypatch):
     assert [line["event"] for line in lines] == ["progress", "summary"]
     assert lines[0] == {"event": "progress", "rows": 7, "translated": 0, "failed": 0, "cut": 0, "max_length": 0,
                         "sentences": 0, "tokens": 20, "seconds": 8.0, "flagged": 0, "tokens_per_s": 2.5, "total": 20}
+
+
+def reader_of(rows: int, log: list[int], fail_at: int | None = None):
+    """An Input of `rows` rows whose reading is logged, and a prepare that fails on the row numbered fail_at."""
+    from nllbcli.io import Input, Position
+
+    position = Position()
+
+    def records():
+        for i in range(rows):
+            log.append(i)
+            position.rows, position.lines, position.offset = i + 1, i + 1, 10 * (i + 1)
+            yield Record(i, f"row {i}", {"text": f"row {i}"})
+
+    def prepare(chunk):
+        if fail_at is not None and any(r.index == fail_at for r in chunk):
+            raise NllbError(f"row {fail_at} is bad")
+        return [r.text.upper() for r in chunk]
+
+    return Input(records(), rows, None, position, {}), prepare
+
+
+def test_chunk_reader_gives_chunks_in_order_with_their_positions():
+    from nllbcli.pipeline import ChunkReader
+
+    source, prepare = reader_of(10, [])
+    reader = ChunkReader(source, 4, prepare)
+    got = [([r.index for r in chunk], position.rows, position.offset, prepared) for chunk, position, prepared in reader]
+    assert got == [([0, 1, 2, 3], 4, 40, ["ROW 0", "ROW 1", "ROW 2", "ROW 3"]),
+                   ([4, 5, 6, 7], 8, 80, ["ROW 4", "ROW 5", "ROW 6", "ROW 7"]), ([8, 9], 10, 100, ["ROW 8", "ROW 9"])]
+    assert reader.position.rows == 10
+
+
+def test_chunk_reader_reads_one_chunk_ahead_at_most():
+    import time
+
+    from nllbcli.pipeline import ChunkReader
+
+    log: list[int] = []
+    source, prepare = reader_of(100, log)
+    chunks = iter(ChunkReader(source, 10, prepare))
+    next(chunks)  # the caller works on chunk 0 ...
+    time.sleep(0.2)  # ... long enough for the thread to read all it may
+    assert max(log) == 19  # chunk 1 is read ahead, chunk 2 is not
+    next(chunks)
+    time.sleep(0.2)
+    assert max(log) == 29
+    chunks.close()
+
+
+def test_chunk_reader_raises_an_error_in_its_chunks_turn():
+    from nllbcli.pipeline import ChunkReader
+
+    source, prepare = reader_of(30, [], fail_at=25)
+    taken = []
+    with pytest.raises(NllbError, match="row 25 is bad"):
+        for chunk, _, _ in ChunkReader(source, 10, prepare):
+            taken.append(chunk[0].index)
+    assert taken == [0, 10]  # the chunks before the bad one come first
