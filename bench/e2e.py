@@ -1,0 +1,686 @@
+"""End-to-end measurements of issue 5 that bench/harness.py does not make: whole `nllb translate` jobs, timed
+from outside the process, against a transformers script doing the same job.
+
+(A) small job: N sentences (default 1,000) through `nllb translate` (process start to exit, warm CuPy kernel
+    cache) against bench/e2e_transformers.py (M2M100ForConditionalGeneration in bf16 on cuda, NllbTokenizer,
+    greedy, batches sorted by length, decode, write), model load included on both sides. Goal: 3x.
+(B) start-up: from the command's start to its first batch on the GPU, warm cache (goal 5 s) and cold cache
+    (CUPY_CACHE_DIR an empty directory; goal 60 s).
+(C) whole job: `nllb translate` over 100,000 sentences against the engine alone (the Translator's generate on
+    the same pre-tokenized ids, no reading, tokenizing, decoding or writing). Goal: at least 90%.
+
+On the H200 (from the repository root; python3 has CuPy, torch and transformers there). Each command fits the
+device tool's 10 minutes; --timeout bounds every process it starts:
+
+    # A and B, 600M shape, 1,000 sentences: about 2-4 minutes (model build ~15 s; tokenizer check ~10 s; the
+    # cold nllb run, i.e. the kernel compile, 30-90 s (unmeasured so far); a warm nllb run ~10 s; transformers
+    # warm-up on 64 lines + one timed run ~20 s each)
+    python3 bench/e2e.py --measure A,B --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy --timeout 280 \
+        --out $OUT/e2e_ab.jsonl
+
+    # C, 100,000 sentences: about 3-5 minutes (input ~12 s; reuses /tmp/e2e-model and the warm kernel cache if
+    # the machine is still held, else rebuilds them first; a warm-up nllb run on the first chunk; the nllb job
+    # and the engine alone on the CLI's batches ~0.5-2 min each, depending on the CLI's GPU batch defaults; the
+    # engine alone on 4,096-sentence batches, as the harness, ~0.5 min)
+    python3 bench/e2e.py --measure C --sentences 100000 --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy \
+        --timeout 280 --out $OUT/e2e_c.jsonl
+
+    # more transformers batch sizes for A (one more process each, ~20 s): --tf-batch 128,256,1000
+
+Here, on the CPU (reference engine; transformers from another interpreter, float32 on the CPU):
+
+    .venv/bin/python bench/e2e.py --device cpu --shape tiny --sentences 50 --measure A,B,C \
+        --transformers-python /opt/ref/bin/python
+
+The model: a directory in the hub layout (config.json as NLLB's, bf16 model.safetensors with the tied embedding
+stored once as model.shared.weight, generation_config.json) with seeded random weights of a bench/shapes.py
+shape, and the tokenizer of data/samples/model (sentencepiece.bpe.model, tokenizer.json,
+tokenizer_config.json): its ids stop at 3,203, far below the 600M vocabulary, which random weights do not
+mind. Both tokenizers are checked to give the same ids (--no-check skips it).
+
+Fixed output length: the weights make </s> (and every id that is not a sentencepiece piece of that tokenizer)
+unreachable, so both sides always generate exactly --new-tokens tokens (the language token included:
+nllbcli's --max-length, transformers' max_new_tokens) and the decoded text is real pieces. How: embedding
+column 0 is +1/16 for the piece ids 4..pieces-1 and -1/16 for all others, and the decoder's final LayerNorm
+has weight 0 and bias 128 in dimension 0, so every logit gets +-8 on top of random noise of about 0.6; every
+other value is random (uniform, 0.02 deviation, bf16 values). The computation (and its cost) is that of any
+weights: the config's eos_token_id stays 2, as in NLLB's config. Measured on the 600M shape with transformers
+on the CPU: the best piece's logit at least 9.9, every other id's at most -4.8, in float32 and in bf16; the
+outputs repeat one piece or a few, as random tied embeddings do (cost does not depend on the values), and
+nllbcli's reference engine gives transformers' float32 ids and text exactly.
+
+Start-up (B) without touching nllbcli: every nllb run is `python bench/e2e.py __probe__ translate ...`, which
+wraps nllbcli.translator's load_translator and Translator.generate with timestamps (time.time(), the clock
+the parent reads before starting the process) and then runs nllbcli.cli.main() as the `nllb` script does.
+"first batch start" is the first call of Translator.generate (weights on the GPU, the first chunk read and
+tokenized, the batch handed to the engine); "first batch end" its return (ids back on the host: that batch
+encoded and all its decoding steps done, every kernel it uses compiled). `--progress json` gives no earlier
+sign: its first line comes 5 s after the job starts. --plain runs `python -m nllbcli.cli` instead (no
+timestamps; A and C unchanged within noise).
+
+Results are JSON lines on stdout (and --out FILE): setup, check, one per process run, then A, B, C.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def probe(argv: list[str]) -> None:
+    """`nllb` with timestamps: run in the child process, before anything else is imported."""
+    events = {"probe_start": time.time()}
+    path = os.environ["NLLB_E2E_PROBE"]
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import atexit
+
+    def dump() -> None:
+        events["exit"] = time.time()
+        with open(path + ".tmp", "w") as f:
+            json.dump(events, f)
+        os.replace(path + ".tmp", path)
+
+    atexit.register(dump)
+    import nllbcli.translator as translator
+
+    events["imported"] = time.time()
+    load, generate = translator.load_translator, translator.Translator.generate
+
+    def timed_load(*args, **kwargs):
+        events.setdefault("load_start", time.time())
+        result = load(*args, **kwargs)
+        events.setdefault("load_end", time.time())
+        return result
+
+    def timed_generate(self, *args, **kwargs):
+        events.setdefault("first_batch_start", time.time())
+        result = generate(self, *args, **kwargs)
+        events.setdefault("first_batch_end", time.time())
+        return result
+
+    translator.load_translator, translator.Translator.generate = timed_load, timed_generate
+    from nllbcli.cli import main
+
+    sys.argv = ["nllb", *argv]
+    main()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["__probe__"]:
+    probe(sys.argv[2:])
+    sys.exit(0)
+
+import argparse  # noqa: E402
+import random  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.shapes import DEFAULT, PRESETS, parameter_count  # noqa: E402
+from nllbcli.checkpoint import ModelConfig, write_safetensors  # noqa: E402
+
+SAMPLE = ROOT / "data" / "samples" / "model"
+HELDOUT = ROOT / "data" / "samples" / "heldout"
+TOKENIZER_FILES = ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json")
+TINY = ModelConfig(vocab_size=8000, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=256, decoder_ffn_dim=256, max_position_embeddings=1024)
+SHAPES = {**{name: p.config for name, p in PRESETS.items()}, "tiny": TINY}
+CHECK_LANGS = ("eng_Latn", "fra_Latn", "deu_Latn", "spa_Latn", "ita_Latn", "ace_Arab", "zho_Hant", "zul_Latn")
+BIAS, COLUMN = 128.0, 1 / 16  # the decoder's final LayerNorm bias in dimension 0, embedding column 0: +-8 per logit
+
+
+def emit(record: dict, out) -> None:
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out is not None:
+        out.write(line + "\n")
+        out.flush()
+
+
+# ------------------------------------------------------------------------------------------------------ model
+
+
+def random_weights(config: ModelConfig, seed: int, pieces: int) -> dict[str, np.ndarray]:
+    """transformers' names -> float32 arrays holding bf16 values; every layer of a side shares its arrays (the
+    file still holds each layer). Ids 4..pieces-1 only can win the argmax (see the module's docstring)."""
+    rng = np.random.default_rng(seed)
+    d = config.d_model
+
+    def uniform(*shape: int, std: float = 0.02) -> np.ndarray:
+        a = rng.random(shape, dtype=np.float32)
+        a -= np.float32(0.5)
+        a *= np.float32(2 * 3**0.5 * std)
+        a.view(np.uint32)[...] &= np.uint32(0xFFFF0000)  # a bf16 value, cut towards zero
+        return a
+
+    def norm() -> tuple[np.ndarray, np.ndarray]:
+        w = 1 + uniform(d)
+        w.view(np.uint32)[...] &= np.uint32(0xFFFF0000)
+        return w, uniform(d)
+
+    shared = uniform(config.vocab_size, d)
+    shared[:, 0] = -COLUMN
+    shared[4:pieces, 0] = COLUMN
+    out = {"model.shared.weight": shared}
+    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim),
+                              ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
+        one = {}
+        for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                one[f"{attn}.{proj}.weight"], one[f"{attn}.{proj}.bias"] = uniform(d, d), uniform(d)
+            one[f"{attn}_layer_norm.weight"], one[f"{attn}_layer_norm.bias"] = norm()
+        one["fc1.weight"], one["fc1.bias"] = uniform(ffn, d), uniform(ffn)
+        one["fc2.weight"], one["fc2.bias"] = uniform(d, ffn), uniform(d)
+        one["final_layer_norm.weight"], one["final_layer_norm.bias"] = norm()
+        for i in range(layers):
+            out.update({f"model.{side}.layers.{i}.{name}": a for name, a in one.items()})
+        out[f"model.{side}.layer_norm.weight"], out[f"model.{side}.layer_norm.bias"] = norm()
+    out["model.decoder.layer_norm.weight"][0] = 0.0
+    out["model.decoder.layer_norm.bias"][0] = BIAS
+    return out
+
+
+def hub_config(c: ModelConfig) -> dict:
+    """config.json as facebook/nllb-200-distilled-600M's, with this shape and bf16."""
+    return {
+        "activation_dropout": 0.0, "activation_function": c.activation_function,
+        "architectures": ["M2M100ForConditionalGeneration"], "attention_dropout": 0.1, "bos_token_id": c.bos_token_id,
+        "d_model": c.d_model, "decoder_attention_heads": c.decoder_attention_heads, "decoder_ffn_dim": c.decoder_ffn_dim,
+        "decoder_layerdrop": 0, "decoder_layers": c.decoder_layers, "decoder_start_token_id": c.decoder_start_token_id,
+        "dropout": 0.1, "encoder_attention_heads": c.encoder_attention_heads, "encoder_ffn_dim": c.encoder_ffn_dim,
+        "encoder_layerdrop": 0, "encoder_layers": c.encoder_layers, "eos_token_id": c.eos_token_id, "init_std": 0.02,
+        "is_encoder_decoder": True, "max_position_embeddings": c.max_position_embeddings, "model_type": "m2m_100",
+        "num_hidden_layers": c.encoder_layers, "pad_token_id": c.pad_token_id, "scale_embedding": c.scale_embedding,
+        "tie_word_embeddings": True, "tokenizer_class": "NllbTokenizer", "torch_dtype": "bfloat16",
+        "transformers_version": "4.21.0.dev0", "use_cache": True, "vocab_size": c.vocab_size,
+    }
+
+
+def sample_pieces() -> int:
+    """Ids below this are <s> <pad> </s> <unk> and the sample tokenizer's pieces; its language codes follow."""
+    from nllbcli.tokenizer import NllbTokenizer
+
+    return min(NllbTokenizer.from_model_dir(SAMPLE).lang_ids.values())
+
+
+def build_model(model_dir: Path, shape: str, seed: int) -> dict:
+    """Make (or reuse, when its stamp matches) a model directory of `shape` with random weights."""
+    stamp = {"shape": shape, "seed": seed, "bias": BIAS, "column": COLUMN}
+    stamp_file = model_dir / "e2e.json"
+    if stamp_file.is_file():
+        found = json.loads(stamp_file.read_text())
+        if found != stamp:
+            raise SystemExit(f"{model_dir} holds another e2e model ({found}), not {stamp}: remove it or pick another --model-dir")
+        return {"model_dir": str(model_dir), "built": False, "build_s": 0.0}
+    if model_dir.exists() and any(model_dir.iterdir()):
+        raise SystemExit(f"{model_dir} exists, is not empty and is not an e2e model: pick another --model-dir")
+    t = time.perf_counter()
+    config = SHAPES[shape]
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model_dir.name}.", dir=model_dir.parent))
+    os.chmod(staging, 0o755)
+    try:
+        write_safetensors(staging / "model.safetensors", random_weights(config, seed, sample_pieces()), "BF16",
+                          metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(hub_config(config), indent=2, sort_keys=True) + "\n")
+        generation = {"bos_token_id": 0, "decoder_start_token_id": 2, "eos_token_id": 2, "max_length": 200, "pad_token_id": 1}
+        (staging / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(SAMPLE / name, staging / name)
+        (staging / "e2e.json").write_text(json.dumps(stamp) + "\n")
+        if model_dir.exists():
+            model_dir.rmdir()
+        os.rename(staging, model_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"model_dir": str(model_dir), "built": True, "build_s": time.perf_counter() - t}
+
+
+# ------------------------------------------------------------------------------------------------------ input
+
+
+def make_sentences(n: int, seed: int, tokenizer, src: str) -> list[str]:
+    """n English lines of one sentence each, 10 to 60 source ids (language token and </s> included), lengths
+    drawn uniformly: held-out sentences, shuffled, full stops dropped, joined with ", and", cut at a word."""
+    rng = random.Random(seed)
+    path = HELDOUT / f"{src}.txt"
+    clauses = [line.strip().rstrip(".") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.is_file() else []
+    if not clauses:
+        raise SystemExit(f"no held-out sentences for {src} in {HELDOUT}")
+    words: list[str] = []
+    starts: list[int] = []  # where each clause begins
+    while len(words) < 100_000:
+        order = clauses[:]
+        rng.shuffle(order)
+        for clause in order:
+            starts.append(len(words))
+            words += clause.split() + ["and"]
+            words[-2] += ","
+    starts = [i for i in starts if i < len(words) - 100]
+    cost: dict[str, int] = {}
+    lines = []
+    for _ in range(n):
+        target = rng.randint(10, 60)
+        position = rng.choice(starts)
+        taken, tokens = [], 3  # the language token, </s> and the full stop
+        while True:
+            word = words[position]
+            if word not in cost:
+                cost[word] = len(tokenizer.encode_pieces(word))
+            if tokens + cost[word] > target and tokens >= 12:  # 12: room for a dropped "and" and ","
+                break
+            taken.append(word)
+            tokens += cost[word]
+            position += 1
+        while len(taken) > 1 and taken[-1] == "and":
+            taken.pop()
+        line = " ".join(taken).rstrip(",") + "."
+        while len(tokenizer.encode(line, src)) > 60 and len(taken) > 1:  # the estimate is a piece or two off at times
+            taken.pop()
+            line = " ".join(taken).rstrip(",") + "."
+        lines.append(line)
+    return lines
+
+
+def write_input(work: Path, lines: list[str]) -> tuple[Path, Path]:
+    text, jsonl = work / "in.txt", work / "in.jsonl"
+    text.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    jsonl.write_text("".join(json.dumps({"text": line}, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    return text, jsonl
+
+
+def input_stats(lines: list[str], tokenizer, src: str) -> dict:
+    from nllbcli.split import split_text
+
+    lengths = [len(tokenizer.encode(line, src)) for line in lines]
+    sentences = sum(len(split_text(line)[0]) for line in lines)
+    return {"lines": len(lines), "sentences": sentences, "src_ids_min": min(lengths), "src_ids_mean": statistics.mean(lengths),
+            "src_ids_max": max(lengths), "src_ids_total": sum(lengths)}
+
+
+# -------------------------------------------------------------------------------------------------- processes
+
+
+def run_process(command: list[str], env: dict, timeout: float, stdout_path: Path, stderr_path: Path) -> dict:
+    """Run, time with a wall clock around it, kill its process group past `timeout`."""
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        t0 = time.time()
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        try:
+            code = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            code = "timeout"
+        t1 = time.time()
+    return {"t0": t0, "wall_s": t1 - t0, "exit": code}
+
+
+def tail(path: Path, chars: int = 2000) -> str:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")[-chars:]
+    except OSError:
+        return ""
+
+
+def summary_of(stderr_path: Path) -> dict | None:
+    """The `--progress json` summary line of an nllb run."""
+    for line in reversed(tail(stderr_path, 1 << 20).splitlines()):
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("event") == "summary":
+                return record
+    return None
+
+
+class Runner:
+    def __init__(self, args, model_dir: Path, work: Path, cache_dir: Path, out):
+        self.args, self.model_dir, self.work, self.cache_dir, self.out = args, model_dir, work, cache_dir, out
+        self.count = 0
+
+    def env(self, cache_dir: Path | None = None, **extra: str) -> dict:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env["CUPY_CACHE_DIR"] = str(cache_dir or self.cache_dir)
+        env.update(extra)
+        return env
+
+    def nllb(self, label: str, source: Path, cache_dir: Path | None = None, timeout: float | None = None) -> dict:
+        """One `nllb translate` job; returns its record (wall, exit, summary, start-up timestamps)."""
+        a = self.args
+        self.count += 1
+        tag = f"nllb{self.count}"
+        output = self.work / f"{tag}.out{source.suffix}"
+        probe_file = self.work / f"{tag}.probe.json"
+        options = ["translate", "--src", a.src, "--tgt", a.tgt, "--model", str(self.model_dir), "--device", a.device,
+                   "--beam-size", str(a.beam_size), "--max-length", str(a.new_tokens), "--progress", "json"]
+        if a.max_batch_tokens:
+            options += ["--max-batch-tokens", str(a.max_batch_tokens)]
+        if a.chunk_rows:
+            options += ["--chunk-rows", str(a.chunk_rows)]
+        options += shlex.split(a.nllb_args) + [str(source), str(output)]
+        if a.plain:
+            command = [a.nllb_python, "-m", "nllbcli.cli", *options]
+        else:
+            command = [a.nllb_python, str(Path(__file__).resolve()), "__probe__", *options]
+        run = run_process(command, self.env(cache_dir, NLLB_E2E_PROBE=str(probe_file)), timeout or a.timeout,
+                          self.work / f"{tag}.stdout", self.work / f"{tag}.stderr")
+        record = {"what": "nllb_run", "label": label, "input": source.name, "cache_dir": str(cache_dir or self.cache_dir),
+                  "wall_s": run["wall_s"], "exit": run["exit"], "summary": summary_of(self.work / f"{tag}.stderr"),
+                  "command": shlex.join(command), "output": str(output)}
+        if probe_file.is_file():
+            events = json.loads(probe_file.read_text())
+            record["since_start_s"] = {k: v - run["t0"] for k, v in sorted(events.items(), key=lambda kv: kv[1])}
+        if run["exit"] != 0:
+            record["stderr_tail"] = tail(self.work / f"{tag}.stderr")
+        emit(record, self.out)
+        return record
+
+    def transformers(self, label: str, source: Path, batch: int, timeout: float | None = None) -> dict:
+        a = self.args
+        self.count += 1
+        tag = f"tf{self.count}"
+        output, timings = self.work / f"{tag}.out.txt", self.work / f"{tag}.timings.json"
+        command = [a.transformers_python, str(ROOT / "bench" / "e2e_transformers.py"), "--model", str(self.model_dir),
+                   "--src", a.src, "--tgt", a.tgt, "--device", a.device, "--batch-size", str(batch),
+                   "--max-new-tokens", str(a.new_tokens), "--num-beams", str(a.beam_size), "--timings", str(timings),
+                   str(source), str(output)]
+        run = run_process(command, self.env(), timeout or a.timeout, self.work / f"{tag}.stdout", self.work / f"{tag}.stderr")
+        record = {"what": "transformers_run", "label": label, "input": source.name, "batch": batch,
+                  "wall_s": run["wall_s"], "exit": run["exit"], "command": shlex.join(command), "output": str(output)}
+        if timings.is_file():
+            t = json.loads(timings.read_text())
+            record["since_start_s"] = {k: v - run["t0"] for k, v in t.pop("times").items()}
+            record.update(t)
+        if run["exit"] != 0:
+            record["stderr_tail"] = tail(self.work / f"{tag}.stderr")
+        emit(record, self.out)
+        return record
+
+
+def same_lines(a: str, b: str) -> dict:
+    try:
+        x = Path(a).read_text(encoding="utf-8").splitlines()
+        y = Path(b).read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        return {"error": str(error)}
+    same = sum(p == q for p, q in zip(x, y))
+    return {"lines": [len(x), len(y)], "same": same, "same_fraction": same / max(len(x), 1)}
+
+
+def ok(record: dict) -> bool:
+    return record.get("exit") == 0
+
+
+# ------------------------------------------------------------------------------------------------ measurements
+
+
+def check_tokenizers(runner: Runner, source: Path, lines: list[str], tokenizer) -> dict:
+    """transformers' NllbTokenizer against nllbcli's on the first 200 lines and some language codes."""
+    a = runner.args
+    dump = runner.work / "tf_ids.json"
+    command = [a.transformers_python, str(ROOT / "bench" / "e2e_transformers.py"), "--model", str(runner.model_dir),
+               "--src", a.src, "--tgt", a.tgt, "--tokenize-only", "200", "--langs", ",".join(CHECK_LANGS),
+               "--timings", str(dump), str(source), os.devnull]
+    run = run_process(command, runner.env(), a.timeout, runner.work / "check.stdout", runner.work / "check.stderr")
+    record = {"what": "check_tokenizers", "exit": run["exit"]}
+    if run["exit"] != 0 or not dump.is_file():
+        record["stderr_tail"] = tail(runner.work / "check.stderr")
+        return record
+    theirs = json.loads(dump.read_text())
+    ours = [tokenizer.encode(line, a.src) for line in lines[: len(theirs["ids"])]]
+    record["lines"] = len(ours)
+    record["same_ids"] = sum(x == y for x, y in zip(ours, theirs["ids"]))
+    record["first_difference"] = next(({"line": i, "nllbcli": x, "transformers": y}
+                                       for i, (x, y) in enumerate(zip(ours, theirs["ids"])) if x != y), None)
+    record["lang_ids"] = {code: [tokenizer.lang_id(code), theirs["lang_ids"][code]] for code in CHECK_LANGS}
+    record["lang_ids_agree"] = all(x == y for x, y in record["lang_ids"].values())
+    record["tokenizer_class"] = theirs.get("tokenizer_class")
+    record["ok"] = record["same_ids"] == len(ours) and record["lang_ids_agree"]
+    return record
+
+
+def measure_a_b(runner: Runner, source: Path, measures: set[str]) -> None:
+    a, out = runner.args, runner.out
+    # the first run: an empty kernel cache (B), the warm cache's own directory when that is still empty (it
+    # fills it for the warm runs), else a temporary one
+    fresh = not any(runner.cache_dir.iterdir())
+    cold_dir = runner.cache_dir if fresh else Path(tempfile.mkdtemp(prefix="cupy-cold-", dir=runner.work))
+    try:
+        cold = runner.nllb("cold", source, cache_dir=cold_dir)
+    finally:
+        if not fresh:
+            shutil.rmtree(cold_dir, ignore_errors=True)
+    if not ok(cold) and a.device != "cpu":
+        runner.nllb("cache warm-up after a failed cold run", source)
+    warm = [runner.nllb("warm", source) for _ in range(a.repeat)]
+    result: dict = {}
+    if "A" in measures:
+        nllb_s = statistics.median(r["wall_s"] for r in warm) if all(map(ok, warm)) else None
+        result_a = {"what": "A", "sentences": a.sentences, "nllb_wall_s": nllb_s, "nllb_runs_s": [r["wall_s"] for r in warm],
+                    "goal": "nllbcli at least 3x faster than transformers, model load included"}
+        if not a.skip_transformers:
+            runner.transformers("warm-up (page cache)", runner.work / "warmup.txt", min(a.tf_batches))
+            tf = {}
+            for batch in a.tf_batches:
+                runs = [runner.transformers("timed", source, batch) for _ in range(a.repeat)]
+                if all(map(ok, runs)):
+                    tf[batch] = (statistics.median(r["wall_s"] for r in runs), runs[0])
+            if tf:
+                best = min(tf, key=lambda b: tf[b][0])
+                result_a.update({"transformers_wall_s": {str(b): s for b, (s, _) in tf.items()}, "transformers_best_batch": best,
+                                 "transformers_best_s": tf[best][0]})
+                if nllb_s:
+                    result_a["ratio"] = tf[best][0] / nllb_s
+                    result_a["met"] = result_a["ratio"] >= 3
+                    result_a["outputs_same_as_transformers"] = same_lines(warm[0]["output"], tf[best][1]["output"])
+                    result_a["generated_tokens"] = {"nllbcli": (warm[0]["summary"] or {}).get("tokens"),
+                                                    "transformers": tf[best][1].get("generated_tokens")}
+        emit(result_a, out)
+    if "B" in measures:
+        def points(r: dict) -> dict:
+            s = r.get("since_start_s", {})
+            return {"ok": ok(r), "wall_s": r["wall_s"], "first_batch_start_s": s.get("first_batch_start"),
+                    "first_batch_end_s": s.get("first_batch_end"), "load_s": (s["load_end"] - s["load_start"]) if "load_end" in s else None}
+        result = {"what": "B", "warm": points(warm[0]), "cold": points(cold),
+                  "goal": "warm: first batch on the GPU within 5 s of the command's start; cold (empty CUPY_CACHE_DIR): within 60 s",
+                  "note": "first_batch_start: the first Translator.generate call; first_batch_end: its return (that batch done)"}
+        if result["warm"]["first_batch_start_s"] is not None:
+            result["warm_met"] = result["warm"]["first_batch_start_s"] <= 5
+            result["warm_met_first_batch_done"] = result["warm"]["first_batch_end_s"] <= 5
+        if result["cold"]["first_batch_end_s"] is not None:
+            result["cold_met"] = result["cold"]["first_batch_end_s"] <= 60
+        emit(result, out)
+
+
+def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
+    """The CLI over every line, then the engine alone on the same ids (its own process: a GPU to itself)."""
+    a, out = runner.args, runner.out
+    warmup = runner.work / "warmup_c.txt"
+    rows = a.chunk_rows or 8192
+    warmup.write_text("".join(line + "\n" for line in lines[:rows]), encoding="utf-8")
+    runner.nllb("C warm-up (kernel cache, page cache)", warmup)
+    job = runner.nllb("C whole job", source)
+    config = {"model": str(runner.model_dir), "input": str(source), "device": a.device, "src": a.src, "tgt": a.tgt,
+              "beam_size": a.beam_size, "max_length": a.new_tokens, "max_batch_tokens": a.max_batch_tokens,
+              "chunk_rows": a.chunk_rows, "engine_batches": a.engine_batch, "result": str(runner.work / "engine.json")}
+    engine_run = run_process([a.nllb_python, str(Path(__file__).resolve()), "__engine__", json.dumps(config)],
+                             runner.env(), a.timeout, runner.work / "engine.stdout", runner.work / "engine.stderr")
+    engine = json.loads(Path(config["result"]).read_text()) if Path(config["result"]).is_file() else {}
+    emit({"what": "engine_run", "wall_s": engine_run["wall_s"], "exit": engine_run["exit"], **engine,
+          **({"stderr_tail": tail(runner.work / "engine.stderr")} if engine_run["exit"] != 0 else {})}, out)
+    result = {"what": "C", "sentences": len(lines), "goal": "the nllb job at least 90% of the engine's tokens/s",
+              "note": "job_tokens_per_s: nllb's own summary (after the model load: reading, tokenizing, batching, "
+                      "decoding, writing, committing); wall: the whole process, start-up and load included; tokens "
+                      "are generated ids after the language token on both sides"}
+    summary = job.get("summary") or {}
+    same = engine.get("same_batches")
+    if ok(job) and summary and same:
+        result.update({"job_tokens": summary.get("tokens"), "job_seconds": summary.get("seconds"),
+                       "job_tokens_per_s": summary.get("tokens_per_s"), "job_wall_s": job["wall_s"],
+                       "engine_same_batches_tokens_per_s": same["tokens_per_s"], "engine_tokens": same["tokens"],
+                       "batching": same["batching"]})
+        result["ratio_job"] = summary["tokens"] / summary["seconds"] / same["tokens_per_s"]
+        result["ratio_wall"] = summary["tokens"] / job["wall_s"] / same["tokens_per_s"]
+        result["met"] = result["ratio_job"] >= 0.9
+        for batch, r in engine.get("fixed_batches", {}).items():
+            result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
+    emit(result, out)
+
+
+def engine_only(config: dict) -> None:
+    """Child process of C: the Translator's generate alone on the CLI's sentences, pre-tokenized."""
+    from nllbcli.options import BatchOptions, DecodeOptions
+    from nllbcli.pipeline import cut_source, plan_batches
+    from nllbcli.split import split_text
+    from nllbcli.translator import load_translator
+
+    t = time.perf_counter()
+    translator = load_translator(config["model"], config["device"])
+    load_s = time.perf_counter() - t
+    tokenizer, limit = translator.tokenizer, translator.config.max_position_embeddings
+    for_device = getattr(BatchOptions, "for_device", None)  # the CLI's defaults per device, where they exist
+    if for_device is not None:
+        batching = for_device(translator.device, config["max_batch_tokens"], config["chunk_rows"])
+    else:
+        batching = BatchOptions(config["max_batch_tokens"] or BatchOptions.max_batch_tokens,
+                                config["chunk_rows"] or BatchOptions.read_chunk_rows)
+    options = DecodeOptions(beam_size=config["beam_size"], max_length=config["max_length"])
+    tgt = config["tgt"]
+    with open(config["input"], encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    # as the pipeline: chunks of rows, each row's sentences, batches planned longest first within a chunk
+    batches: list[list[list[int]]] = []
+    every: list[list[int]] = []
+    for first in range(0, len(lines), batching.read_chunk_rows):
+        ids = [cut_source(tokenizer.encode(s, config["src"]), limit)
+               for line in lines[first : first + batching.read_chunk_rows] for s in split_text(line)[0]]
+        every += ids
+        batches += [[ids[i] for i in batch] for batch in plan_batches({i: len(s) for i, s in enumerate(ids)}, batching.max_batch_tokens)]
+
+    def timed(plan: list[list[list[int]]]) -> dict:
+        translator.generate(plan[0], tgt, options)  # warm-up: every module this batch size needs, loaded
+        t0 = time.perf_counter()
+        tokens = sum(len(o) for batch in plan for o in translator.generate(batch, tgt, options))
+        seconds = time.perf_counter() - t0
+        return {"batches": len(plan), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+    result = {"device": translator.device, "load_s": load_s, "sentences": len(every),
+              "same_batches": {**timed(batches), "batching": {"max_batch_tokens": batching.max_batch_tokens,
+                                                              "chunk_rows": batching.read_chunk_rows}}}
+    ordered = sorted(every, key=len)  # as the harness: sorted by length, fixed batches
+    result["fixed_batches"] = {str(b): timed([ordered[i : i + b] for i in range(0, len(ordered), b)])
+                               for b in config["engine_batches"]}
+    Path(config["result"]).write_text(json.dumps(result) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------------- main
+
+
+def gpu_facts() -> dict:
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        return {"gpu": text} if text else {}
+    except (OSError, subprocess.SubprocessError):
+        return {}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", default="A,B", help="which of A, B, C, comma-separated (default A,B)")
+    parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (bench/shapes.py or tiny; default {DEFAULT})")
+    parser.add_argument("--model-dir", type=Path, help="model directory: reused when it holds this script's model of the same shape and seed, "
+                                                        "else built there and kept (default: built in the work directory, removed)")
+    parser.add_argument("--cache-dir", type=Path, help="CUPY_CACHE_DIR of the warm runs, kept (default: in the work directory, removed)")
+    parser.add_argument("--work-dir", type=Path, help="inputs, outputs and logs; kept when given (default: a temporary directory, removed)")
+    parser.add_argument("--sentences", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (the reference engine; transformers in float32)")
+    parser.add_argument("--src", default="eng_Latn")
+    parser.add_argument("--tgt", default="fra_Latn")
+    parser.add_argument("--new-tokens", type=int, default=40, help="generated tokens per sentence, the language token included "
+                                                                   "(nllb --max-length, transformers' max_new_tokens)")
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--max-batch-tokens", type=int, help="passed to nllb (default: nllb's own default for the device)")
+    parser.add_argument("--chunk-rows", type=int, help="passed to nllb (default: nllb's own default for the device)")
+    parser.add_argument("--nllb-args", default="", help="more options for every nllb translate run, one string")
+    parser.add_argument("--tf-batch", default="256", help="transformers batch sizes, comma-separated; A takes the fastest")
+    parser.add_argument("--engine-batch", default="4096", help="C: fixed batch sizes for the engine alone (as the harness), comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="A: timed runs of each side (the median counts)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds for each process")
+    parser.add_argument("--nllb-python", default=sys.executable, help="interpreter with nllbcli's dependencies (and CuPy)")
+    parser.add_argument("--transformers-python", default=sys.executable, help="interpreter with torch and transformers")
+    parser.add_argument("--skip-transformers", action="store_true", help="no transformers runs (A then gives nllb's time alone)")
+    parser.add_argument("--no-check", action="store_true", help="skip the tokenizer check against transformers")
+    parser.add_argument("--plain", action="store_true", help="run `python -m nllbcli.cli` without start-up timestamps")
+    parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
+    args = parser.parse_args()
+    measures = {m.strip().upper() for m in args.measure.split(",") if m.strip()}
+    if not measures <= {"A", "B", "C"}:
+        parser.error("--measure takes A, B and C")
+    args.tf_batches = [int(b) for b in args.tf_batch.split(",") if b]
+    args.engine_batch = [int(b) for b in args.engine_batch.split(",") if b]
+    if not args.skip_transformers and ("A" in measures or not args.no_check):
+        probe_torch = subprocess.run([args.transformers_python, "-c", "import torch, transformers"], capture_output=True)
+        if probe_torch.returncode != 0:
+            print(f"{args.transformers_python} cannot import torch and transformers: skipping the transformers side",
+                  file=sys.stderr)
+            args.skip_transformers = True
+
+    out = open(args.out, "a", encoding="utf-8") if args.out else None
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="nllb-e2e-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        model_dir = args.model_dir or work / "model"
+        built = build_model(model_dir, args.shape, args.seed)
+        cache_dir = args.cache_dir or work / "cupy-cache"
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        from nllbcli.tokenizer import tokenizer_from_model_dir
+
+        tokenizer = tokenizer_from_model_dir(model_dir)
+        t = time.perf_counter()
+        lines = make_sentences(args.sentences, args.seed, tokenizer, args.src)
+        source, _ = write_input(work, lines)
+        (work / "warmup.txt").write_text("".join(line + "\n" for line in lines[:64]), encoding="utf-8")
+        config = SHAPES[args.shape]
+        emit({"what": "setup", "shape": args.shape, "parameters": parameter_count(config), "device": args.device, **built,
+              "weights_bytes": (model_dir / "model.safetensors").stat().st_size, "work_dir": str(work),
+              "cache_dir": str(cache_dir), "cache_files_before": sum(1 for _ in cache_dir.rglob("*") if _.is_file()),
+              "input": input_stats(lines, tokenizer, args.src), "input_s": time.perf_counter() - t,
+              "new_tokens": args.new_tokens, "beam_size": args.beam_size, "python": sys.version.split()[0],
+              **gpu_facts()}, out)
+        runner = Runner(args, model_dir, work, cache_dir, out)
+        if not args.no_check and not args.skip_transformers:
+            emit(check_tokenizers(runner, source, lines, tokenizer), out)
+        if measures & {"A", "B"}:
+            measure_a_b(runner, source, measures)
+        if "C" in measures:
+            measure_c(runner, source, lines)
+    finally:
+        if out is not None:
+            out.close()
+        if args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        elif args.model_dir is None:
+            shutil.rmtree(work / "model", ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["__engine__"]:
+        engine_only(json.loads(sys.argv[2]))
+        sys.exit(0)
+    sys.exit(main())
