@@ -4,8 +4,9 @@ Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split int
 --no-split), the sentences are grouped by target language and sorted by length so each batch pads little,
 batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
 the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
-none of this changes the output. Reading and tokenizing run one chunk ahead on a thread (ChunkReader), so
-they overlap the model's work on the chunk before; writing and committing stay on the main thread.
+none of this changes the output. Reading and tokenizing a file run one chunk ahead on a thread
+(ChunkReader), so they overlap the model's work on the chunk before; writing and committing stay on the main
+thread.
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
@@ -142,16 +143,17 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     try:
         end = source.position
         if not (saved and saved.done):
-            reader = ChunkReader(source, batching.read_chunk_rows, lambda chunk: prepare_records(translator, chunk, job))
-            for chunk, position, (outcomes, sentences) in reader:
-                translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                   reporter.advance)
-                with critical():
-                    write_chunk(chunk, outcomes, sink, errors, job, reporter)
-                    if output is not None:
-                        save_state(state_path, Saved(identity, position, output.sync(),
-                                                     errors.sync() if errors else 0, vars(counters).copy()))
-                        committed = True
+            with ChunkReader(source, batching.read_chunk_rows, lambda chunk: prepare_records(translator, chunk, job),
+                             ahead=job.input != "-") as reader:
+                for chunk, position, (outcomes, sentences) in reader:
+                    translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
+                                       reporter.advance)
+                    with critical():
+                        write_chunk(chunk, outcomes, sink, errors, job, reporter)
+                        if output is not None:
+                            save_state(state_path, Saved(identity, position, output.sync(),
+                                                         errors.sync() if errors else 0, vars(counters).copy()))
+                            committed = True
             end = reader.position
         with critical():
             sink.close()
@@ -269,46 +271,64 @@ class ChunkReader:
     the caller, so reading and tokenizing overlap the model's work on the chunk before. Yields (chunk, the
     reader's position just after it, prepare's result); an error of prepare's or the reader's is raised when
     its chunk's turn comes, after the chunks before it. `position`: the reader's position just after the
-    last chunk taken (at the end, the input's end). At most one chunk waits ahead; the thread is a daemon, so
-    a job stopped while it waits on a slow stdin still exits."""
+    last chunk taken (at the end, the input's end). At most one chunk waits ahead.
 
-    def __init__(self, source: Input, size: int, prepare: Callable[[list[Record]], object]):
-        self.source, self.size, self.prepare = source, size, prepare
+    A context manager: leaving it stops the thread and waits for it (at most the chunk it is reading), so no
+    thread is inside the input when the input is closed or the interpreter exits. `ahead=False` reads and
+    prepares on the caller's thread, as for stdin: a thread blocked on a pipe that has nothing to give could
+    neither be waited for nor left behind (Python aborts at exit when a thread holds stdin's lock)."""
+
+    def __init__(self, source: Input, size: int, prepare: Callable[[list[Record]], object], ahead: bool = True):
+        self.source, self.size, self.prepare, self.ahead = source, size, prepare, ahead
         self.position = replace(source.position)
+        self.thread: threading.Thread | None = None
+        self.turn = threading.Semaphore(0)  # a chunk may be read: one ahead of the caller
+        self.stop = threading.Event()
+
+    def __enter__(self) -> "ChunkReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.turn.release()
+        if self.thread is not None:
+            self.thread.join()
 
     def __iter__(self) -> Iterator[tuple[list[Record], Position, object]]:
+        if not self.ahead:
+            for chunk in read_chunks(self.source.records, self.size):
+                self.position = replace(self.source.position)
+                yield chunk, self.position, self.prepare(chunk)
+            self.position = replace(self.source.position)
+            return
         ready: queue.Queue = queue.Queue()
-        turn = threading.Semaphore(1)  # a chunk may be read: one ahead of the caller
-        stop = threading.Event()
 
         def work() -> None:
             try:
                 for chunk in read_chunks(self.source.records, self.size):
                     position = replace(self.source.position)
                     ready.put(("chunk", chunk, position, self.prepare(chunk)))
-                    turn.acquire()
-                    if stop.is_set():
+                    self.turn.acquire()
+                    if self.stop.is_set():
                         return
                 ready.put(("end", None, replace(self.source.position), None))
             except BaseException as error:  # noqa: BLE001 - every error goes to the caller, in its turn
                 ready.put(("error", error, None, None))
 
-        turn.acquire()
-        thread = threading.Thread(target=work, name="nllb-reader", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, chunk, position, prepared = ready.get()
-                if kind == "error":
-                    raise chunk
-                self.position = position
-                if kind == "end":
-                    return
-                turn.release()  # read the next chunk while the caller works on this one
-                yield chunk, position, prepared
-        finally:
-            stop.set()
-            turn.release()
+        self.thread = threading.Thread(target=work, name="nllb-reader", daemon=True)
+        self.thread.start()
+        while True:
+            kind, chunk, position, prepared = ready.get()
+            if kind == "error":
+                raise chunk
+            self.position = position
+            if kind == "end":
+                return
+            self.turn.release()  # read the next chunk while the caller works on this one
+            yield chunk, position, prepared
 
 
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:

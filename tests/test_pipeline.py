@@ -198,12 +198,13 @@ def reader_of(rows: int, log: list[int], fail_at: int | None = None):
 def test_chunk_reader_gives_chunks_in_order_with_their_positions():
     from nllbcli.pipeline import ChunkReader
 
-    source, prepare = reader_of(10, [])
-    reader = ChunkReader(source, 4, prepare)
-    got = [([r.index for r in chunk], position.rows, position.offset, prepared) for chunk, position, prepared in reader]
-    assert got == [([0, 1, 2, 3], 4, 40, ["ROW 0", "ROW 1", "ROW 2", "ROW 3"]),
-                   ([4, 5, 6, 7], 8, 80, ["ROW 4", "ROW 5", "ROW 6", "ROW 7"]), ([8, 9], 10, 100, ["ROW 8", "ROW 9"])]
-    assert reader.position.rows == 10
+    for ahead in (True, False):
+        source, prepare = reader_of(10, [])
+        with ChunkReader(source, 4, prepare, ahead=ahead) as reader:
+            got = [([r.index for r in chunk], position.rows, position.offset, prepared) for chunk, position, prepared in reader]
+        assert got == [([0, 1, 2, 3], 4, 40, ["ROW 0", "ROW 1", "ROW 2", "ROW 3"]),
+                       ([4, 5, 6, 7], 8, 80, ["ROW 4", "ROW 5", "ROW 6", "ROW 7"]), ([8, 9], 10, 100, ["ROW 8", "ROW 9"])]
+        assert reader.position.rows == 10
 
 
 def test_chunk_reader_reads_one_chunk_ahead_at_most():
@@ -213,14 +214,16 @@ def test_chunk_reader_reads_one_chunk_ahead_at_most():
 
     log: list[int] = []
     source, prepare = reader_of(100, log)
-    chunks = iter(ChunkReader(source, 10, prepare))
-    next(chunks)  # the caller works on chunk 0 ...
-    time.sleep(0.2)  # ... long enough for the thread to read all it may
-    assert max(log) == 19  # chunk 1 is read ahead, chunk 2 is not
-    next(chunks)
-    time.sleep(0.2)
-    assert max(log) == 29
-    chunks.close()
+    with ChunkReader(source, 10, prepare) as reader:
+        chunks = iter(reader)
+        next(chunks)  # the caller works on chunk 0 ...
+        time.sleep(0.2)  # ... long enough for the thread to read all it may
+        assert max(log) == 19  # chunk 1 is read ahead, chunk 2 is not
+        next(chunks)
+        time.sleep(0.2)
+        assert max(log) == 29
+    assert not reader.thread.is_alive()  # leaving stops the thread and waits for it
+    assert max(log) <= 39
 
 
 def test_chunk_reader_raises_an_error_in_its_chunks_turn():
@@ -228,7 +231,7 @@ def test_chunk_reader_raises_an_error_in_its_chunks_turn():
 
     source, prepare = reader_of(30, [], fail_at=25)
     taken = []
-    with pytest.raises(NllbError, match="row 25 is bad"):
-        for chunk, _, _ in ChunkReader(source, 10, prepare):
+    with pytest.raises(NllbError, match="row 25 is bad"), ChunkReader(source, 10, prepare) as reader:
+        for chunk, _, _ in reader:
             taken.append(chunk[0].index)
     assert taken == [0, 10]  # the chunks before the bad one come first
