@@ -187,9 +187,13 @@ def read_safetensors_header(path: Path) -> tuple[dict, int]:
 
 
 def read_safetensors(path: Path, wanted: set[str] | None = None) -> dict[str, np.ndarray]:
-    """Named float32 arrays from one safetensors file (only `wanted` names when given)."""
+    """Named float32 arrays from one safetensors file (only `wanted` names when given).
+
+    Each tensor is mapped from the file on its own and the map dropped once converted: mapping the whole file
+    at once kept every page read so far resident until the end (+1.2 GB of RSS for the 600M model in bf16).
+    """
     header, start = read_safetensors_header(path)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
+    file_size = path.stat().st_size
     arrays: dict[str, np.ndarray] = {}
     for name, info in header.items():
         if wanted is not None and name not in wanted:
@@ -198,20 +202,33 @@ def read_safetensors(path: Path, wanted: set[str] | None = None) -> dict[str, np
         if dtype is None:
             raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16 and bfloat16 are supported")
         begin, end = info["data_offsets"]
-        raw = data[start + begin : start + end].view(dtype).reshape(info["shape"])
+        shape = tuple(info["shape"])
+        count = int(np.prod(shape, dtype=np.int64))
+        if end - begin != count * np.dtype(dtype).itemsize or begin < 0 or start + end > file_size:
+            raise NllbError(f"{path}: tensor {name}'s data_offsets {info['data_offsets']} do not fit its shape {list(shape)} "
+                            f"or the file ({file_size} bytes)")
+        if count == 0:
+            raw = np.zeros(shape, dtype=dtype)
+        else:
+            raw = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape).view(np.ndarray)
         arrays[name] = bf16_to_float32(raw) if info["dtype"] == "BF16" else raw.astype(np.float32)
     return arrays
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> float32: the same number, exactly."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    """bfloat16 bit patterns (uint16) -> float32: the same number, exactly (shifted in place: one 4-byte array)."""
+    wide = bits.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
 
 
 def float32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bit patterns (uint16), rounded to nearest, ties to even (as torch's .to(bfloat16))."""
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+WRITE_BLOCK_ELEMENTS = 1 << 20  # elements converted and written at once by write_safetensors (4 MB of float32)
 
 
 def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "BF16", metadata: dict | None = None) -> None:
@@ -233,8 +250,12 @@ def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "B
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for array in arrays.values():
-            a = np.ascontiguousarray(array, dtype=np.float32)
-            f.write((float32_to_bf16(a) if dtype == "BF16" else a.astype(numpy_dtype)).tobytes())
+            flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+            # a block at a time: converting a 1 GB embedding whole took ~2 GB of temporaries (uint32 sums, tobytes)
+            for first in range(0, flat.size, WRITE_BLOCK_ELEMENTS):
+                block = flat[first : first + WRITE_BLOCK_ELEMENTS]
+                converted = float32_to_bf16(block) if dtype == "BF16" else block.astype(numpy_dtype, copy=False)
+                f.write(memoryview(converted).cast("B"))
 
 
 def weight_files(model_dir: Path) -> list[Path]:

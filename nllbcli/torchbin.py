@@ -258,5 +258,7 @@ def read_torch_bin(path: Path, wanted: set[str] | None = None) -> dict[str, np.n
 
 def widen_to_float32(raw: np.ndarray, storage_name: str) -> np.ndarray:
     if storage_name == "BFloat16Storage":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        wide = raw.astype(np.uint32)
+        wide <<= 16  # in place: one 4-byte array, not two
+        return wide.view(np.float32)
     return raw.astype(np.float32, copy=False)  # array() already copied it out of the file
