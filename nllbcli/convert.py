@@ -35,6 +35,9 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
     config, weights = load_checkpoint(source)  # checked against config.json: a converted copy always loads
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the copy is a model directory like any other
     try:
         write_safetensors(staging / "model.safetensors", stored_names(weights, config.tie_word_embeddings), "BF16",
                           metadata={"format": "pt"})

@@ -205,3 +205,16 @@ def test_download_asks_for_one_set_of_weights(monkeypatch, tmp_path):
     assert calls == {"repo_id": "org/model", "revision": None, "local_dir": str(tmp_path / "m"),
                      "allow_patterns": ["*.json", "*.model", "*.txt", "*.safetensors"]}
     assert download_patterns(["config.json", "pytorch_model-00001-of-00003.bin"])[-1] == "pytorch_model*.bin"
+
+
+def test_converted_directory_has_the_usual_permissions(tmp_path):
+    """Not mkdtemp's 0700: the copy is a model directory like any other (the umask decides)."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        out = tmp_path / "converted"
+        assert convert(TINY_BIN, out).exit_code == 0
+        assert out.stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(umask)
