@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import GenerationConfig, M2M100ForConditionalGeneration, NllbTokenizer
+from transformers import M2M100ForConditionalGeneration, NllbTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_test_models import GENERATION_TEXTS  # noqa: E402
+from make_test_models import GENERATION_TEXTS, forced_generate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "tests" / "models" / "tiny-a"
@@ -55,17 +55,7 @@ def main() -> int:
         batch = tok(GENERATION_TEXTS, padding=True, return_tensors="pt")
         tgt_id = tok.convert_tokens_to_ids(tgt)
         for beams in (1, 4):
-            gen = GenerationConfig(
-                num_beams=beams, length_penalty=1.0, early_stopping=False, max_new_tokens=24, do_sample=False,
-                forced_bos_token_id=tgt_id, bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-            )
-            with torch.no_grad():
-                out = model.generate(**batch, generation_config=gen)
-            outputs = []
-            for row in out.tolist():
-                assert row[0] == 2 and row[1] == tgt_id, row[:2]
-                gen_ids = row[2:]
-                outputs.append(gen_ids[: gen_ids.index(2)] if 2 in gen_ids else gen_ids[:23])
+            outputs, _ = forced_generate(model, batch, tgt_id, num_beams=beams, length_penalty=1.0, max_new_tokens=24)
             cases.append({"src_lang": src, "tgt_lang": tgt, "beam_size": beams, "max_length": 24, "texts": GENERATION_TEXTS,
                           "output_ids": outputs})
     golden = {"model": "tiny-a", "adapter": "tiny-a-lora", "generate": cases}

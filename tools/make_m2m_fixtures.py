@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers import GenerationConfig, M2M100Tokenizer
+from transformers import M2M100Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_test_models import GENERATION_TEXTS, TOKENIZER_TEXTS, make_model, train_sentencepiece  # noqa: E402
+from make_test_models import (  # noqa: E402
+    GENERATION_TEXTS, TOKENIZER_TEXTS, forced_generate, make_model, train_sentencepiece, unpadded_ids,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "tiny-m2m"
@@ -99,21 +101,10 @@ def main() -> int:
         batch = tok(GENERATION_TEXTS, padding=True, return_tensors="pt")
         tgt_id = tok.get_lang_id(tgt)
         for beams, max_new in ((1, 24), (4, 24), (4, 6)):
-            gen = GenerationConfig(
-                num_beams=beams, length_penalty=1.0, early_stopping=False, max_new_tokens=max_new, do_sample=False,
-                forced_bos_token_id=tgt_id, bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-            )
-            with torch.no_grad():
-                out = model.generate(**batch, generation_config=gen)
-            outputs = []
-            for row in out.tolist():
-                assert row[0] == 2 and row[1] == tgt_id, row[:2]
-                gen_ids = row[2:]
-                outputs.append(gen_ids[: gen_ids.index(2)] if 2 in gen_ids else gen_ids[: max_new - 1])
+            outputs, _ = forced_generate(model, batch, tgt_id, num_beams=beams, length_penalty=1.0, max_new_tokens=max_new)
             generate_cases.append({
                 "src_lang": src, "tgt_lang": tgt, "beam_size": beams, "max_length": max_new, "texts": GENERATION_TEXTS,
-                "input_ids": [[i for i, m in zip(ids, mask) if m] for ids, mask in
-                              zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())],
+                "input_ids": unpadded_ids(batch),
                 "output_ids": outputs,
                 "output_texts": [decode(ids) for ids in outputs],
             })

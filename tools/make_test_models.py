@@ -226,6 +226,27 @@ def tokenizer_golden(tok: NllbTokenizer) -> list[dict]:
     return cases
 
 
+def forced_generate(model, batch, tgt_id: int, **settings) -> tuple[list[list[int]], "torch.Tensor"]:
+    """transformers' `generate` with NLLB's special ids and `tgt_id` forced after the decoder start (settings:
+    num_beams, max_new_tokens, length_penalty, ...). Returns each row's ids after the decoder start and the
+    language token, cut at </s> (a row that never ends: max_new_tokens - 1 ids), and generate's own output."""
+    gen = GenerationConfig(early_stopping=False, do_sample=False, forced_bos_token_id=tgt_id, bos_token_id=0,
+                           pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, **settings)
+    with torch.no_grad():
+        out = model.generate(**batch, generation_config=gen)
+    outputs = []
+    for row in out.tolist():
+        assert row[0] == 2 and row[1] == tgt_id, row[:2]
+        ids = row[2:]
+        outputs.append(ids[: ids.index(2)] if 2 in ids else ids[: settings["max_new_tokens"] - 1])
+    return outputs, out
+
+
+def unpadded_ids(batch) -> list[list[int]]:
+    """The tokenizer's batch without its padding."""
+    return [[i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())]
+
+
 def generation_golden(model, tok: NllbTokenizer, max_new_tokens: int) -> list[dict]:
     settings = [
         {"num_beams": 1, "length_penalty": 1.0},
@@ -241,23 +262,12 @@ def generation_golden(model, tok: NllbTokenizer, max_new_tokens: int) -> list[di
         tgt_id = tok.convert_tokens_to_ids(tgt)
         for s in settings:
             for max_new in (max_new_tokens, 5):
-                gen = GenerationConfig(
-                    num_beams=s["num_beams"], length_penalty=s["length_penalty"], early_stopping=False,
-                    max_new_tokens=max_new, do_sample=False, forced_bos_token_id=tgt_id, bos_token_id=0,
-                    pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-                )
-                with torch.no_grad():
-                    out = model.generate(**batch, generation_config=gen)
-                outputs = []
-                for row in out.tolist():
-                    assert row[0] == 2 and row[1] == tgt_id, row[:2]
-                    gen_ids = row[2:]
-                    gen_ids = gen_ids[: gen_ids.index(2)] if 2 in gen_ids else gen_ids[: max_new - 1]
-                    outputs.append(gen_ids)
+                outputs, out = forced_generate(model, batch, tgt_id, num_beams=s["num_beams"],
+                                               length_penalty=s["length_penalty"], max_new_tokens=max_new)
                 cases.append({
                     "src_lang": src, "tgt_lang": tgt, "beam_size": s["num_beams"], "length_penalty": s["length_penalty"],
                     "max_length": max_new, "texts": GENERATION_TEXTS,
-                    "input_ids": [[i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())],
+                    "input_ids": unpadded_ids(batch),
                     "output_ids": outputs,
                     "output_texts": tok.batch_decode(out, skip_special_tokens=True),
                 })
@@ -290,24 +300,15 @@ def processor_golden(model_dir: Path, max_new_tokens: int) -> list[dict]:
         batch = tok(GENERATION_TEXTS, padding=True, return_tensors="pt")
         tgt_id = tok.convert_tokens_to_ids(tgt)
         for s in PROCESSOR_SETTINGS:
-            gen = GenerationConfig(
-                num_beams=s["num_beams"], repetition_penalty=s["repetition_penalty"],
-                no_repeat_ngram_size=s["no_repeat_ngram_size"], length_penalty=1.0, early_stopping=False,
-                max_new_tokens=max_new_tokens, do_sample=False, forced_bos_token_id=tgt_id, bos_token_id=0,
-                pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
-            )
-            with torch.no_grad():
-                out = model.generate(**batch, generation_config=gen)
-            outputs = []
-            for row in out.tolist():
-                assert row[0] == 2 and row[1] == tgt_id, row[:2]
-                gen_ids = row[2:]
-                outputs.append(gen_ids[: gen_ids.index(2)] if 2 in gen_ids else gen_ids[: max_new_tokens - 1])
+            outputs, _ = forced_generate(model, batch, tgt_id, num_beams=s["num_beams"],
+                                         repetition_penalty=s["repetition_penalty"],
+                                         no_repeat_ngram_size=s["no_repeat_ngram_size"], length_penalty=1.0,
+                                         max_new_tokens=max_new_tokens)
             cases.append({
                 "src_lang": src, "tgt_lang": tgt, "beam_size": s["num_beams"], "max_length": max_new_tokens,
                 "repetition_penalty": s["repetition_penalty"], "no_repeat_ngram_size": s["no_repeat_ngram_size"],
                 "texts": GENERATION_TEXTS,
-                "input_ids": [[i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"].tolist(), batch["attention_mask"].tolist())],
+                "input_ids": unpadded_ids(batch),
                 "output_ids": outputs,
             })
     return cases
