@@ -40,6 +40,7 @@ class NllbTokenizer:
         self.mask_id = mask_id
         self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
         self.id_to_lang = {i: code for code, i in lang_ids.items()}
+        self.piece_cache: dict = {}  # id -> piece text, filled as decode meets them
         # transformers' tokenizer keeps a whitespace at the end of the text as a lone "▁" piece, where
         # sentencepiece drops it; its normaliser without whitespace removal tells whether the text ends in one.
         self.space_id = int(piece_ids[sp.PieceToId(SPACE)])
@@ -103,7 +104,8 @@ class NllbTokenizer:
 
     def lang_id(self, code: str) -> int:
         """The id of a language token, or an error naming the closest codes the model knows."""
-        return self.lang_ids[check_lang(code, self.lang_codes)]
+        found = self.lang_ids.get(code)  # the usual case, once per sentence: no list of codes made
+        return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
 
     def encode_pieces(self, text: str) -> list[int]:
         """NLLB ids of the sentencepiece pieces of `text`, without language or end tokens."""
@@ -119,9 +121,17 @@ class NllbTokenizer:
     def decode(self, ids) -> str:
         """Text of generated ids; special tokens, language codes and `<mask>` are skipped."""
         # as transformers' Metaspace decoder: every "▁" becomes a space, and one leading space goes
-        pieces = "".join(self.sp.IdToPiece(self.piece_of_id[i]) for i in map(int, ids) if i in self.piece_of_id)
-        text = pieces.replace(SPACE, " ")
+        text = "".join(map(self.piece_text, ids)).replace(SPACE, " ")
         return text[1:] if text.startswith(" ") else text
+
+    def piece_text(self, i) -> str:
+        """An id's piece ("" for ids decode skips), looked up in sentencepiece once per id: decoding runs for every
+        generated sentence, between the GPU's batches."""
+        found = self.piece_cache.get(i)
+        if found is None:
+            sp_id = self.piece_of_id.get(int(i))
+            found = self.piece_cache[i] = "" if sp_id is None else self.sp.IdToPiece(sp_id)
+        return found
 
 
 class M2M100Tokenizer:
@@ -174,7 +184,8 @@ class M2M100Tokenizer:
 
     def lang_id(self, code: str) -> int:
         """The id of `__code__`, or an error naming the closest codes the model knows."""
-        return self.lang_ids[check_lang(code, self.lang_codes)]
+        found = self.lang_ids.get(code)
+        return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
 
     def encode_pieces(self, text: str) -> list[int]:
         return self.piece_ids[self.sp.EncodeAsIds(text)].tolist()
