@@ -124,6 +124,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.shapes import DEFAULT, PRESETS, parameter_count  # noqa: E402
+from bench.shapes import random_weights as shape_weights  # noqa: E402
 from nllbcli.checkpoint import ModelConfig, write_safetensors  # noqa: E402
 
 SAMPLE = ROOT / "data" / "samples" / "model"
@@ -148,40 +149,16 @@ def emit(record: dict, out) -> None:
 
 
 def random_weights(config: ModelConfig, seed: int, pieces: int) -> dict[str, np.ndarray]:
-    """transformers' names -> float32 arrays holding bf16 values; every layer of a side shares its arrays (the
-    file still holds each layer). Ids 4..pieces-1 only can win the argmax (see the module's docstring)."""
-    rng = np.random.default_rng(seed)
-    d = config.d_model
-
-    def uniform(*shape: int, std: float = 0.02) -> np.ndarray:
-        a = rng.random(shape, dtype=np.float32)
-        a -= np.float32(0.5)
-        a *= np.float32(2 * 3**0.5 * std)
-        a.view(np.uint32)[...] &= np.uint32(0xFFFF0000)  # a bf16 value, cut towards zero
-        return a
-
-    def norm() -> tuple[np.ndarray, np.ndarray]:
-        w = 1 + uniform(d)
-        w.view(np.uint32)[...] &= np.uint32(0xFFFF0000)
-        return w, uniform(d)
-
-    shared = uniform(config.vocab_size, d)
+    """transformers' names -> float32 arrays holding bf16 values (bench/shapes.py's random weights, deviation
+    0.02, every layer of a side sharing its arrays: the file still holds each layer), the tied embedding stored
+    once as model.shared.weight. Ids 4..pieces-1 only can win the argmax (see the module's docstring)."""
+    ties = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    weights = shape_weights(config, seed, scale=0.02, embed_scale=0.02, share_layers=True)
+    shared = weights[ties[0]]
     shared[:, 0] = -COLUMN
     shared[4:pieces, 0] = COLUMN
     out = {"model.shared.weight": shared}
-    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim),
-                              ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
-        one = {}
-        for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
-            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                one[f"{attn}.{proj}.weight"], one[f"{attn}.{proj}.bias"] = uniform(d, d), uniform(d)
-            one[f"{attn}_layer_norm.weight"], one[f"{attn}_layer_norm.bias"] = norm()
-        one["fc1.weight"], one["fc1.bias"] = uniform(ffn, d), uniform(ffn)
-        one["fc2.weight"], one["fc2.bias"] = uniform(d, ffn), uniform(d)
-        one["final_layer_norm.weight"], one["final_layer_norm.bias"] = norm()
-        for i in range(layers):
-            out.update({f"model.{side}.layers.{i}.{name}": a for name, a in one.items()})
-        out[f"model.{side}.layer_norm.weight"], out[f"model.{side}.layer_norm.bias"] = norm()
+    out.update({f"model.{name}": a for name, a in weights.items() if name not in ties})
     out["model.decoder.layer_norm.weight"][0] = 0.0
     out["model.decoder.layer_norm.bias"][0] = BIAS
     return out

@@ -5,6 +5,9 @@
 
     python bench/harness.py --preset nllb-200-3.3B         # the harness on that shape (default: 600M)
 
+random_weights(config, ...) makes seeded random weights of a shape, fast enough for the 3.3B one (the GPU
+tests and bench/e2e.py).
+
 Numbers from each hub repository's config.json (facebook/NAME); the parameter counts follow from them
 (parameter_count) and are the published ones, which tests/test_shapes.py checks:
 
@@ -27,6 +30,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from nllbcli.checkpoint import ModelConfig  # noqa: E402
@@ -86,3 +91,51 @@ def parameter_count(config: ModelConfig) -> int:
     decoder_layer = 2 * attention + 3 * norm + linear(d, config.decoder_ffn_dim) + linear(config.decoder_ffn_dim, d)
     return (config.vocab_size * d + config.encoder_layers * encoder_layer + config.decoder_layers * decoder_layer
             + 2 * norm)  # + the encoder's and the decoder's final LayerNorm
+
+
+def random_weights(config: ModelConfig, seed: int, scale: float, embed_scale: float, share_layers: bool = False,
+                   tied: bool = True) -> dict[str, np.ndarray]:
+    """Random weights of a shape, bf16 values so that the GPU holds exactly these: matrices and biases of
+    standard deviation `scale`, LayerNorms 1 + that and that; one embedding of deviation `embed_scale` for the
+    encoder, the decoder and (tied) the output projection, as NLLB has. Uniform values cut to bf16 in place:
+    the 3.3B shape's 525M-value embedding takes 2 s that way, 10 s with normal values rounded by bf16_round.
+    share_layers: every layer of a side holds the same arrays, so that a 3.3B shape is made in seconds (the
+    engine still copies each layer to the GPU: full-size memory and work there)."""
+    rng = np.random.default_rng(seed)
+    d = config.d_model
+
+    def bf16_values(a: np.ndarray) -> np.ndarray:
+        a.view(np.uint32)[...] &= np.uint32(0xFFFF0000)  # keep the top 16 bits: a bf16 value, rounded to zero
+        return a
+
+    def uniform(*shape: int, std: float = scale) -> np.ndarray:
+        a = rng.random(shape, dtype=np.float32)
+        a -= np.float32(0.5)
+        a *= np.float32(2 * 3**0.5 * std)  # uniform on [-std √3, std √3]: standard deviation std
+        return bf16_values(a)
+
+    def norm() -> tuple[np.ndarray, np.ndarray]:
+        return bf16_values(1 + uniform(d)), uniform(d)
+
+    def layer(ffn: int, cross: bool) -> dict[str, np.ndarray]:
+        w = {}
+        for attn in ("self_attn", "encoder_attn") if cross else ("self_attn",):
+            for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                w[f"{attn}.{proj}.weight"], w[f"{attn}.{proj}.bias"] = uniform(d, d), uniform(d)
+            w[f"{attn}_layer_norm.weight"], w[f"{attn}_layer_norm.bias"] = norm()
+        w["fc1.weight"], w["fc1.bias"] = uniform(ffn, d), uniform(ffn)
+        w["fc2.weight"], w["fc2.bias"] = uniform(d, ffn), uniform(d)
+        w["final_layer_norm.weight"], w["final_layer_norm.bias"] = norm()
+        return w
+
+    shared = uniform(config.vocab_size, d, std=embed_scale)
+    out = {"encoder.embed_tokens.weight": shared, "decoder.embed_tokens.weight": shared,
+           "lm_head.weight": shared if tied else uniform(config.vocab_size, d, std=embed_scale)}
+    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim),
+                              ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
+        one = layer(ffn, side == "decoder") if share_layers else None
+        for i in range(layers):
+            arrays = one if share_layers else layer(ffn, side == "decoder")
+            out.update({f"{side}.layers.{i}.{name}": a for name, a in arrays.items()})
+        out[f"{side}.layer_norm.weight"], out[f"{side}.layer_norm.bias"] = norm()
+    return out
