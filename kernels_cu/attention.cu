@@ -64,6 +64,17 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
     }
 }
 
+// A warp's scores sc[0..n-1], whose largest is m, become exp(sc - m); returns 1 / their sum (every lane).
+__device__ __forceinline__ float warp_softmax(float* sc, int n, float m, int lane) {
+    float sum = 0.f;
+    for (int j = lane; j < n; j += 32) {
+        const float p = __expf(sc[j] - m);
+        sc[j] = p;
+        sum += p;
+    }
+    return 1.f / warp_sum(sum);
+}
+
 // attention_prefill_kernel: encoder self-attention, one block per (sequence, head): the sequence's K and V
 // rows of this head are read once into shared memory, then each warp takes one query at a time.
 //
@@ -137,14 +148,7 @@ __device__ __forceinline__ void attention_prefill(const __nv_bfloat16* __restric
             sc[j] = dot * scale;
             m = fmaxf(m, sc[j]);
         }
-        m = warp_max(m);
-        float sum = 0.f;
-        for (int j = lane; j < n; j += 32) {
-            const float p = __expf(sc[j] - m);
-            sc[j] = p;
-            sum += p;
-        }
-        const float inv = 1.f / warp_sum(sum);
+        const float inv = warp_softmax(sc, n, warp_max(m), lane);
         __syncwarp();
         for (int e2 = lane; e2 < E / 2; e2 += 32) {  // output columns 2 e2 and 2 e2 + 1
             float acc0 = 0.f, acc1 = 0.f;
@@ -228,13 +232,7 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     }
     m = warp_max(m);
     __syncwarp();
-    float sum = 0.f;
-    for (int j = lane; j < n; j += 32) {
-        const float p = __expf(sc[j] - m);
-        sc[j] = p;
-        sum += p;
-    }
-    const float inv = 1.f / warp_sum(sum);
+    const float inv = warp_softmax(sc, n, m, lane);
     __syncwarp();
     constexpr int PER_LANE = E / 32;
     float acc[PER_LANE];
