@@ -168,17 +168,15 @@ class CudaEngine:
         except PoolFull:  # the free rows are fragmented: a run per source, through a copy
             first = None
         if first is not None:
-            starts = list(first + offsets)
             kernels.gemm(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)])  # (T, 2 L D)
-            return CudaEncoded(np.array(starts), lengths)
+            return CudaEncoded(first + offsets, lengths)
         kv = kernels.gemm(x, self.cross_w, self.cross_b)
         starts = []
         try:
             for n in lengths:
                 starts.append(pool.cross_runs.claim(int(n)))
         except PoolFull:
-            for st, n in zip(starts, lengths):
-                pool.cross_runs.release(st, int(n))
+            pool.cross_runs.release(starts, lengths)  # the runs claimed so far (zip stops with them)
             raise
         src_rows = np.arange(len(ids))
         dst_rows = np.concatenate([np.arange(n) + st for st, n in zip(starts, lengths)])
@@ -270,10 +268,5 @@ class CudaEngine:
 
     def release_sources(self, encoded: CudaEncoded) -> None:
         if not encoded.released:
-            start, length = encoded.start, encoded.length
-            if len(start) and np.array_equal(start[1:], start[:-1] + length[:-1]):  # one run (encode's usual case)
-                self.pool.cross_runs.release(int(start[0]), int(length.sum()))
-            else:
-                for st, n in zip(start, length):
-                    self.pool.cross_runs.release(int(st), int(n))
+            self.pool.cross_runs.release(encoded.start, encoded.length)
             encoded.released = True

@@ -51,16 +51,10 @@ def module(name: str, defines: tuple[tuple[str, int], ...] = (), target: str | N
     return cp.RawModule(code=read_source(name), options=options)
 
 
-_functions: dict = {}
-
-
+@lru_cache(maxsize=None)
 def function(file: str, kernel: str, target: str | None = None, **defines: int):
     """A compiled kernel, looked up once per (file, kernel, target, defines): launchers call this per launch."""
-    key = (file, kernel, target, tuple(sorted(defines.items())))
-    found = _functions.get(key)
-    if found is None:
-        found = _functions[key] = module(file, key[3], target).get_function(kernel)
-    return found
+    return module(file, tuple(sorted(defines.items())), target).get_function(kernel)
 
 
 def check(condition: bool, message: str) -> None:
@@ -178,8 +172,13 @@ def tensor_map(a: cp.ndarray, box_rows: int):
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
 
 
+def aligned16(*arrays: cp.ndarray) -> bool:
+    """Every array starts, and every row of it starts, on 16 bytes: what 16-byte loads and TMA need."""
+    return all(a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 for a in arrays)
+
+
 def tma_ready(a: cp.ndarray) -> bool:
-    return a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 and a.strides[1] == 2
+    return aligned16(a) and a.strides[1] == 2
 
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
@@ -351,7 +350,7 @@ def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | N
         return out
     common = (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start if start is not None else NULL, length,
               table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out)
-    aligned = all(a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 for a in (q, k, v))
+    aligned = aligned16(q, k, v)
     if e in (64, 128) and max_keys is not None and max_keys <= DECODE_MAX_KEYS and aligned:
         function("attention.cu", f"attention_decode_{e}_kernel")((-(-r * heads // 4),), (128,), common + (
             cp.int32(r), cp.int32(heads), cp.float32(e**-0.5)))
@@ -388,7 +387,7 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
         attention(q[query_rows[0] : query_rows[-1] + 1], k, v, cp.asarray(np.repeat(starts, repeats).astype(np.int32)),
                   cp.asarray(np.repeat(lens, repeats).astype(np.int32)), heads, out=out[query_rows[0] : query_rows[-1] + 1])
         return out
-    aligned = all(a.data.ptr % 16 == 0 and a.strides[0] % 16 == 0 for a in (q, k, v))
+    aligned = aligned16(q, k, v)
     name = f"attention_prefill_{e}_kernel" if e in (64, 128) and aligned else "attention_prefill_kernel"
     kernel = function("attention.cu", name)
     if smem > 48 * 1024:

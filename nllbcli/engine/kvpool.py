@@ -61,8 +61,9 @@ class RunAllocator:
                 return start
         raise PoolFull(f"a run of {n} cross K/V rows needed, the longest free run is {max((n for _, n in self.free), default=0)}")
 
-    def release(self, start: int, n: int) -> None:
-        self.free.append((start, n))
+    def release(self, starts, lengths) -> None:
+        """Give back the runs starts[i] .. starts[i] + lengths[i] - 1 (a batch's sources at once: one sort)."""
+        self.free.extend((int(s), int(n)) for s, n in zip(starts, lengths))
         self.free.sort()
         merged: list[tuple[int, int]] = []
         for s, length in self.free:
