@@ -1,9 +1,12 @@
 """Where a decode step's time goes: GPU time per kernel family (CUDA events around each launcher) against
 the step's wall time, on NLLB-600M shapes with random weights.
 
-    python bench/profile_step.py [--batches 1024,4096] [--steps 8]
+    python bench/profile_step.py [--batches 1024,4096] [--steps 8] [--generate 4096x1,2048x4]
 
 Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
+--generate BATCHxBEAMS: whole `generate` calls (the harness's workload, </s> out of reach) with the same
+per-family GPU times, against the call's wall time: what the search's own work (beam bookkeeping in CuPy,
+host syncs) costs shows as the difference.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engine_bench import NLLB_600M, random_weights, timed  # noqa: E402
-from bench.harness import workload  # noqa: E402
+from bench.harness import NEW_TOKENS, workload  # noqa: E402
+from bench.shapes import DEFAULT, PRESETS  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.options import DecodeOptions  # noqa: E402
+from nllbcli.search import generate  # noqa: E402
 
 FAMILIES = ["gemm", "attention", "attention_prefill", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
 
@@ -61,12 +67,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1024,4096")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--generate", default="", help="BATCHxBEAMS,...: profile whole generate calls instead")
     args = parser.parse_args()
     config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
     engine = CudaEngine(config, random_weights(config), pool_bytes=40 << 30)  # room for 4,096 sources at once
     engine.capacity(40)
     timer = Timer()
-    sources = workload(4096)
+    sources = workload(4096, PRESETS[DEFAULT])
+    if args.generate:
+        return profile_generate(engine, config, sources, timer, args.generate)
     for batch in map(int, args.batches.split(",")):
         chunk = sources[:batch]
         for attempt in ("warm-up", "measured"):
@@ -101,6 +110,36 @@ def main() -> int:
         for tile in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg256")]:
             ms = timed(lambda: timer.originals["logits_topk"](h, engine.lm_head, 8, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_topk8_tile": tile, "ms": ms}), flush=True)
+        for rows in (batch, 2 * batch):  # the fused top-k's GEMM alone (beam 4 has 4 rows a sentence)
+            hr = cp.concatenate([h] * (rows // batch))
+            blocks_n = -(-256206 // 128)
+            stat = cp.empty((rows, blocks_n, 2), dtype=cp.float32)
+            val = cp.empty((rows, blocks_n, 8), dtype=cp.float32)
+            idx = cp.empty((rows, blocks_n, 8), dtype=cp.int32)
+            tile = "wg128" if kernels.wgmma_available() else "small"
+            gemm_only = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, None, None, None, val, idx, stat,
+                                                          kernels.EPILOGUE_TOPK, TOPK=8), repeat=5) * 1e3
+            whole = timed(lambda: timer.originals["logits_topk"](hr, engine.lm_head, 8), repeat=5) * 1e3
+            print(json.dumps({"rows": rows, "logits_topk8_whole_ms": whole, "gemm_with_topk_epilogue_ms": gemm_only}),
+                  flush=True)
+    return 0
+
+
+def profile_generate(engine, config, sources, timer, runs: str) -> int:
+    for run in runs.split(","):
+        batch, beams = map(int, run.split("x"))
+        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
+        engine.capacity(options.max_length, beams)
+        for attempt in ("warm-up", "measured"):
+            cp.cuda.Device().synchronize()
+            timer.collect()
+            t = time.perf_counter()
+            generate(engine, sources[:batch], PRESETS[DEFAULT].tgt_lang_id, config, options)
+            cp.cuda.Device().synchronize()
+            wall = time.perf_counter() - t
+            gpu = timer.collect()
+        print(json.dumps({"generate": run, "wall_ms": wall * 1e3, "gpu_ms": gpu, "gpu_total_ms": sum(gpu.values()),
+                          "tokens_per_s": batch * NEW_TOKENS / wall}), flush=True)
     return 0
 
 
