@@ -110,18 +110,18 @@ def main() -> int:
         for tile in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg256")]:
             ms = timed(lambda: timer.originals["logits_topk"](h, engine.lm_head, 8, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_topk8_tile": tile, "ms": ms}), flush=True)
-        for rows in (batch, 2 * batch):  # the fused top-k's GEMM alone (beam 4 has 4 rows a sentence)
+        for rows in (batch, 2 * batch):  # the top-k's first pass alone, and both with each second-pass tile
             hr = cp.concatenate([h] * (rows // batch))
-            blocks_n = -(-256206 // 128)
-            stat = cp.empty((rows, blocks_n, 2), dtype=cp.float32)
-            val = cp.empty((rows, blocks_n, 8), dtype=cp.float32)
-            idx = cp.empty((rows, blocks_n, 8), dtype=cp.int32)
             tile = "wg128" if kernels.wgmma_available() else "small"
-            gemm_only = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, None, None, None, val, idx, stat,
-                                                          kernels.EPILOGUE_TOPK, TOPK=8), repeat=5) * 1e3
-            whole = timed(lambda: timer.originals["logits_topk"](hr, engine.lm_head, 8), repeat=5) * 1e3
-            print(json.dumps({"rows": rows, "logits_topk8_whole_ms": whole, "gemm_with_topk_epilogue_ms": gemm_only}),
-                  flush=True)
+            stat = cp.empty((rows, -(-256206 // kernels.GEMM_TILES[tile]["BN"]), 2), dtype=cp.float32)
+            first = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, None, None, None, None, None, stat,
+                                                      kernels.EPILOGUE_STAT, TOPK=8), repeat=5) * 1e3
+            row = {"rows": rows, "topk_first_pass_ms": first}
+            for second in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg64")]:
+                if kernels.GEMM_TILES[second]["BN"] == kernels.GEMM_TILES[tile]["BN"]:
+                    row[f"logits_topk8_{tile}_{second}_ms"] = timed(lambda: timer.originals["logits_topk"](
+                        hr, engine.lm_head, 8, tile=tile, select_tile=second), repeat=5) * 1e3
+            print(json.dumps(row), flush=True)
     return 0
 
 

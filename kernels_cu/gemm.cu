@@ -56,13 +56,15 @@ extern "C" __global__ void __launch_bounds__(THREADS)
 gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict__ W,
             const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
             float* __restrict__ part_val, int* __restrict__ part_idx,
-            int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat) {
+            int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat,
+            const float* __restrict__ thresh, const unsigned char* __restrict__ needed) {
     extern __shared__ __align__(16) unsigned char gemm_smem[];
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(gemm_smem);  // STAGES x BM x LDS
     __nv_bfloat16* Ws = As + STAGES * BM * LDS;                         // STAGES x BN x LDS
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int warp_m = warp / WARPS_N, warp_n = warp % WARPS_N;
     const int block_m = blockIdx.y * BM, block_n = blockIdx.x * BN;
+    if (needed && !needed[blockIdx.y * gridDim.x + blockIdx.x]) return;  // a tile no row needs (see gemm_sm90.cu)
 
     float acc[MT][NT][4];
 #pragma unroll
@@ -121,7 +123,7 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();  // the stages may be reused by the epilogue
     gemm_epilogue(acc, gemm_smem, tid, warp_m, warp_n, block_m, block_n, blockIdx.x, gridDim.x, bias, residual, out,
-                  part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
+                  part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
 }
 
 // argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m].
@@ -153,30 +155,71 @@ extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_v
     }
 }
 
-// topk_reduce_kernel: per row m, log-probabilities of the TOPK best columns over all `parts` blocks:
-// lse = max + log(sum_b sum_b * exp(max_b - max)), then TOPK rounds of a block argmax over the parts * TOPK
-// candidates (ties: lower column), each taking its winner out. logprob (M, TOPK) f32, ids (M, TOPK) int32,
-// best first. Launch: grid (M), block 256 threads; the candidates are changed in place.
-extern "C" __global__ void topk_reduce_kernel(const float* __restrict__ part_stat, float* __restrict__ part_val,
-                                              const int* __restrict__ part_idx, float* __restrict__ logprob,
-                                              int* __restrict__ ids, int parts) {
-    __shared__ float sv[32];
-    __shared__ int si[32], sp[32];
-    __shared__ float shared_max, shared_lse;
+// Beam search's top-k in two passes over the output projection (kernels.logits_topk): EPILOGUE_STAT gives each
+// row's max and sum of exponentials per block of BN columns (a "part"); topk_threshold_kernel turns them into
+// the row's log-sum-exp and a threshold, the TOPK-th largest part max; the EPILOGUE_TOPK pass recomputes only
+// the tiles where some row's part max reaches its threshold and lists the candidates there; topk_select_kernel
+// picks each row's TOPK best. The TOPK best logits of a row are at least its threshold (TOPK parts hold a
+// logit that large), so they lie in parts whose max reaches it: the same TOPK, in the same order, as over
+// every column.
+
+// A list of TOPK (value, column) pairs best first, merged across the 32 lanes of a warp: every lane ends with
+// the warp's TOPK best.
+__device__ __forceinline__ void warp_merge_topk(float (&top)[TOPK], int (&at)[TOPK]) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        float other[TOPK];
+        int other_at[TOPK];
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) {
+            other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
+            other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
+        }
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
+    }
+}
+
+// topk_threshold_kernel: per row m, from part_stat (M, parts, 2): lse[m] = max + log(sum_p sum_p *
+// exp(max_p - max)), and thresh[m] = the TOPK-th largest of the parts' maxima (counting repeats; -inf where
+// there are fewer parts); needed[(m / needed_rows) * parts + p] = 1 for each part p whose max reaches it
+// (needed: zeroed by the caller, one byte per tile of the EPILOGUE_TOPK pass, needed_rows its BM).
+// Launch: grid (M), block 256 threads (the log-sum-exp's summation order depends on it).
+extern "C" __global__ void topk_threshold_kernel(const float* __restrict__ part_stat, float* __restrict__ lse,
+                                                 float* __restrict__ thresh, unsigned char* __restrict__ needed,
+                                                 int parts, int needed_rows) {
+    __shared__ float sv[32], list_val[8][TOPK];
+    __shared__ int list_at[8][TOPK];
+    __shared__ float shared_max, shared_thresh;
     const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const float* stat = part_stat + (size_t)m * parts * 2;
-    float* val = part_val + (size_t)m * parts * TOPK;
-    const int* idx = part_idx + (size_t)m * parts * TOPK;
 
     float mx = NEG_INF;
-    for (int p = threadIdx.x; p < parts; p += blockDim.x) mx = fmaxf(mx, stat[2 * p]);
+    float top[TOPK];
+    int at[TOPK];
+#pragma unroll
+    for (int r = 0; r < TOPK; ++r) top[r] = NEG_INF, at[r] = 0x7fffffff;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        mx = fmaxf(mx, stat[2 * p]);
+        topk_insert(top, at, stat[2 * p], p);
+    }
     mx = warp_max(mx);
-    if (lane == 0) sv[warp] = mx;
+    warp_merge_topk(top, at);
+    if (lane == 0) {
+        sv[warp] = mx;
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) list_val[warp][r] = top[r], list_at[warp][r] = at[r];
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         float v = sv[0];
         for (int w = 1; w < warps; ++w) v = fmaxf(v, sv[w]);
         shared_max = v;
+        for (int w = 1; w < warps; ++w)
+#pragma unroll
+            for (int r = 0; r < TOPK; ++r) topk_insert(top, at, list_val[w][r], list_at[w][r]);
+        shared_thresh = top[TOPK - 1];
+        thresh[m] = top[TOPK - 1];
     }
     __syncthreads();
     float total = 0.f;
@@ -189,31 +232,41 @@ extern "C" __global__ void topk_reduce_kernel(const float* __restrict__ part_sta
     if (threadIdx.x == 0) {
         float t = 0.f;
         for (int w = 0; w < warps; ++w) t += sv[w];
-        shared_lse = shared_max + __logf(t);
+        lse[m] = shared_max + __logf(t);
     }
-    __syncthreads();
+    unsigned char* mark = needed + (size_t)(m / needed_rows) * parts;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x)
+        if (stat[2 * p] >= shared_thresh) mark[p] = 1;
+}
 
-    const int candidates = parts * TOPK;
-    for (int r = 0; r < TOPK; ++r) {
-        float best = NEG_INF;
-        int at = 0x7fffffff, where = -1;
-        for (int c = threadIdx.x; c < candidates; c += blockDim.x)
-            if (beats(val[c], idx[c], best, at)) { best = val[c]; at = idx[c]; where = c; }
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffff, best, offset);
-            const int oi = __shfl_xor_sync(0xffffffff, at, offset);
-            const int ow = __shfl_xor_sync(0xffffffff, where, offset);
-            if (beats(ov, oi, best, at)) { best = ov; at = oi; where = ow; }
+// topk_select_kernel: per row m, the TOPK best of the candidates listed in the parts whose max reaches
+// thresh[m] (part_val/part_idx (M, parts, TOPK)) -> logprob = logit - lse[m] (M, TOPK) f32 and ids (M, TOPK)
+// int32, best first (ties: lower column). Launch: grid (ceil(M / 8)), block 256 threads: a warp per row.
+extern "C" __global__ void topk_select_kernel(const float* __restrict__ part_stat, const float* __restrict__ part_val,
+                                              const int* __restrict__ part_idx, const float* __restrict__ lse,
+                                              const float* __restrict__ thresh, float* __restrict__ logprob,
+                                              int* __restrict__ ids, int M, int parts) {
+    const int m = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (m >= M) return;
+    const float* stat = part_stat + (size_t)m * parts * 2;
+    const float floor = thresh[m];
+    float top[TOPK];
+    int at[TOPK];
+#pragma unroll
+    for (int r = 0; r < TOPK; ++r) top[r] = NEG_INF, at[r] = 0x7fffffff;
+    for (int p = lane; p < parts; p += 32) {
+        if (stat[2 * p] < floor) continue;
+        const size_t slot = ((size_t)m * parts + p) * TOPK;
+        for (int r = 0; r < TOPK; ++r) {
+            const float v = part_val[slot + r];
+            if (v < floor) break;  // the list is best first, and only logits from the threshold up count
+            topk_insert(top, at, v, part_idx[slot + r]);
         }
-        if (lane == 0) { sv[warp] = best; si[warp] = at; sp[warp] = where; }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < warps; ++w)
-                if (beats(sv[w], si[w], best, at)) { best = sv[w]; at = si[w]; where = sp[w]; }
-            logprob[(size_t)m * TOPK + r] = best - shared_lse;
-            ids[(size_t)m * TOPK + r] = at;
-            if (where >= 0) val[where] = NEG_INF;
-        }
-        __syncthreads();
+    }
+    warp_merge_topk(top, at);
+    if (lane == 0) {
+        const float l = lse[m];
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) logprob[(size_t)m * TOPK + r] = top[r] - l, ids[(size_t)m * TOPK + r] = at[r];
     }
 }

@@ -10,17 +10,31 @@
 //   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
 //                   and its column go to part_val/part_idx[m, part] (ties: lower column), where part is the
 //                   block's column-tile index of `parts`; argmax_reduce_kernel reduces the partials per row.
-//   EPILOGUE_TOPK   the logits are never written either: per row and block, the max and the sum of
-//                   exp(logit - max) over the block's columns go to part_stat[m, part, 0..1], and the block's
-//                   TOPK best columns, best first (ties: lower column), to part_val/part_idx[m, part, 0..TOPK-1];
-//                   topk_reduce_kernel makes log-probabilities. Where a warp holds whole rows of the tile
-//                   (WARPS_N == 1, the wgmma kernel) from the registers, each quad merging its lanes' lists;
-//                   elsewhere through the tile staged in shared memory (BM * BN floats).
+//   EPILOGUE_STAT   the logits are never written either: per row and part of PART columns (PART divides BN;
+//                   less than BN only where WARPS_N == 1), the max and the sum of exp(logit - max) over the
+//                   part go to part_stat[m, p, 0..1], p = column / PART of ceil(N / PART) parts. The same
+//                   operations in the same order whatever BN, so the same bits as from a BN = PART tile.
+//   EPILOGUE_TOPK   the second pass of beam search's top-k (kernels.logits_topk): for the rows whose max over
+//                   this block reaches thresh[m] (null: every row), the block's TOPK best columns among those
+//                   whose logit reaches thresh[m], best first (ties: lower column; fewer than TOPK are padded
+//                   with -inf and column 0x7fffffff), go to part_val/part_idx[m, part, 0..TOPK-1]; other rows'
+//                   lists are not written. Where a warp holds whole rows of the tile (WARPS_N == 1, the wgmma
+//                   kernel) from the registers, each quad merging its lanes' lists; elsewhere through the tile
+//                   staged in shared memory (BM * BN floats). The max and the sum come out of both modes'
+//                   code alike (bit for bit), so a row's max here equals its part_stat from EPILOGUE_STAT.
 #define EPILOGUE_STORE 0
 #define EPILOGUE_ARGMAX 1
 #define EPILOGUE_TOPK 2
+#define EPILOGUE_STAT 3
+#define POS_INF (__int_as_float(0x7f800000))
 #ifndef TOPK
 #define TOPK 8
+#endif
+#ifndef PART
+#define PART BN
+#endif
+#if BN % PART || (WARPS_N > 1 && PART != BN)
+#error "PART must divide BN, and equal it unless a warp holds whole rows"
 #endif
 
 // Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
@@ -46,7 +60,7 @@ __device__ __forceinline__ void gemm_epilogue(
     float (&acc)[MT][NT][4], unsigned char* stage_smem, int tid, int warp_m, int warp_n, int block_m, int block_n,
     int part, int parts, const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
     float* __restrict__ part_val, int* __restrict__ part_idx, float* __restrict__ part_stat,
-    int M, int N, int relu, int epilogue, int out_f32) {
+    const float* __restrict__ thresh, int M, int N, int relu, int epilogue, int out_f32) {
     const int lane = tid & 31;
     if (epilogue == EPILOGUE_STORE) {
         // two neighbouring columns in one 4- or 8-byte access, where N is even and the arrays are aligned for it
@@ -85,13 +99,45 @@ __device__ __forceinline__ void gemm_epilogue(
         return;
     }
 
-#if WARPS_N == 1  // a row of the tile lives in the 4 lanes of one quad: top-k straight from the registers
+#if WARPS_N == 1  // a row of the tile lives in the 4 lanes of one quad: statistics and top-k from the registers
+    if (epilogue == EPILOGUE_STAT) {
+        const int stat_parts = CEIL_DIV(N, PART);
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half)
+#pragma unroll
+                for (int sub = 0; sub < BN / PART; ++sub) {
+                    const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                    if (block_n + sub * PART >= N) continue;  // the same for the whole warp
+                    float best = NEG_INF;
+#pragma unroll
+                    for (int j = sub * (PART / 8); j < (sub + 1) * (PART / 8); ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
+                    best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
+                    best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
+                    float sum = 0.f;
+#pragma unroll
+                    for (int j = sub * (PART / 8); j < (sub + 1) * (PART / 8); ++j)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            if (block_n + j * 8 + (lane & 3) * 2 + e < N) sum += __expf(acc[i][j][half * 2 + e] - best);
+                    sum += __shfl_xor_sync(0xffffffff, sum, 1);
+                    sum += __shfl_xor_sync(0xffffffff, sum, 2);
+                    const size_t slot = (size_t)m * stat_parts + (block_n / PART + sub);
+                    if ((lane & 3) == 0 && m < M) part_stat[2 * slot] = best, part_stat[2 * slot + 1] = sum;
+                }
+        return;
+    }
     if (epilogue == EPILOGUE_TOPK) {
 #pragma unroll
         for (int i = 0; i < MT; ++i)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+                const size_t slot = (size_t)m * parts + part;
                 float best = NEG_INF;
 #pragma unroll
                 for (int j = 0; j < NT; ++j)
@@ -100,7 +146,11 @@ __device__ __forceinline__ void gemm_epilogue(
                         if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
                 best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
                 best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
-                float sum = 0.f, top[TOPK];
+                // a row takes part when its max reaches its threshold; the shuffles below need the whole warp
+                const float floor = m >= M ? POS_INF : thresh ? thresh[m] : NEG_INF;
+                const bool wanted = best >= floor;
+                if (!__any_sync(0xffffffff, wanted)) continue;
+                float top[TOPK];
                 int at[TOPK];
 #pragma unroll
                 for (int r = 0; r < TOPK; ++r) top[r] = NEG_INF, at[r] = 0x7fffffff;
@@ -109,14 +159,11 @@ __device__ __forceinline__ void gemm_epilogue(
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const int n = block_n + j * 8 + (lane & 3) * 2 + e;
-                        if (n >= N) continue;
                         const float v = acc[i][j][half * 2 + e];
-                        sum += __expf(v - best);
-                        topk_insert(top, at, v, n);
+                        if (n < N && v >= floor) topk_insert(top, at, v, n);
                     }
 #pragma unroll
                 for (int offset = 1; offset < 4; offset <<= 1) {  // merge the quad's lists
-                    sum += __shfl_xor_sync(0xffffffff, sum, offset);
                     float other[TOPK];
                     int other_at[TOPK];
 #pragma unroll
@@ -127,10 +174,7 @@ __device__ __forceinline__ void gemm_epilogue(
 #pragma unroll
                     for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
                 }
-                if ((lane & 3) == 0 && m < M) {
-                    const size_t slot = (size_t)m * parts + part;
-                    part_stat[2 * slot] = best;
-                    part_stat[2 * slot + 1] = sum;
+                if ((lane & 3) == 0 && wanted) {
 #pragma unroll
                     for (int r = 0; r < TOPK; ++r) part_val[slot * TOPK + r] = top[r], part_idx[slot * TOPK + r] = at[r];
                 }
@@ -138,7 +182,7 @@ __device__ __forceinline__ void gemm_epilogue(
         return;
     }
 #elif BM * BN * 4 <= EPI_SMEM_BYTES  // tiles whose logits fit in the freed stages
-    if (epilogue == EPILOGUE_TOPK) {
+    if (epilogue == EPILOGUE_STAT || epilogue == EPILOGUE_TOPK) {
         // Stage the tile's logits in shared memory (the stages are free once every warp is done), then one
         // warp per row.
         float* tile = reinterpret_cast<float*>(stage_smem);
@@ -162,11 +206,15 @@ __device__ __forceinline__ void gemm_epilogue(
             float best = NEG_INF;
             for (int c = lane; c < BN; c += 32) best = fmaxf(best, values[c]);
             best = warp_max(best);
-            float sum = 0.f;
-            for (int c = lane; c < BN; c += 32) sum += values[c] == NEG_INF ? 0.f : __expf(values[c] - best);
-            sum = warp_sum(sum);
             const size_t slot = (size_t)m * parts + part;
-            if (lane == 0) { part_stat[2 * slot] = best; part_stat[2 * slot + 1] = sum; }
+            if (epilogue == EPILOGUE_STAT) {
+                float sum = 0.f;
+                for (int c = lane; c < BN; c += 32) sum += values[c] == NEG_INF ? 0.f : __expf(values[c] - best);
+                sum = warp_sum(sum);
+                if (lane == 0) { part_stat[2 * slot] = best; part_stat[2 * slot + 1] = sum; }
+                continue;
+            }
+            if (thresh && best < thresh[m]) continue;  // no logit of this row here reaches its threshold
             for (int r = 0; r < TOPK; ++r) {  // TOPK rounds of a warp argmax, each taking its winner out
                 float v = NEG_INF;
                 int at = 0x7fffffff;

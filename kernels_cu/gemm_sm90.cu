@@ -12,6 +12,8 @@
 // run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
 // Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)), or (tiles); dynamic shared memory
 // STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
+// needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
+// nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -116,7 +118,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
                  const float* __restrict__ bias, const float* __restrict__ residual,
                  void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
-                 int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest) {
+                 int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest,
+                 const float* __restrict__ thresh, const unsigned char* __restrict__ needed) {
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
@@ -126,6 +129,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK);
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
+#define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -139,7 +143,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     if (warpgroup == 0) {  // producer
         if (threadIdx.x == 0) {
             int it = 0;  // k-steps issued over all of this block's tiles
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x)
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+                if (SKIPPED(t)) continue;
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
@@ -147,6 +152,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                     tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
                     tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
                 }
+            }
         }
         return;
     }
@@ -154,6 +160,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     const int consumer = warpgroup - 1, tid = threadIdx.x - 128;
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        if (SKIPPED(t)) continue;
         float acc[MT][NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
@@ -173,6 +180,6 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
         gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
-                      part_val, part_idx, part_stat, M, N, relu, epilogue, out_f32);
+                      part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
     }
 }

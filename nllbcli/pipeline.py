@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -266,6 +267,9 @@ def read_chunks(records: Iterable[Record], size: int) -> Iterator[list[Record]]:
         yield chunk
 
 
+SWITCH_INTERVAL = 0.0005  # seconds: how long the GIL may stay with one thread while another waits for it
+
+
 class ChunkReader:
     """The input's chunks, each read and prepared (`prepare(chunk)`: tokenized) on a thread one chunk ahead of
     the caller, so reading and tokenizing overlap the model's work on the chunk before. Yields (chunk, the
@@ -285,17 +289,24 @@ class ChunkReader:
         self.turn = threading.Semaphore(0)  # a chunk may be read: one ahead of the caller
         self.stop = threading.Event()
 
-    def __enter__(self) -> "ChunkReader":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
         self.stop.set()
         self.turn.release()
         if self.thread is not None:
             self.thread.join()
+
+    def __enter__(self) -> "ChunkReader":
+        # The reader thread tokenizes while the caller drives the GPU, and a thread that wants the GIL waits for
+        # the switch interval (5 ms by default) before the holder lets go: the caller, back from a GPU wait,
+        # would leave the GPU idle that long. A shorter interval while the reader runs.
+        self.switch_interval = sys.getswitchinterval()
+        if self.ahead:
+            sys.setswitchinterval(min(self.switch_interval, SWITCH_INTERVAL))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        sys.setswitchinterval(self.switch_interval)
 
     def __iter__(self) -> Iterator[tuple[list[Record], Position, object]]:
         if not self.ahead:

@@ -73,6 +73,19 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
     return scores
 
 
+class Ready:
+    """step_argmax_ahead's answer for engines that have none: the ids, already on the host."""
+
+    def __init__(self, ids):
+        self.device = np.asarray(ids)
+
+    def fetch(self) -> np.ndarray:
+        return self.device
+
+    def subset(self, rows: np.ndarray) -> "Ready":
+        return Ready(self.device[rows])
+
+
 def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
     steps = options.max_length - 1  # the language token was the first generated token
@@ -81,14 +94,32 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
         generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
         lengths = np.zeros(batch, dtype=np.int64)
         alive = np.arange(batch)  # which sentence each decoder row belongs to
-        tokens = langs.copy()
-        for t in range(steps):
-            if options.processes_scores:
+        if options.processes_scores:
+            tokens = langs.copy()
+            for t in range(steps):
                 prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
                 sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
                 tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
-            else:
-                tokens = np.asarray(engine.step_argmax(encoded, state, tokens))  # (N,) first maximum on ties, as torch.argmax
+                generated[alive, t] = tokens
+                lengths[alive] = t + 1
+                ended = tokens == eos
+                if ended.any():
+                    keep = np.flatnonzero(~ended)
+                    if not len(keep):
+                        break
+                    engine.select(state, keep)
+                    alive, tokens = alive[keep], tokens[keep]
+            return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
+
+        # One step ahead: step t + 1 is queued on step t's ids while they are on their way to the host, so the
+        # GPU never waits for the host to look at them. Rows that ended at step t ran step t + 1 for nothing
+        # and leave before step t + 2; a step's ids (first maximum on ties, as torch.argmax) never depend on
+        # the other rows, so the outputs are those of waiting at every step.
+        ahead = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
+        pending = ahead(encoded, state, langs.copy()) if steps > 0 else None
+        for t in range(steps):
+            following = ahead(encoded, state, pending.device) if t + 1 < steps else None
+            tokens = pending.fetch()  # (N,) step t's ids
             generated[alive, t] = tokens
             lengths[alive] = t + 1
             ended = tokens == eos
@@ -97,7 +128,9 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
                 if not len(keep):
                     break
                 engine.select(state, keep)
-                alive, tokens = alive[keep], tokens[keep]
+                alive = alive[keep]
+                following = following.subset(keep) if following is not None else None
+            pending = following
     return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
 
 

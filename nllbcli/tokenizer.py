@@ -121,7 +121,12 @@ class NllbTokenizer:
     def decode(self, ids) -> str:
         """Text of generated ids; special tokens, language codes and `<mask>` are skipped."""
         # as transformers' Metaspace decoder: every "▁" becomes a space, and one leading space goes
-        text = "".join(map(self.piece_text, ids)).replace(SPACE, " ")
+        cache = self.piece_cache
+        try:
+            text = "".join([cache[i] for i in ids])  # the usual case: every id seen before, no call per id
+        except KeyError:
+            text = "".join(map(self.piece_text, ids))
+        text = text.replace(SPACE, " ")
         return text[1:] if text.startswith(" ") else text
 
     def piece_text(self, i) -> str:

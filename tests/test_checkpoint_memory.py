@@ -8,7 +8,6 @@ fixtures: numpy's allocations as tracemalloc sees them, and the file's mappings 
 
 import json
 import struct
-import sys
 import tracemalloc
 from pathlib import Path
 

@@ -226,6 +226,20 @@ def test_chunk_reader_reads_one_chunk_ahead_at_most():
     assert max(log) <= 39
 
 
+def test_chunk_reader_shortens_the_switch_interval_while_its_thread_runs():
+    import sys
+
+    from nllbcli.pipeline import SWITCH_INTERVAL, ChunkReader
+
+    before = sys.getswitchinterval()
+    for ahead, inside in ((True, SWITCH_INTERVAL), (False, before)):
+        source, prepare = reader_of(10, [])
+        with ChunkReader(source, 4, prepare, ahead=ahead) as reader:
+            for _ in reader:
+                assert sys.getswitchinterval() == pytest.approx(inside)
+        assert sys.getswitchinterval() == before
+
+
 def test_chunk_reader_raises_an_error_in_its_chunks_turn():
     from nllbcli.pipeline import ChunkReader
 

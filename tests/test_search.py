@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from nllbcli.options import DecodeOptions
+from nllbcli.search import Ready, generate
 from nllbcli.translator import load_translator
 
 HERE = Path(__file__).parent
@@ -65,6 +66,53 @@ def test_translation_does_not_depend_on_the_batch(beam_size):
     alone = [tr.translate([t], "eng_Latn", "deu_Latn", options)[0] for t in texts]
     reversed_batch = tr.translate(texts[::-1], "eng_Latn", "deu_Latn", options)[::-1]
     assert together == alone == reversed_batch
+
+
+class AheadEngine:
+    """The reference engine with step_argmax_ahead as the GPU engine has it: ids handed out for the next step
+    at once, fetched later. Logs the order of queueing and fetching."""
+
+    def __init__(self, engine):
+        self.engine, self.log = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def step_argmax_ahead(self, encoded, state, tokens):
+        step = state.length
+        ids = self.engine.step_argmax(encoded, state, tokens)
+        self.log.append(("queue", step, len(ids)))
+        return Logged(ids, step, self.log)
+
+
+class Logged(Ready):
+    def __init__(self, ids, step, log):
+        super().__init__(ids)
+        self.step, self.log = step, log
+
+    def fetch(self):
+        self.log.append(("fetch", self.step, len(self.device)))
+        return self.device
+
+    def subset(self, rows):
+        return Logged(self.device[rows], self.step, self.log)
+
+
+def test_greedy_queues_the_next_step_before_it_looks_at_this_one():
+    """Step t + 1 is queued before step t's ids are fetched, and the outputs are the goldens' (sentences that
+    end early leave the batch one step late)."""
+    tr = translator("tiny-a")
+    case = next(c for c in golden("tiny-a")["generate"] if c["beam_size"] == 1 and len(set(map(len, c["output_ids"]))) > 1)
+    engine = AheadEngine(tr.engine)
+    langs = [tr.tokenizer.lang_id(case["tgt_lang"])] * len(case["input_ids"])
+    outputs = generate(engine, case["input_ids"], langs, tr.config, DecodeOptions(beam_size=1, max_length=case["max_length"]))
+    assert outputs == case["output_ids"]
+    at = {(kind, step): i for i, (kind, step, _) in reversed(list(enumerate(engine.log)))}  # first occurrence
+    fetched = sorted(step for kind, step in at if kind == "fetch")
+    assert fetched == list(range(fetched[0], fetched[0] + len(fetched)))
+    for step in fetched[:-1]:  # the next step went in before this one came out
+        assert at["queue", step + 1] < at["fetch", step]
+    assert len({n for _, _, n in engine.log}) > 1  # the batch shrank as sentences ended
 
 
 def test_max_length_one_gives_only_the_language_token():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from nllbcli.checkpoint import load_checkpoint, read_safetensors, weight_files, write_safetensors
+from nllbcli.checkpoint import load_checkpoint, weight_files, write_safetensors
 from nllbcli.cli import cli
 from nllbcli.engine.reference import bf16_round
 from nllbcli.errors import NllbError

@@ -7,6 +7,10 @@ Both answer the same calls, so search.py runs on either:
     start(encoded, source_rows, max_positions)     a decoder state with one row per sequence (per beam)
     step(encoded, state, tokens, want_logits)      feed one token per row; the logits (tests, prefill)
     step_argmax(encoded, state, tokens)            ... and each row's best next token (greedy)
+    step_argmax_ahead(encoded, state, tokens)      (optional) the same without waiting: an object whose
+                                                   .device feeds the next step, .fetch() gives the ids and
+                                                   .subset(rows) follows a select(); search.py falls back
+                                                   to step_argmax where an engine has none
     step_topk(encoded, state, tokens, k)           ... and each row's k best by log-probability (beams)
     reorder(state, parents)                        beams follow their parents (repeats allowed)
     select(state, rows)                            keep these rows; the others' cache goes back

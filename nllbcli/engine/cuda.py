@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import cupy as cp
+import cupyx
 import numpy as np
 
 from ..checkpoint import ModelConfig
@@ -59,6 +60,29 @@ class CudaState:
     cross_start: cp.ndarray  # (N,) int32: first cross K/V row of the row's source
     cross_len: cp.ndarray  # (N,) int32: the source's length
     length: int = 0  # positions filled
+
+
+class PendingIds:
+    """A greedy step's ids (N,) int32 on the device, on their way to the host: `device` can feed the next
+    step at once, fetch() waits for the copy alone (not for steps queued after it)."""
+
+    def __init__(self, device: cp.ndarray, fetch=None):
+        self.device = device
+        if fetch is None:
+            host = cupyx.empty_pinned(device.shape, np.int32)
+            cp.cuda.runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, cp.cuda.get_current_stream().ptr)
+            copied = cp.cuda.Event(disable_timing=True)
+            copied.record()
+
+            def fetch() -> np.ndarray:
+                copied.synchronize()
+                return host.astype(np.int64)
+        self.fetch = fetch
+
+    def subset(self, rows: np.ndarray) -> "PendingIds":
+        """Rows `rows` of these ids (host indices): the next step's input after a select()."""
+        return PendingIds(self.device[i32(rows)], lambda: self.fetch()[rows])
 
 
 class CudaEngine:
@@ -235,8 +259,14 @@ class CudaEngine:
         return cp.asnumpy(kernels.gemm(x, self.lm_head, out_dtype=kernels.F32))
 
     def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens) -> np.ndarray:
+        return self.step_argmax_ahead(encoded, state, tokens).fetch()
+
+    def step_argmax_ahead(self, encoded: CudaEncoded, state: CudaState, tokens) -> PendingIds:
+        """step_argmax without waiting: the ids stay on the device for the next step (`tokens` may be a
+        PendingIds' device array) while they are copied to the host, so the search can queue step t + 1
+        before it looks at step t's ids and the GPU never waits for the host."""
         ids, _ = kernels.logits_argmax(self.decode(encoded, state, tokens), self.lm_head)
-        return cp.asnumpy(ids).astype(np.int64)
+        return PendingIds(ids)
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
         """Each row's k best next tokens by log-probability, best first, on the device: the output

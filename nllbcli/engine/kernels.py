@@ -92,7 +92,7 @@ GEMM_TILES = {
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
 }
-EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK = 0, 1, 2
+EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
 
 @lru_cache(maxsize=None)
@@ -169,6 +169,12 @@ def tensor_map(a: cp.ndarray, box_rows: int):
     return made
 
 
+def tile_rows(name: str) -> int:
+    """BM, the rows of a GEMM tile."""
+    tile = GEMM_TILES[name]
+    return tile["BM"] if tile["kind"] == "mma" else 64 * tile["CONSUMERS"]
+
+
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
 
 
@@ -182,9 +188,10 @@ def tma_ready(a: cp.ndarray) -> bool:
 
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
-                epilogue: int, relu: bool = False, out_f32: bool = False, **defines) -> None:
+                epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
-    and dynamic shared memory follow from it. Absent arrays are None."""
+    and dynamic shared memory follow from it. Absent arrays are None. needed: a byte per tile (tiles_m,
+    tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row thresholds."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
     m, k = a.shape
@@ -192,22 +199,26 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     ptr = lambda x: NULL if x is None else x
     tail = (ptr(bias), ptr(residual), ptr(out), ptr(part_val), ptr(part_idx), cp.int32(m), cp.int32(n), cp.int32(k),
             cp.int32(1 if relu else 0), cp.int32(epilogue), cp.int32(1 if out_f32 else 0), ptr(part_stat))
+    skips = (ptr(thresh), ptr(needed))
+    if needed is not None:
+        check(needed.dtype == cp.uint8 and needed.shape == (-(-m // tile_rows(name)), -(-n // tile["BN"])),
+              "needed must be a uint8 byte per tile")
     if kind == "mma":
         kernel = function("gemm.cu", "gemm_kernel", **tile, **defines)
         threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
         smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
-        grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail
+        grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail + skips
     else:
         check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **tile, **defines)
-        bm, bn = 64 * tile["CONSUMERS"], tile["BN"]
+        bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)
         smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (tensor_map(a, bm), tensor_map(w, bn)) + tail + (cp.int32(1 if m_fastest else 0),)
+        args = (tensor_map(a, bm), tensor_map(w, bn)) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
     kernel(grid, (threads,), args, shared_mem=smem)
@@ -261,29 +272,52 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
 
 
 def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None = None,
-                ids: cp.ndarray | None = None, tile: str | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+                ids: cp.ndarray | None = None, tile: str | None = None,
+                select_tile: str | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
-    first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids."""
+    first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids.
+
+    Two passes over w (gemm.cu says why they agree with one over every column): `tile` computes each row's
+    max and sum of exponentials per part of columns, a part as wide as `select_tile`'s tiles; a row's
+    threshold is its k-th largest part max; `select_tile` recomputes only the tiles where a row's part max
+    reaches its threshold and lists the candidates there. The statistics have the same bits whatever the
+    first tile, so the result does not depend on it."""
     m, d = h.shape
     n = w.shape[0]
     check_array("h", h, BF16)
     check_array("w", w, BF16, (n, d))
     check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
     check(1 <= k <= 32 and k <= n, f"top-k needs 1 <= k <= 32 and k <= V, got k={k}")
-    if tile is None:  # wgmma: the lists live in registers, beside 64 (wg128) or 32 (wg64) accumulators a thread
-        tile = ("wg128" if k <= 8 else "wg64") if wgmma_available() else "small"
-    blocks_n = -(-n // GEMM_TILES[tile]["BN"])
-    stat = cp.empty((m, blocks_n, 2), dtype=F32)
-    part_val = cp.empty((m, blocks_n, k), dtype=F32)
-    part_idx = cp.empty((m, blocks_n, k), dtype=cp.int32)
-    if m:
-        gemm_launch(tile, h, w, None, None, None, part_val, part_idx, stat, EPILOGUE_TOPK, TOPK=k)
+    hopper = wgmma_available()
+    if select_tile is None:  # wgmma: the lists live in registers, beside 64 (wg128) or 32 (wg64) accumulators a thread
+        mma = tile is not None and GEMM_TILES[tile]["kind"] == "mma"
+        select_tile = ("wg128" if k <= 8 else "wg64") if hopper and not mma else (tile or "small")
+    if tile is None:  # the first pass keeps no lists: the widest tile, its statistics per part of the second's width
+        tile = "wg256" if hopper else select_tile
+    part = GEMM_TILES[select_tile]["BN"]
+    bn = GEMM_TILES[tile]["BN"]
+    check(bn % part == 0 and (GEMM_TILES[tile]["kind"] == "sm90" or bn == part),
+          f"top-k's first pass ({tile}) cannot give statistics per {part} columns")
+    parts = -(-n // part)
     logprob = cp.empty((m, k), dtype=F32) if logprob is None else logprob
     ids = cp.empty((m, k), dtype=cp.int32) if ids is None else ids
     check_array("logprob", logprob, F32, (m, k))
     check_array("ids", ids, cp.int32, (m, k))
-    if m:
-        function("gemm.cu", "topk_reduce_kernel", TOPK=k)((m,), (256,), (stat, part_val, part_idx, logprob, ids, cp.int32(blocks_n)))
+    if not m:
+        return logprob, ids
+    stat = cp.empty((m, parts, 2), dtype=F32)
+    gemm_launch(tile, h, w, None, None, None, None, None, stat, EPILOGUE_STAT, **({"PART": part} if part < bn else {}))
+    lse, thresh = cp.empty((m,), dtype=F32), cp.empty((m,), dtype=F32)
+    rows = tile_rows(select_tile)
+    needed = cp.zeros((-(-m // rows), parts), dtype=cp.uint8)
+    function("gemm.cu", "topk_threshold_kernel", TOPK=k)((m,), (256,), (stat, lse, thresh, needed, cp.int32(parts),
+                                                                       cp.int32(rows)))
+    part_val = cp.empty((m, parts, k), dtype=F32)
+    part_idx = cp.empty((m, parts, k), dtype=cp.int32)
+    gemm_launch(select_tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_TOPK, thresh=thresh,
+                needed=needed, TOPK=k)
+    function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
+        stat, part_val, part_idx, lse, thresh, logprob, ids, cp.int32(m), cp.int32(parts)))
     return logprob, ids
 
 

@@ -117,6 +117,37 @@ def test_logits_topk_breaks_ties_towards_the_lower_id():
     assert cp.asnumpy(ids).tolist() == [[17, 140, 290, 5]] * 2
 
 
+@pytest.mark.parametrize("tile,select_tile", [("small", "small")] + (
+    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64")] if kernels.wgmma_available() else []))
+def test_logits_topk_is_the_topk_over_every_column(tile, select_tile):
+    """The two passes skip most tiles; what they pick is exactly the top-k of the whole row of logits (the
+    GEMM's own f32 logits, the same bits), in order, with one log-sum-exp per row."""
+    m, v, d, k = 300, 20000, 128, 8
+    h = to_device_bf16(rng.normal(size=(m, d)).astype(np.float32))
+    w = to_device_bf16(rng.normal(size=(v, d)).astype(np.float32) / 4)
+    logits = cp.asnumpy(kernels.gemm(h, w, out_dtype=cp.float32, tile=tile))
+    lp, ids = kernels.logits_topk(h, w, k, tile=tile, select_tile=select_tile)
+    lp, ids = cp.asnumpy(lp), cp.asnumpy(ids)
+    order = np.lexsort((np.broadcast_to(np.arange(v), logits.shape), -logits), axis=1)[:, :k]  # ties: lower id
+    np.testing.assert_array_equal(ids, order)
+    lse = np.take_along_axis(logits, ids, axis=1) - lp  # the same for a row's k entries, up to rounding
+    np.testing.assert_allclose(lse, lse[:, :1].repeat(k, axis=1), rtol=1e-6)
+    want_lse = np.log(np.exp(logits.astype(np.float64) - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    np.testing.assert_allclose(lse[:, 0], want_lse, rtol=1e-5)
+    again_lp, again_ids = kernels.logits_topk(h, w, k)  # the default tiles
+    np.testing.assert_array_equal(cp.asnumpy(again_ids), ids)
+    if kernels.GEMM_TILES[select_tile]["BN"] == (128 if kernels.wgmma_available() else 64):
+        np.testing.assert_array_equal(cp.asnumpy(again_lp), lp)  # statistics over parts of the same width: same bits
+
+
+def test_logits_topk_when_every_block_ties():
+    """All logits equal: every block's max reaches the threshold, so nothing is skipped; ties go to the lower id."""
+    h = to_device_bf16(rng.normal(size=(5, 64)).astype(np.float32))
+    lp, ids = kernels.logits_topk(h, to_device_bf16(np.zeros((3000, 64), np.float32)), 8)
+    assert cp.asnumpy(ids).tolist() == [list(range(8))] * 5
+    np.testing.assert_allclose(cp.asnumpy(lp), -np.log(3000), rtol=1e-5)
+
+
 @pytest.mark.parametrize("m,d", [(1, 64), (33, 1024), (5, 48)])
 def test_layernorm_matches_reference(m, d):
     x = rng.normal(2.0, 3.0, size=(m, d)).astype(np.float32)
