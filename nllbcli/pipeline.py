@@ -20,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -424,18 +425,29 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     advance(sum(done_rows), 0)
 
     texts: dict[int, str] = {}
-    # one batch may mix target languages: the search forces each sentence's own language token
-    for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
-        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
-        finished = 0
+
+    def detokenize(batch: list[int], outputs: list[list[int] | None]) -> None:
         for n, ids in zip(batch, outputs):
-            sentence = sentences[n]
             if ids is not None:
                 texts[n] = tokenizer.decode(ids)
-                outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
-            pending[sentence.row] -= 1
-            finished += pending[sentence.row] == 0
-        advance(finished, sum(len(ids) for ids in outputs if ids is not None))
+
+    # One batch may mix target languages: the search forces each sentence's own language token. A batch's
+    # outputs become text on a thread while the GPU works on the next batch (the GPU waits hand it the GIL).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nllb-detokenize") as pool:
+        decoded = []
+        for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+            outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
+            decoded.append(pool.submit(detokenize, batch, outputs))
+            finished = 0
+            for n, ids in zip(batch, outputs):
+                sentence = sentences[n]
+                if ids is not None:
+                    outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
+                pending[sentence.row] -= 1
+                finished += pending[sentence.row] == 0
+            advance(finished, sum(len(ids) for ids in outputs if ids is not None))
+        for future in decoded:
+            future.result()  # an error of the tokenizer's surfaces here
 
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
