@@ -48,7 +48,8 @@ def bench_gemm(results: list) -> None:
     for m, k, n, what in [(35840, 1024, 4096, "encoder FFN1"), (1024, 1024, 3072, "decode QKV, 1,024 rows"),
                           (1024, 1024, 4096, "decode FFN1, 1,024 rows"), (64, 1024, 4096, "decode FFN1, 64 rows"),
                           (256, 4096, 1024, "decode FFN2, 256 rows"), (4096, 1024, 3072, "decode QKV, 4,096 rows"),
-                          (4096, 4096, 1024, "decode FFN2, 4,096 rows")]:
+                          (4096, 4096, 1024, "decode FFN2, 4,096 rows"), (4096, 1024, 1024, "decode attention out, 4,096 rows"),
+                          (4096, 1024, 4096, "decode FFN1, 4,096 rows")]:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         wt = w.T
