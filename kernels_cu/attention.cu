@@ -85,9 +85,7 @@ __device__ __forceinline__ float warp_softmax(float* sc, int n, float m, int lan
 // A query's lanes score one key each (its dot product over e in increasing order), then each lane sums the
 // values of its own output columns over the keys in increasing order.
 // Shared memory (dynamic): K and V as max_len x (E + 2) bf16 (the 2 spare columns put the rows that the 32
-// lanes read at once on 32 different banks), then 8 x E f32 for the queries, then 8 x max_len f32 scores;
-// the specialised kernels hold K in f32 instead (max_len x (E + 4), first), then queries, scores, V
-// (kernels.prefill_smem_bytes).
+// lanes read at once on 32 different banks), then 8 x E f32 for the queries, then 8 x max_len f32 scores.
 // Launch: grid (B, H), block 256 threads; seq_len <= max_len; E even, and a multiple of 8 for the
 // specialised head sizes (attention_prefill_64_kernel, _128_: E fixed at compile time) and rows of q, k and
 // v 16-byte aligned there; attention_prefill_kernel takes any even E.
@@ -102,27 +100,19 @@ __device__ __forceinline__ void attention_prefill(const __nv_bfloat16* __restric
     const int E = HEAD ? HEAD : E_runtime;  // a constant where the kernel is specialised: loops unroll
     const int b = blockIdx.x, h = blockIdx.y;
     const int start = seq_start[b], n = seq_len[b], lds = E + 2;
-    // specialised: K in f32 rows of E + 4 (16-byte aligned, and the 8 rows of a 16-byte access's phase on
-    // different banks), first; then the queries, the scores, and V in bf16. Otherwise K and V in bf16 first.
-    constexpr int LDKF = HEAD + 4;
-    float* Kf = reinterpret_cast<float*>(smem);
     __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-    float* Qs = HEAD ? Kf + (size_t)max_len * LDKF : reinterpret_cast<float*>(Ks + (size_t)2 * max_len * lds);
+    __nv_bfloat16* Vs = Ks + (size_t)max_len * lds;
+    float* Qs = reinterpret_cast<float*>(Vs + (size_t)max_len * lds);
     float* Ss = Qs + 8 * E;
-    __nv_bfloat16* Vs = HEAD ? reinterpret_cast<__nv_bfloat16*>(Ss + 8 * max_len) : Ks + (size_t)max_len * lds;
-    if constexpr (HEAD > 0) {  // 16-byte loads; V stored as four 4-byte words (rows of E + 2 are only 4-byte aligned)
+    if constexpr (HEAD > 0) {  // 16-byte loads, stored as four 4-byte words (rows of E + 2 are only 4-byte aligned)
         constexpr int CHUNKS = HEAD / 8;
         for (int idx = threadIdx.x; idx < n * CHUNKS; idx += blockDim.x) {
             const int j = idx / CHUNKS, c = (idx - j * CHUNKS) * 8;
             const size_t at = (size_t)(start + j) * ldk + h * E + c;
             const uint4 kr = *reinterpret_cast<const uint4*>(k + at), vr = *reinterpret_cast<const uint4*>(v + at);
-            const __nv_bfloat162* kp = reinterpret_cast<const __nv_bfloat162*>(&kr);
-            float4* kd = reinterpret_cast<float4*>(Kf + j * LDKF + c);
-            const float2 k0 = __bfloat1622float2(kp[0]), k1 = __bfloat1622float2(kp[1]);
-            const float2 k2 = __bfloat1622float2(kp[2]), k3 = __bfloat1622float2(kp[3]);
-            kd[0] = make_float4(k0.x, k0.y, k1.x, k1.y);
-            kd[1] = make_float4(k2.x, k2.y, k3.x, k3.y);
+            unsigned* kd = reinterpret_cast<unsigned*>(Ks + j * lds + c);
             unsigned* vd = reinterpret_cast<unsigned*>(Vs + j * lds + c);
+            kd[0] = kr.x, kd[1] = kr.y, kd[2] = kr.z, kd[3] = kr.w;
             vd[0] = vr.x, vd[1] = vr.y, vd[2] = vr.z, vd[3] = vr.w;
         }
     } else {
@@ -147,26 +137,13 @@ __device__ __forceinline__ void attention_prefill(const __nv_bfloat16* __restric
         __syncwarp();
         float m = NEG_INF;
         for (int j = lane; j < n; j += 32) {
+            const __nv_bfloat162* key = reinterpret_cast<const __nv_bfloat162*>(Ks + j * lds);
             float dot = 0.f;
-            if constexpr (HEAD > 0) {  // four products per 16-byte load of K and of the query, same order
-                const float4* key = reinterpret_cast<const float4*>(Kf + j * LDKF);
-                const float4* query = reinterpret_cast<const float4*>(qs);
 #pragma unroll 8
-                for (int e4 = 0; e4 < HEAD / 4; ++e4) {
-                    const float4 kv = key[e4], qv = query[e4];
-                    dot += qv.x * kv.x;
-                    dot += qv.y * kv.y;
-                    dot += qv.z * kv.z;
-                    dot += qv.w * kv.w;
-                }
-            } else {
-                const __nv_bfloat162* key = reinterpret_cast<const __nv_bfloat162*>(Ks + j * lds);
-#pragma unroll 8
-                for (int e2 = 0; e2 < E / 2; ++e2) {
-                    const float2 kv = __bfloat1622float2(key[e2]);
-                    dot += qs[2 * e2] * kv.x;
-                    dot += qs[2 * e2 + 1] * kv.y;
-                }
+            for (int e2 = 0; e2 < E / 2; ++e2) {
+                const float2 kv = __bfloat1622float2(key[e2]);
+                dot += qs[2 * e2] * kv.x;
+                dot += qs[2 * e2 + 1] * kv.y;
             }
             sc[j] = dot * scale;
             m = fmaxf(m, sc[j]);
@@ -233,39 +210,25 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     }
     float* sc = scores[warp];
     float m = NEG_INF;
-    // KEYS_AHEAD rounds of 4 keys: every round's loads are issued before the first round's arithmetic, so a
-    // warp has that many keys in flight (the loads, not the arithmetic, are what a step waits for).
-    constexpr int KEYS_AHEAD = 4;
-    for (int j0 = 0; j0 < n; j0 += 4 * KEYS_AHEAD) {
-        uint4 raw[KEYS_AHEAD][VEC / 8];
+    for (int j0 = 0; j0 < n; j0 += 4) {
+        const int j = j0 + group;
+        float dot = 0.f;
+        if (j < n) {
+            const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
+            const __nv_bfloat16* key = k + key_row * ldk + h * E + sub * VEC;
 #pragma unroll
-        for (int u = 0; u < KEYS_AHEAD; ++u) {
-            const int j = j0 + 4 * u + group;
-            if (j < n) {
-                const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
-                const __nv_bfloat16* key = k + key_row * ldk + h * E + sub * VEC;
+            for (int c = 0; c < VEC; c += 8) {
+                const uint4 raw = *reinterpret_cast<const uint4*>(key + c);
+                const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw);
 #pragma unroll
-                for (int c = 0; c < VEC; c += 8) raw[u][c / 8] = *reinterpret_cast<const uint4*>(key + c);
+                for (int x = 0; x < 8; ++x) dot += qv[c + x] * bf16_to_float(part[x]);
             }
         }
-#pragma unroll
-        for (int u = 0; u < KEYS_AHEAD; ++u) {
-            const int j = j0 + 4 * u + group;
-            float dot = 0.f;
-            if (j < n) {
-#pragma unroll
-                for (int c = 0; c < VEC; c += 8) {
-                    const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw[u][c / 8]);
-#pragma unroll
-                    for (int x = 0; x < 8; ++x) dot += qv[c + x] * bf16_to_float(part[x]);
-                }
-            }
-            dot += __shfl_xor_sync(0xffffffff, dot, 1);
-            dot += __shfl_xor_sync(0xffffffff, dot, 2);
-            dot += __shfl_xor_sync(0xffffffff, dot, 4);
-            if (j < n && sub == 0) sc[j] = dot * scale;
-            if (j < n) m = fmaxf(m, dot * scale);
-        }
+        dot += __shfl_xor_sync(0xffffffff, dot, 1);
+        dot += __shfl_xor_sync(0xffffffff, dot, 2);
+        dot += __shfl_xor_sync(0xffffffff, dot, 4);
+        if (j < n && sub == 0) sc[j] = dot * scale;
+        if (j < n) m = fmaxf(m, dot * scale);
     }
     m = warp_max(m);
     __syncwarp();
@@ -275,28 +238,12 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     float acc[PER_LANE];
 #pragma unroll
     for (int x = 0; x < PER_LANE; ++x) acc[x] = 0.f;
-    constexpr int VALUES_AHEAD = 8;  // values in flight per lane, as for the keys
-    for (int j0 = 0; j0 < n; j0 += VALUES_AHEAD) {
-        __nv_bfloat162 value[VALUES_AHEAD][PER_LANE / 2];
+    for (int j = 0; j < n; ++j) {
+        const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
+        const __nv_bfloat16* value = v + key_row * ldk + h * E + lane * PER_LANE;
+        const float p = sc[j];
 #pragma unroll
-        for (int u = 0; u < VALUES_AHEAD; ++u)
-            if (j0 + u < n) {
-                const size_t key_row = (size_t)(rows_of ? rows_of[j0 + u] : first + j0 + u);
-                const __nv_bfloat162* from = reinterpret_cast<const __nv_bfloat162*>(v + key_row * ldk + h * E + lane * PER_LANE);
-#pragma unroll
-                for (int x = 0; x < PER_LANE / 2; ++x) value[u][x] = from[x];
-            }
-#pragma unroll
-        for (int u = 0; u < VALUES_AHEAD; ++u)
-            if (j0 + u < n) {
-                const float p = sc[j0 + u];
-#pragma unroll
-                for (int x = 0; x < PER_LANE / 2; ++x) {
-                    const float2 f = __bfloat1622float2(value[u][x]);
-                    acc[2 * x] += p * f.x;
-                    acc[2 * x + 1] += p * f.y;
-                }
-            }
+        for (int x = 0; x < PER_LANE; ++x) acc[x] += p * bf16_to_float(value[x]);
     }
     __nv_bfloat16* dst = out + (size_t)row * H * E + h * E + lane * PER_LANE;
 #pragma unroll

@@ -397,13 +397,6 @@ DECODE_MAX_KEYS = 1024  # attention_decode keeps a warp's scores in shared memor
 PREFILL_SMEM_LIMIT = 200 * 1024  # bytes of shared memory the prefill kernel may ask for (the H100/H200 give 227 KB)
 
 
-def prefill_smem_bytes(max_len: int, e: int, specialised: bool) -> int:
-    """attention.cu's prefill kernels: K (f32 rows of E + 4 where specialised, else bf16 rows of E + 2) and V
-    (bf16 rows of E + 2), 8 queries of E f32 and 8 rows of max_len f32 scores."""
-    k_bytes = max_len * (e + 4) * 4 if specialised else max_len * (e + 2) * 2
-    return k_bytes + max_len * (e + 2) * 2 + 8 * e * 4 + 8 * max_len * 4
-
-
 def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp.ndarray, seq_len: cp.ndarray,
                       rows_per_seq: int, max_len: int, heads: int, out: cp.ndarray | None = None) -> cp.ndarray:
     """Encoder self-attention: sequence b's queries, keys and values are rows seq_start[b] .. seq_start[b] +
@@ -419,10 +412,7 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
     out = cp.empty((rows, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (rows, d))
-    aligned = aligned16(q, k, v)
-    # the specialised kernels' f32 K takes more room: past it, the general kernel (bf16 K) before the per-query one
-    specialised = e in (64, 128) and aligned and prefill_smem_bytes(max_len, e, True) <= PREFILL_SMEM_LIMIT
-    smem = prefill_smem_bytes(max_len, e, specialised)
+    smem = 2 * max_len * (e + 2) * 2 + 8 * e * 4 + 8 * max_len * 4
     if smem > PREFILL_SMEM_LIMIT or e % 2:
         # too long to hold in shared memory: the general kernel, one block per query
         starts, lens = cp.asnumpy(seq_start), cp.asnumpy(seq_len)
@@ -431,7 +421,8 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
         attention(q[query_rows[0] : query_rows[-1] + 1], k, v, cp.asarray(np.repeat(starts, repeats).astype(np.int32)),
                   cp.asarray(np.repeat(lens, repeats).astype(np.int32)), heads, out=out[query_rows[0] : query_rows[-1] + 1])
         return out
-    name = f"attention_prefill_{e}_kernel" if specialised else "attention_prefill_kernel"
+    aligned = aligned16(q, k, v)
+    name = f"attention_prefill_{e}_kernel" if e in (64, 128) and aligned else "attention_prefill_kernel"
     kernel = function("attention.cu", name)
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
