@@ -175,15 +175,21 @@ def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelCon
     sentences = np.arange(batch)  # which input sentence each active sentence is
     results: dict[int, list[int]] = {}
 
+    # One step ahead, as greedy search: the next step is queued on the device's beams before the host looks at
+    # which sentences are done; a done sentence's beams ran that step for nothing and leave before the next.
+    later = getattr(engine, "fetch_later", None) or (lambda a: Ready(to_host(a)))
     with decoder(engine, encoded, np.repeat(np.arange(batch), k), max_len) as state:
         engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
         tokens = np.repeat(langs, k)
         cur_len = 2
         if max_len <= cur_len:  # max_length 1: the language token alone
             return [[] for _ in range(batch)]
+        candidates = None  # the next step's (row_lp, row_ids), queued ahead
         while True:
             n = len(sentences)
-            if options.processes_scores:
+            if candidates is not None:
+                row_lp, row_ids = candidates
+            elif options.processes_scores:
                 from .engine.reference import log_softmax
 
                 log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
@@ -224,7 +230,14 @@ def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelCon
             best_possible = run_score[:, :1] / xp.float32(float(cur_len - 1) ** lp)
             worst_finished = xp.where(fin_done, fin_score.min(axis=1, keepdims=True), neg)
             improvable = xp.any(best_possible > worst_finished, axis=1)
-            finished = to_host(~improvable | hits.all(axis=1)) | (cur_len >= max_len)  # the one sync per step
+            finished_later = later(~improvable | hits.all(axis=1))
+            candidates = None
+            if cur_len < max_len:  # the next step, queued before the host knows who is done
+                engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
+                tokens = run_seq[:, :, cur_len - 1].reshape(-1)
+                if not options.processes_scores:
+                    candidates = engine.step_topk(encoded, state, tokens, keep)
+            finished = np.asarray(finished_later.fetch()) | (cur_len >= max_len)  # the one wait per step
             done = np.flatnonzero(finished)
             if len(done):
                 # a finished hypothesis ends in </s> or fills max_len, so no padding follows its tokens
@@ -232,13 +245,15 @@ def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelCon
                     results[int(sentences[i])] = seq.tolist()
             if finished.all():
                 break
-            engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
             if len(done):
                 live = np.flatnonzero(~finished)
-                engine.select(state, (live[:, None] * k + np.arange(k)).reshape(-1))  # done sentences leave
-                live_x = xp.asarray(live)
+                rows = (live[:, None] * k + np.arange(k)).reshape(-1)
+                engine.select(state, rows)  # done sentences leave
+                rows_x, live_x = xp.asarray(rows), xp.asarray(live)
+                if candidates is not None:
+                    candidates = (candidates[0][rows_x], candidates[1][rows_x])
+                tokens = tokens[rows_x]
                 run_seq, run_score = run_seq[live_x], run_score[live_x]
                 fin_seq, fin_score, fin_done = fin_seq[live_x], fin_score[live_x], fin_done[live_x]
                 sentences = sentences[live]
-            tokens = run_seq[:, :, cur_len - 1].reshape(-1)
     return [strip_output(results[i], eos) for i in range(batch)]

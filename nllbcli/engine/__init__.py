@@ -12,6 +12,7 @@ Both answer the same calls, so search.py runs on either:
                                                    .subset(rows) follows a select(); search.py falls back
                                                    to step_argmax where an engine has none
     step_topk(encoded, state, tokens, k)           ... and each row's k best by log-probability (beams)
+    fetch_later(array)                             (optional) a device array on its way to the host: .fetch()
     reorder(state, parents)                        beams follow their parents (repeats allowed)
     select(state, rows)                            keep these rows; the others' cache goes back
     release(state), release_sources(encoded)       give the pool back

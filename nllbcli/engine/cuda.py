@@ -62,6 +62,29 @@ class CudaState:
     length: int = 0  # positions filled
 
 
+def copy_to_host_later(a: cp.ndarray):
+    """Start copying a contiguous device array to pinned host memory; the returned fetch() waits for that copy
+    alone (not for the work queued after it) and gives the NumPy array."""
+    host = cupyx.empty_pinned(a.shape, a.dtype)
+    cp.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                cp.cuda.get_current_stream().ptr)
+    copied = cp.cuda.Event(disable_timing=True)
+    copied.record()
+
+    def fetch() -> np.ndarray:
+        copied.synchronize()
+        return host
+
+    return fetch
+
+
+class Later:
+    """A device array on its way to the host (engine.fetch_later)."""
+
+    def __init__(self, a: cp.ndarray):
+        self.fetch = copy_to_host_later(cp.ascontiguousarray(a))
+
+
 class PendingIds:
     """A greedy step's ids (N,) int32 on the device, on their way to the host: `device` can feed the next
     step at once, fetch() waits for the copy alone (not for steps queued after it)."""
@@ -69,15 +92,8 @@ class PendingIds:
     def __init__(self, device: cp.ndarray, fetch=None):
         self.device = device
         if fetch is None:
-            host = cupyx.empty_pinned(device.shape, np.int32)
-            cp.cuda.runtime.memcpyAsync(host.ctypes.data, device.data.ptr, device.nbytes,
-                                        cp.cuda.runtime.memcpyDeviceToHost, cp.cuda.get_current_stream().ptr)
-            copied = cp.cuda.Event(disable_timing=True)
-            copied.record()
-
-            def fetch() -> np.ndarray:
-                copied.synchronize()
-                return host.astype(np.int64)
+            copied = copy_to_host_later(device)
+            fetch = lambda: copied().astype(np.int64)  # noqa: E731
         self.fetch = fetch
 
     def subset(self, rows: np.ndarray) -> "PendingIds":
@@ -273,6 +289,10 @@ class CudaEngine:
         projection, log-softmax and top-k in one pass over the embedding, without writing the logits."""
         logprob, ids = kernels.logits_topk(self.decode(encoded, state, tokens), self.lm_head, k)
         return logprob, ids.astype(cp.int64)
+
+    def fetch_later(self, a: cp.ndarray) -> Later:
+        """A device array copied to the host behind the work queued so far: .fetch() waits for it alone."""
+        return Later(a)
 
     def reorder(self, state: CudaState, parents) -> None:
         """Beams follow their parents: row i continues row parents[i]'s history (parents on the host or the
