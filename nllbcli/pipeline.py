@@ -20,7 +20,6 @@ import os
 import queue
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -379,13 +378,12 @@ def translate_records(
 
 def prepare_records(translator: Translator, records: list[Record], job: Job) -> tuple[list[Outcome], list[Sentence]]:
     """A chunk's rows split into sentences and tokenized (no model, no progress: it may run on the reader's
-    thread). With --on-error fail the first bad row raises NllbError. The chunk's texts go to the tokenizer
-    together (encode_many) where it has that: sentencepiece then tokenizes on its own threads, without the GIL."""
+    thread). With --on-error fail the first bad row raises NllbError."""
     tokenizer = translator.tokenizer
     limit = translator.config.max_position_embeddings
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome() for _ in records]
-    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
+    sentences: list[Sentence] = []
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -393,39 +391,24 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
             if job.split:
-                row_texts, outcome.gaps = split_text(record.text)
+                texts, outcome.gaps = split_text(record.text)
             else:
-                row_texts = [record.text] if record.text.strip() else []
-            texts += [(position, text, src, tgt) for text in row_texts]
+                texts = [record.text] if record.text.strip() else []
+            for text in texts:
+                try:
+                    ids = tokenizer.encode(text, src)
+                except Exception as error:  # sentencepiece's errors are no narrower than that
+                    raise NllbError(f"{record.where}: the tokenizer cannot take this text: {error}") from None
+                outcome.cut |= len(ids) > limit
+                sentences.append(Sentence(position, cut_source(ids, limit), tgt))
         except NllbError as error:
+            if job.on_error == "fail":
+                raise
             outcome.error = str(error)
-    many = getattr(tokenizer, "encode_many", None)
-    if many is not None:
-        encoded = many([text for _, text, _, _ in texts], [src for _, _, src, _ in texts])
-    else:
-        encoded = []
-        for _, text, src, _ in texts:
-            try:
-                encoded.append(tokenizer.encode(text, src))
-            except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
-                encoded.append(error)
-    sentences: list[Sentence] = []
-    for (position, _, _, tgt), ids in zip(texts, encoded):
-        outcome = outcomes[position]
-        if outcome.error is not None:
-            continue
-        if isinstance(ids, Exception):
-            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {ids}"
-            continue
-        outcome.cut |= len(ids) > limit
-        sentences.append(Sentence(position, cut_source(ids, limit), tgt))
-    if job.on_error == "fail":
-        first = next((o.error for o in outcomes if o.error is not None), None)
-        if first is not None:
-            raise NllbError(first)
+            sentences = [s for s in sentences if s.row != position]
     for outcome in outcomes:
         outcome.parts = []
-    return outcomes, [s for s in sentences if outcomes[s.row].error is None]
+    return outcomes, sentences
 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
@@ -441,29 +424,18 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     advance(sum(done_rows), 0)
 
     texts: dict[int, str] = {}
-
-    def detokenize(batch: list[int], outputs: list[list[int] | None]) -> None:
+    # one batch may mix target languages: the search forces each sentence's own language token
+    for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
+        finished = 0
         for n, ids in zip(batch, outputs):
+            sentence = sentences[n]
             if ids is not None:
                 texts[n] = tokenizer.decode(ids)
-
-    # One batch may mix target languages: the search forces each sentence's own language token. A batch's
-    # outputs become text on a thread while the GPU works on the next batch (the GPU waits hand it the GIL).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nllb-detokenize") as pool:
-        decoded = []
-        for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
-            outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
-            decoded.append(pool.submit(detokenize, batch, outputs))
-            finished = 0
-            for n, ids in zip(batch, outputs):
-                sentence = sentences[n]
-                if ids is not None:
-                    outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
-                pending[sentence.row] -= 1
-                finished += pending[sentence.row] == 0
-            advance(finished, sum(len(ids) for ids in outputs if ids is not None))
-        for future in decoded:
-            future.result()  # an error of the tokenizer's surfaces here
+                outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
+            pending[sentence.row] -= 1
+            finished += pending[sentence.row] == 0
+        advance(finished, sum(len(ids) for ids in outputs if ids is not None))
 
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
