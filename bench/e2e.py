@@ -92,13 +92,34 @@ def probe(argv: list[str]) -> None:
         events.setdefault("load_end", time.time())
         return result
 
+    calls: dict[str, list] = {"generate": [], "prepare": [], "write": []}  # [start, end] of each call
+    events["calls"] = calls
+
     def timed_generate(self, *args, **kwargs):
-        events.setdefault("first_batch_start", time.time())
+        start = time.time()
+        events.setdefault("first_batch_start", start)
         result = generate(self, *args, **kwargs)
         events.setdefault("first_batch_end", time.time())
+        calls["generate"].append([start, time.time()])
         return result
 
     translator.load_translator, translator.Translator.generate = timed_load, timed_generate
+    import nllbcli.pipeline as pipeline
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                calls[name].append([start, time.time()])
+
+        return call
+
+    # the reader thread's tokenizing, and the main thread's writing and committing, where the pipeline has them
+    for name, attr in (("prepare", "prepare_records"), ("write", "write_chunk")):
+        if hasattr(pipeline, attr):
+            setattr(pipeline, attr, timed(name, getattr(pipeline, attr)))
     from nllbcli.cli import main
 
     sys.argv = ["nllb", *argv]
@@ -359,7 +380,10 @@ class Runner:
                   "command": shlex.join(command), "output": str(output)}
         if probe_file.is_file():
             events = json.loads(probe_file.read_text())
+            calls = events.pop("calls", None)
             record["since_start_s"] = {k: v - run["t0"] for k, v in sorted(events.items(), key=lambda kv: kv[1])}
+            if calls and calls["generate"]:
+                record["host"] = host_breakdown(events, calls)
         if run["exit"] != 0:
             record["stderr_tail"] = tail(self.work / f"{tag}.stderr")
         emit(record, self.out)
@@ -385,6 +409,21 @@ class Runner:
             record["stderr_tail"] = tail(self.work / f"{tag}.stderr")
         emit(record, self.out)
         return record
+
+
+def host_breakdown(events: dict, calls: dict) -> dict:
+    """Where a job's time went, from the probe's [start, end] of each call: seconds inside the Translator's
+    generate (the engine), on the main thread between the first generate and the last (outside generate: the
+    GPU idles unless work is queued), writing chunks (main thread), tokenizing chunks (the reader thread, in
+    parallel), and before the first and after the last generate."""
+    generate = calls["generate"]
+    inside = sum(end - start for start, end in generate)
+    span = generate[-1][1] - generate[0][0]
+    return {"generate_calls": len(generate), "inside_generate_s": inside, "between_generates_s": span - inside,
+            "write_s": sum(end - start for start, end in calls.get("write", [])),
+            "prepare_s": sum(end - start for start, end in calls.get("prepare", [])),
+            "load_end_to_first_generate_s": generate[0][0] - events["load_end"] if "load_end" in events else None,
+            "last_generate_to_exit_s": events["exit"] - generate[-1][1] if "exit" in events else None}
 
 
 def same_lines(a: str, b: str) -> dict:
@@ -512,6 +551,9 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
         result["ratio_job"] = summary["tokens"] / summary["seconds"] / same["tokens_per_s"]
         result["ratio_wall"] = summary["tokens"] / job["wall_s"] / same["tokens_per_s"]
         result["met"] = result["ratio_job"] >= 0.9
+        if "host" in job:  # where the job's time beyond the engine's went
+            result["job_host"] = job["host"]
+            result["engine_same_batches_s"] = same["seconds"]
         for batch, r in engine.get("fixed_batches", {}).items():
             result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
     emit(result, out)
