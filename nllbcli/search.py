@@ -94,31 +94,27 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
         generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
         lengths = np.zeros(batch, dtype=np.int64)
         alive = np.arange(batch)  # which sentence each decoder row belongs to
-        if options.processes_scores:
-            tokens = langs.copy()
-            for t in range(steps):
-                prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
-                sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
-                tokens = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1)
-                generated[alive, t] = tokens
-                lengths[alive] = t + 1
-                ended = tokens == eos
-                if ended.any():
-                    keep = np.flatnonzero(~ended)
-                    if not len(keep):
-                        break
-                    engine.select(state, keep)
-                    alive, tokens = alive[keep], tokens[keep]
-            return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
-
         # One step ahead: step t + 1 is queued on step t's ids while they are on their way to the host, so the
         # GPU never waits for the host to look at them. Rows that ended at step t ran step t + 1 for nothing
         # and leave before step t + 2; a step's ids (first maximum on ties, as torch.argmax) never depend on
-        # the other rows, so the outputs are those of waiting at every step.
-        ahead = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
-        pending = ahead(encoded, state, langs.copy()) if steps > 0 else None
+        # the other rows, so the outputs are those of waiting at every step. Not with the repetition penalty
+        # or the n-gram ban: they need step t's ids on the host before step t + 1.
+        ahead = not options.processes_scores
+        if ahead:
+            queue = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
+
+            def step(tokens, t: int):
+                return queue(encoded, state, tokens)
+        else:
+
+            def step(tokens, t: int):  # step t's ids, from the logits after the processors
+                prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
+                sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
+                return Ready(process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1))
+
+        pending = step(langs.copy(), 0) if steps > 0 else None
         for t in range(steps):
-            following = ahead(encoded, state, pending.device) if t + 1 < steps else None
+            following = step(pending.device, t + 1) if ahead and t + 1 < steps else None
             tokens = pending.fetch()  # (N,) step t's ids
             generated[alive, t] = tokens
             lengths[alive] = t + 1
@@ -128,8 +124,10 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
                 if not len(keep):
                     break
                 engine.select(state, keep)
-                alive = alive[keep]
+                alive, tokens = alive[keep], tokens[keep]
                 following = following.subset(keep) if following is not None else None
+            if not ahead and t + 1 < steps:
+                following = step(tokens, t + 1)
             pending = following
     return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
 
