@@ -15,13 +15,14 @@
 //                   part go to part_stat[m, p, 0..1], p = column / PART of ceil(N / PART) parts. The same
 //                   operations in the same order whatever BN, so the same bits as from a BN = PART tile.
 //   EPILOGUE_TOPK   the second pass of beam search's top-k (kernels.logits_topk): for the rows whose max over
-//                   this block reaches thresh[m] (null: every row), the block's TOPK best columns among those
-//                   whose logit reaches thresh[m], best first (ties: lower column; fewer than TOPK are padded
-//                   with -inf and column 0x7fffffff), go to part_val/part_idx[m, part, 0..TOPK-1]; other rows'
-//                   lists are not written. Where a warp holds whole rows of the tile (WARPS_N == 1, the wgmma
-//                   kernel) from the registers, each quad merging its lanes' lists; elsewhere through the tile
-//                   staged in shared memory (BM * BN floats). The max and the sum come out of both modes'
-//                   code alike (bit for bit), so a row's max here equals its part_stat from EPILOGUE_STAT.
+//                   this block reaches thresh[m] (null: every row), the block's TOPK best columns, best first
+//                   (ties: lower column), go to part_val/part_idx[m, part, 0..TOPK-1]; other rows' lists are
+//                   not written. Where a warp holds whole rows of the tile (WARPS_N == 1, the wgmma kernel)
+//                   from the registers, each quad merging its lanes' lists, and only logits from the
+//                   threshold up (the rest of the list padded with -inf and column 0x7fffffff); elsewhere
+//                   through the tile staged in shared memory (BM * BN floats), every logit (topk_select_kernel
+//                   stops at the threshold). A row's max over the block is the max of its EPILOGUE_STAT parts
+//                   here (a max has no rounding), so both passes agree on which rows take part.
 #define EPILOGUE_STORE 0
 #define EPILOGUE_ARGMAX 1
 #define EPILOGUE_TOPK 2
