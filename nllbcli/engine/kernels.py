@@ -83,8 +83,8 @@ GEMM_TILES = {
     # gemm.cu, mma.sync: any GPU from sm_80
     "large": dict(kind="mma", BM=128, BN=128, WM=64, WN=32, STAGES=2),
     "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
-    # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were measured slower on the H200 at every
-    # shape of docs/PERF.md's GEMM tables and taken out: each GPU test run compiled and tested them)
+    # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were never clearly faster than the best of
+    # the others at the shapes of docs/PERF.md's GEMM tables, and are taken out: each GPU test run compiled them)
     # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
     "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
