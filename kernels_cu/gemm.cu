@@ -163,23 +163,6 @@ extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_v
 // logit that large), so they lie in parts whose max reaches it: the same TOPK, in the same order, as over
 // every column.
 
-// A list of TOPK (value, column) pairs best first, merged across the 32 lanes of a warp: every lane ends with
-// the warp's TOPK best.
-__device__ __forceinline__ void warp_merge_topk(float (&top)[TOPK], int (&at)[TOPK]) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        float other[TOPK];
-        int other_at[TOPK];
-#pragma unroll
-        for (int r = 0; r < TOPK; ++r) {
-            other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
-            other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
-        }
-#pragma unroll
-        for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
-    }
-}
-
 // topk_threshold_kernel: per row m, from part_stat (M, parts, 2): lse[m] = max + log(sum_p sum_p *
 // exp(max_p - max)), and thresh[m] = the TOPK-th largest of the parts' maxima (counting repeats; -inf where
 // there are fewer parts); needed[(m / needed_rows) * parts + p] = 1 for each part p whose max reaches it
@@ -204,7 +187,7 @@ extern "C" __global__ void topk_threshold_kernel(const float* __restrict__ part_
         topk_insert(top, at, stat[2 * p], p);
     }
     mx = warp_max(mx);
-    warp_merge_topk(top, at);
+    merge_topk_lanes<32>(top, at);
     if (lane == 0) {
         sv[warp] = mx;
 #pragma unroll
@@ -263,7 +246,7 @@ extern "C" __global__ void topk_select_kernel(const float* __restrict__ part_sta
             topk_insert(top, at, v, part_idx[slot + r]);
         }
     }
-    warp_merge_topk(top, at);
+    merge_topk_lanes<32>(top, at);
     if (lane == 0) {
         const float l = lse[m];
 #pragma unroll

@@ -57,6 +57,39 @@ __device__ __forceinline__ void topk_insert(float (&top)[TOPK], int (&at)[TOPK],
         }
 }
 
+// Each lane's list merged with those of the lanes whose numbers differ only below SPAN (4: a quad, 32: the
+// warp): every one of them ends with their TOPK best. The best of a set, so the order of the merges is free.
+template <int SPAN>
+__device__ __forceinline__ void merge_topk_lanes(float (&top)[TOPK], int (&at)[TOPK]) {
+#pragma unroll
+    for (int offset = 1; offset < SPAN; offset <<= 1) {
+        float other[TOPK];
+        int other_at[TOPK];
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) {
+            other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
+            other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
+        }
+#pragma unroll
+        for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
+    }
+}
+
+#if WARPS_N == 1
+// The max of tile row (i, half)'s logits in n8 chunks j0 .. j1 - 1 (columns past N left out), over its quad.
+__device__ __forceinline__ float quad_row_max(const float (&acc)[MT][NT][4], int i, int half, int j0, int j1,
+                                              int block_n, int N, int lane) {
+    float best = NEG_INF;
+#pragma unroll
+    for (int j = j0; j < j1; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+            if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
+    best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
+    return fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
+}
+#endif
+
 __device__ __forceinline__ void gemm_epilogue(
     float (&acc)[MT][NT][4], unsigned char* stage_smem, int tid, int warp_m, int warp_n, int block_m, int block_n,
     int part, int parts, const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
@@ -111,14 +144,7 @@ __device__ __forceinline__ void gemm_epilogue(
                 for (int sub = 0; sub < BN / PART; ++sub) {
                     const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
                     if (block_n + sub * PART >= N) continue;  // the same for the whole warp
-                    float best = NEG_INF;
-#pragma unroll
-                    for (int j = sub * (PART / 8); j < (sub + 1) * (PART / 8); ++j)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
-                    best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
-                    best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
+                    const float best = quad_row_max(acc, i, half, sub * (PART / 8), (sub + 1) * (PART / 8), block_n, N, lane);
                     float sum = 0.f;
 #pragma unroll
                     for (int j = sub * (PART / 8); j < (sub + 1) * (PART / 8); ++j)
@@ -139,14 +165,7 @@ __device__ __forceinline__ void gemm_epilogue(
             for (int half = 0; half < 2; ++half) {
                 const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
                 const size_t slot = (size_t)m * parts + part;
-                float best = NEG_INF;
-#pragma unroll
-                for (int j = 0; j < NT; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        if (block_n + j * 8 + (lane & 3) * 2 + e < N) best = fmaxf(best, acc[i][j][half * 2 + e]);
-                best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 1));
-                best = fmaxf(best, __shfl_xor_sync(0xffffffff, best, 2));
+                const float best = quad_row_max(acc, i, half, 0, NT, block_n, N, lane);
                 // a row takes part when its max reaches its threshold; the shuffles below need the whole warp
                 const float floor = m >= M ? POS_INF : thresh ? thresh[m] : NEG_INF;
                 const bool wanted = best >= floor;
@@ -163,18 +182,7 @@ __device__ __forceinline__ void gemm_epilogue(
                         const float v = acc[i][j][half * 2 + e];
                         if (n < N && v >= floor) topk_insert(top, at, v, n);
                     }
-#pragma unroll
-                for (int offset = 1; offset < 4; offset <<= 1) {  // merge the quad's lists
-                    float other[TOPK];
-                    int other_at[TOPK];
-#pragma unroll
-                    for (int r = 0; r < TOPK; ++r) {
-                        other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
-                        other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
-                    }
-#pragma unroll
-                    for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
-                }
+                merge_topk_lanes<4>(top, at);
                 if ((lane & 3) == 0 && wanted) {
 #pragma unroll
                     for (int r = 0; r < TOPK; ++r) part_val[slot * TOPK + r] = top[r], part_idx[slot * TOPK + r] = at[r];
