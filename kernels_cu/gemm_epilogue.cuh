@@ -244,9 +244,12 @@ __device__ __forceinline__ void gemm_epilogue(
     }
 #endif
 
-    // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps.
+    // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps (where a
+    // warp holds whole rows of the tile, the quad's answer is the tile's: no shared memory, no barrier).
+#if WARPS_N > 1
     __shared__ float red_val[WARPS_N][BM];
     __shared__ int red_idx[WARPS_N][BM];
+#endif
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
@@ -267,12 +270,20 @@ __device__ __forceinline__ void gemm_epilogue(
                 const int n = __shfl_xor_sync(0xffffffff, at, offset);
                 if (beats(v, n, best, at)) { best = v; at = n; }
             }
+            const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+#if WARPS_N == 1
+            if ((lane & 3) == 0 && block_m + row < M) {
+                part_val[(size_t)(block_m + row) * parts + part] = best;
+                part_idx[(size_t)(block_m + row) * parts + part] = at;
+            }
+#else
             if ((lane & 3) == 0) {
-                const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
                 red_val[warp_n][row] = best;
                 red_idx[warp_n][row] = at;
             }
+#endif
         }
+#if WARPS_N > 1
     EPI_SYNC();
     for (int row = tid; row < BM; row += EPI_THREADS) {
         const int m = block_m + row;
@@ -285,4 +296,5 @@ __device__ __forceinline__ void gemm_epilogue(
         part_idx[(size_t)m * parts + part] = at;
     }
     EPI_SYNC();  // red_val and red_idx are free for the next tile
+#endif
 }

@@ -85,10 +85,12 @@ GEMM_TILES = {
     "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
     # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were never clearly faster than the best of
     # the others at the shapes of docs/PERF.md's GEMM tables, and are taken out: each GPU test run compiled them)
-    # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
+    # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS, or 64 with PINGPONG (a tile per consumer)
     "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
+    "pp256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=5, PINGPONG=1),
+    "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=8, PINGPONG=1),
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -109,6 +111,9 @@ def available_tiles() -> list[str]:
 @lru_cache(maxsize=None)
 def multiprocessors() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
+
+
+TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call: for measuring tiles inside generate
 
 
 def gemm_tile(m: int, n: int) -> str:
@@ -170,7 +175,9 @@ def tensor_map(a: cp.ndarray, box_rows: int):
 def tile_rows(name: str) -> int:
     """BM, the rows of a GEMM tile."""
     tile = GEMM_TILES[name]
-    return tile["BM"] if tile["kind"] == "mma" else 64 * tile["CONSUMERS"]
+    if tile["kind"] == "mma":
+        return tile["BM"]
+    return 64 if tile.get("PINGPONG") else 64 * tile["CONSUMERS"]
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -211,7 +218,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **tile, **defines)
         bm, bn = tile_rows(name), tile["BN"]
-        threads = 128 * (tile["CONSUMERS"] + 1)
+        threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
         smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
@@ -240,7 +247,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or gemm_tile(m, n), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
+        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
                     out_f32=out.dtype == F32)
     return out
 
