@@ -176,11 +176,29 @@ PREFILL_ENTRY(attention_prefill_128_kernel, 128)
 
 // attention_decode_kernel: one query per row (decoder self- or cross-attention), one warp per (row, head).
 //
-// Same inputs as attention_kernel (start or table, length per row). Eight lanes share a key: each loads
-// E/8 contiguous bf16 of it (16-byte loads) and three shuffles add the parts, so a warp scores four keys at
-// a time; then every lane accumulates E/32 output values over all keys. E is 64 or 128; at most
-// DECODE_MAX_KEYS keys. Launch: grid (ceil(rows * H / 4)), block 128 threads (4 warps).
+// Same inputs as attention_kernel (start or table, length per row). Eight lanes share a key or value row:
+// each holds E/8 contiguous bf16 of it (16-byte loads). Scores: three shuffles add a key's parts, and a warp
+// scores eight keys at a time (two per 8-lane group, both loads in flight at once). Values: each 8-lane group
+// sums the weighted values of every fourth key, eight keys a round likewise, and two shuffles add the four
+// groups' sums. Keys are taken 32 at a time, each lane looking up one of their cache rows, passed around by
+// shuffles (no dependent load per key). E is 64 or 128; at most DECODE_MAX_KEYS keys.
+// Launch: grid (ceil(rows * H / 4)), block 128 threads (4 warps).
 #define DECODE_MAX_KEYS 1024
+#ifndef DECODE_MIN_BLOCKS
+#define DECODE_MIN_BLOCKS 1  // __launch_bounds__'s blocks an SM: more caps the registers (bench/attention_bench.py)
+#endif
+
+// Load 8-lane group member `sub`'s VEC bf16 of a row (16 bytes at a time) as floats.
+template <int VEC>
+__device__ __forceinline__ void load_part(const __nv_bfloat16* at, uint4 (&raw)[VEC / 8]) {
+#pragma unroll
+    for (int c = 0; c < VEC / 8; ++c) raw[c] = *reinterpret_cast<const uint4*>(at + c * 8);
+}
+
+template <int VEC>
+__device__ __forceinline__ float part_value(const uint4 (&raw)[VEC / 8], int x) {
+    return bf16_to_float(reinterpret_cast<const __nv_bfloat16*>(&raw[x / 8])[x % 8]);
+}
 
 template <int E>
 __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict__ q, int ldq,
@@ -190,7 +208,7 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
                                                  const int* __restrict__ table, int table_stride,
                                                  __nv_bfloat16* __restrict__ out, int rows, int H, float scale) {
     __shared__ float scores[4][DECODE_MAX_KEYS];
-    constexpr int VEC = E / 8;  // elements per lane of a key
+    constexpr int VEC = E / 8;  // elements per lane of a key or value row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int pair = blockIdx.x * 4 + warp;
     if (pair >= rows * H) return;
@@ -199,59 +217,98 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
     const int first = table ? 0 : start[row];
     const int group = lane >> 3, sub = lane & 7;
+    const size_t column = h * E + sub * VEC;
     float qv[VEC];
-    const __nv_bfloat16* qrow = q + (size_t)row * ldq + h * E + sub * VEC;
+    {
+        uint4 raw[VEC / 8];
+        load_part<VEC>(q + (size_t)row * ldq + column, raw);
 #pragma unroll
-    for (int c = 0; c < VEC; c += 8) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(qrow + c);
-        const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw);
-#pragma unroll
-        for (int x = 0; x < 8; ++x) qv[c + x] = bf16_to_float(part[x]);
+        for (int x = 0; x < VEC; ++x) qv[x] = part_value<VEC>(raw, x);
     }
     float* sc = scores[warp];
     float m = NEG_INF;
-    for (int j0 = 0; j0 < n; j0 += 4) {
-        const int j = j0 + group;
-        float dot = 0.f;
-        if (j < n) {
-            const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
-            const __nv_bfloat16* key = k + key_row * ldk + h * E + sub * VEC;
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int span = min(32, n - c0);
+        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;  // cache rows
+        for (int j0 = 0; j0 < span; j0 += 8) {
+            const int ja = j0 + group, jb = ja + 4;
+            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
+            uint4 rawa[VEC / 8], rawb[VEC / 8];
+            if (ja < span) load_part<VEC>(k + ra * ldk + column, rawa);
+            if (jb < span) load_part<VEC>(k + rb * ldk + column, rawb);
+            float da = 0.f, db = 0.f;
+            if (ja < span) {
 #pragma unroll
-            for (int c = 0; c < VEC; c += 8) {
-                const uint4 raw = *reinterpret_cast<const uint4*>(key + c);
-                const __nv_bfloat16* part = reinterpret_cast<const __nv_bfloat16*>(&raw);
+                for (int x = 0; x < VEC; ++x) da += qv[x] * part_value<VEC>(rawa, x);
+            }
+            if (jb < span) {
 #pragma unroll
-                for (int x = 0; x < 8; ++x) dot += qv[c + x] * bf16_to_float(part[x]);
+                for (int x = 0; x < VEC; ++x) db += qv[x] * part_value<VEC>(rawb, x);
+            }
+#pragma unroll
+            for (int offset = 1; offset < 8; offset <<= 1) {
+                da += __shfl_xor_sync(0xffffffff, da, offset);
+                db += __shfl_xor_sync(0xffffffff, db, offset);
+            }
+            if (ja < span) {
+                if (sub == 0) sc[c0 + ja] = da * scale;
+                m = fmaxf(m, da * scale);
+            }
+            if (jb < span) {
+                if (sub == 0) sc[c0 + jb] = db * scale;
+                m = fmaxf(m, db * scale);
             }
         }
-        dot += __shfl_xor_sync(0xffffffff, dot, 1);
-        dot += __shfl_xor_sync(0xffffffff, dot, 2);
-        dot += __shfl_xor_sync(0xffffffff, dot, 4);
-        if (j < n && sub == 0) sc[j] = dot * scale;
-        if (j < n) m = fmaxf(m, dot * scale);
     }
     m = warp_max(m);
     __syncwarp();
     const float inv = warp_softmax(sc, n, m, lane);
     __syncwarp();
-    constexpr int PER_LANE = E / 32;
-    float acc[PER_LANE];
+    float acc[VEC];
 #pragma unroll
-    for (int x = 0; x < PER_LANE; ++x) acc[x] = 0.f;
-    for (int j = 0; j < n; ++j) {
-        const size_t key_row = (size_t)(rows_of ? rows_of[j] : first + j);
-        const __nv_bfloat16* value = v + key_row * ldk + h * E + lane * PER_LANE;
-        const float p = sc[j];
+    for (int x = 0; x < VEC; ++x) acc[x] = 0.f;
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int span = min(32, n - c0);
+        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;
+        for (int j0 = 0; j0 < span; j0 += 8) {
+            const int ja = j0 + group, jb = ja + 4;
+            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
+            uint4 rawa[VEC / 8], rawb[VEC / 8];
+            if (ja < span) load_part<VEC>(v + ra * ldk + column, rawa);
+            if (jb < span) load_part<VEC>(v + rb * ldk + column, rawb);
+            if (ja < span) {
+                const float p = sc[c0 + ja];
 #pragma unroll
-        for (int x = 0; x < PER_LANE; ++x) acc[x] += p * bf16_to_float(value[x]);
+                for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawa, x);
+            }
+            if (jb < span) {
+                const float p = sc[c0 + jb];
+#pragma unroll
+                for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawb, x);
+            }
+        }
     }
-    __nv_bfloat16* dst = out + (size_t)row * H * E + h * E + lane * PER_LANE;
 #pragma unroll
-    for (int x = 0; x < PER_LANE; ++x) dst[x] = float_to_bf16(acc[x] * inv);
+    for (int x = 0; x < VEC; ++x) {
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 16);
+    }
+    if (group == 0) {
+        __nv_bfloat16* dst = out + (size_t)row * H * E + column;
+#pragma unroll
+        for (int c = 0; c < VEC / 8; ++c) {
+            uint4 packed;
+            __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+            for (int x = 0; x < 4; ++x)
+                pk[x] = __floats2bfloat162_rn(acc[c * 8 + 2 * x] * inv, acc[c * 8 + 2 * x + 1] * inv);
+            *reinterpret_cast<uint4*>(dst + c * 8) = packed;
+        }
+    }
 }
 
 #define DECODE_ENTRY(E)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128) attention_decode_##E##_kernel(                            \
+    extern "C" __global__ void __launch_bounds__(128, DECODE_MIN_BLOCKS) attention_decode_##E##_kernel(                            \
         const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k,                        \
         const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ start, const int* __restrict__ length, \
         const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \

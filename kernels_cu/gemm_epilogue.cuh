@@ -3,6 +3,7 @@
 //   BM, BN       the block tile; WM, WN one warp's part of it; MT = WM / 16, NT = WN / 8; WARPS_N = BN / WN
 //   EPI_THREADS  the threads that hold the tile (warps numbered from 0 among them); EPI_SYNC() their barrier
 //   EPI_SMEM_BYTES  shared memory free for staging once the main loop is done; TOPK the candidates per block
+//   EPILOGUE_KIND (optional) fixes the epilogue at compile time (the `epilogue` argument is then ignored).
 // Fragment acc[i][j][e] of warp (warp_m, warp_n) is tile row warp_m * WM + i * 16 + lane / 4 + (e / 2) * 8,
 // tile column warp_n * WN + j * 8 + (lane % 4) * 2 + e % 2: the layout of mma.sync m16n8 and of wgmma m64nN.
 //   EPILOGUE_STORE  out[m, n] = relu?(acc + bias[n]) + residual[m, n], stored bf16 or f32 (out_f32);
@@ -96,6 +97,9 @@ __device__ __forceinline__ void gemm_epilogue(
     float* __restrict__ part_val, int* __restrict__ part_idx, float* __restrict__ part_stat,
     const float* __restrict__ thresh, int M, int N, int relu, int epilogue, int out_f32) {
     const int lane = tid & 31;
+#ifdef EPILOGUE_KIND  // the kernel was compiled for one epilogue: the others' code is left out
+    epilogue = EPILOGUE_KIND;
+#endif
     if (epilogue == EPILOGUE_STORE) {
         // two neighbouring columns in one 4- or 8-byte access, where N is even and the arrays are aligned for it
         const bool pairs = (N & 1) == 0 && (((size_t)bias | (size_t)residual) & 7) == 0 &&

@@ -119,13 +119,14 @@ TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call
 def gemm_tile(m: int, n: int) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
-    On Hopper, wgmma tiles: 128 x 256 once they make a full wave of blocks, 64-row tiles for decode steps of
-    at most 64 rows, else 128 x 128. Elsewhere mma.sync: large tiles once they make a full wave of blocks,
+    On Hopper, wgmma tiles: 64-row tiles for decode steps of at most 64 rows, 128 x 128 up to 8,192 rows,
+    128 x 256 above (measured on the H200, docs/PERF.md: 128 x 128 is 1.07-1.18x 128 x 256 at 1,024-4,096 rows,
+    even at 8,192, and 0.94x at 16,384). Elsewhere mma.sync: large tiles once they make a full wave of blocks,
     else small ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns,
     small is 1.3x large at 256 rows x 1,024 columns)."""
     sms = multiprocessors()
     if wgmma_available():
-        if -(-m // 128) * -(-n // 256) >= sms:
+        if m > 8192:
             return "wg256"
         return "wg64" if m <= 64 else "wg128"
     return "large" if -(-m // 128) * -(-n // 128) >= sms else "small"
@@ -261,7 +262,9 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     check_array("h", h, BF16)
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
-    tile = tile or gemm_tile(m, n)  # mma.sync: 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
+    # wgmma: 128 x 256 tiles at every batch (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large
+    # tiles at 1,024+ rows (docs/PERF.md)
+    tile = tile or ("wg256" if wgmma_available() else gemm_tile(m, n))
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     part_val = cp.empty((m, blocks_n), dtype=F32)
     part_idx = cp.empty((m, blocks_n), dtype=cp.int32)

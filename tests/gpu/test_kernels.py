@@ -119,8 +119,10 @@ def test_logits_topk_matches_reference(tile, k, m, v, d):
     np.testing.assert_allclose(got_lp, want_lp, rtol=1e-4, atol=1e-4)
     assert (np.diff(got_lp, axis=1) <= 0).all()
     ranked = np.sort(logprob, axis=1)[:, ::-1][:, : k + 1]
-    clear = (ranked[:, :-1] - ranked[:, 1:]) > 1e-4  # neighbours that a float32 sum cannot swap
-    assert (got_ids[clear] == want_ids[clear]).all()
+    clear = (ranked[:, :-1] - ranked[:, 1:]) > 1e-4  # rank i's gap to rank i + 1: more than float32 sums can swap
+    clear[:, 1:] &= clear[:, :-1]  # and its gap to rank i - 1: a near tie above may swap into this place
+    wrong = np.argwhere(clear & (got_ids != want_ids))
+    assert not len(wrong), f"{len(wrong)} ids out of place, first (row, rank): {wrong[:5].tolist()}"
 
 
 def test_logits_topk_breaks_ties_towards_the_lower_id():
@@ -205,10 +207,11 @@ def test_attention_matches_reference(heads, d, max_keys):
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
 
 
+@pytest.mark.parametrize("t", [9, 300])  # the decode kernel takes keys 32 at a time: one run, and several
 @pytest.mark.parametrize("heads,d", [(4, 64), (4, 256), (8, 1024)])
-def test_attention_reads_keys_through_a_row_table(heads, d):
+def test_attention_reads_keys_through_a_row_table(heads, d, t):
     """Decoder self-attention: each query's keys are the cache rows its table lists, in table order."""
-    rows, pool_rows, t = 6, 40, 9
+    rows, pool_rows = 6, 400
     k = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
     v = bf16(rng.normal(size=(pool_rows, d)).astype(np.float32))
     q = bf16(rng.normal(size=(rows, d)).astype(np.float32))

@@ -1,0 +1,79 @@
+"""GEMM kernel variants against each other and cuBLAS at the engine's shapes (a tuning aid, not the harness).
+
+    python bench/gemm_variants.py [--out results.jsonl]
+
+Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), optionally compiled for
+the store epilogue alone (EPILOGUE_KIND=0: the other epilogues' code left out of the kernel). Timed over 10
+launches back to back (bench/engine_bench.py's timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
+from nllbcli.engine import kernels  # noqa: E402
+
+EXTRA_TILES = {
+    "wg128s4": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4),
+    "wg128s7": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=7),
+    "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),
+    "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),
+}
+VARIANTS = [("wg128", {}), ("wg128", {"EPILOGUE_KIND": 0}), ("wg128s4", {}), ("wg128s7", {}), ("wg256", {}),
+            ("wg256", {"EPILOGUE_KIND": 0}), ("wg256s3", {}), ("pp256", {"EPILOGUE_KIND": 0})]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    kernels.GEMM_TILES.update(EXTRA_TILES)
+    rng = cp.random.default_rng(0)
+    lines = []
+    for m, k, n, what in GEMM_SHAPES:
+        if m < 1024:
+            continue
+        a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
+        w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
+        bias = rng.standard_normal(n, dtype=cp.float32)
+        out = cp.empty((m, n), dtype="bfloat16")
+        flops = 2 * m * n * k
+        wt = w.T
+        row = {"what": what, "shape": [m, k, n], "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12}
+        for tile, defines in VARIANTS:
+            if tile not in kernels.GEMM_TILES:
+                continue
+            name = tile + "".join(f" {k}={v}" for k, v in defines.items())
+            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, None, out, None, None, None,
+                                                        kernels.EPILOGUE_STORE, **defines), inner=10)
+            row[name] = flops / seconds / 1e12
+        lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))
+        print(lines[-1], flush=True)
+    for m in (64, 4096):  # the output projection with its argmax, the whole kernel or its epilogue alone
+        h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
+        w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
+        row = {"what": f"logits argmax pass {m} rows"}
+        for tile, defines in (("wg256", {}), ("wg256", {"EPILOGUE_KIND": 1}), ("wg64w", {}), ("wg64w", {"EPILOGUE_KIND": 1}),
+                              ("wg128", {"EPILOGUE_KIND": 1})):
+            parts = -(-256206 // kernels.GEMM_TILES[tile]["BN"])
+            pv, pi = cp.empty((m, parts), cp.float32), cp.empty((m, parts), cp.int32)
+            seconds = timed(lambda: kernels.gemm_launch(tile, h, w, None, None, None, pv, pi, None,
+                                                        kernels.EPILOGUE_ARGMAX, **defines), repeat=10, inner=5)
+            name = tile + "".join(f" {k}={v}" for k, v in defines.items())
+            row[name + " ms"], row[name + " TB/s"] = seconds * 1e3, w.nbytes / seconds / 1e12
+        lines.append(json.dumps(row))
+        print(lines[-1], flush=True)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
