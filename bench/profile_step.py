@@ -108,7 +108,7 @@ def main() -> int:
             "tokens_per_s_decode_only": batch / step_wall,
         }), flush=True)
         h = cp.random.default_rng(0).standard_normal((batch, 1024), dtype=cp.float32).astype("bfloat16")
-        for tile in [t for t in kernels.available_tiles() if t in ("small", "large", "wg128", "wg256", "pp256")]:
+        for tile in [t for t in kernels.available_tiles() if t in ("small", "large", "wg128", "wg256", "wg64w")]:
             ms = timed(lambda: timer.originals["logits_argmax"](h, engine.lm_head, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_argmax_tile": tile, "ms": ms,
                               "tflops": 2 * batch * 1024 * 256206 / ms / 1e9}), flush=True)

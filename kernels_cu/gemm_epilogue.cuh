@@ -60,8 +60,11 @@ __device__ __forceinline__ void topk_insert(float (&top)[TOPK], int (&at)[TOPK],
 
 // Each lane's list merged with those of the lanes whose numbers differ only below SPAN (4: a quad, 32: the
 // warp): every one of them ends with their TOPK best. The best of a set, so the order of the merges is free.
+// Long lists are inserted one entry at a time in a loop (the partner's list in local memory), not unrolled:
+// TOPK 32 unrolled was ~5,000 compare-and-swaps a call, and 80-95 s of compiling.
 template <int SPAN>
 __device__ __forceinline__ void merge_topk_lanes(float (&top)[TOPK], int (&at)[TOPK]) {
+    constexpr int unrolled = TOPK <= 8 ? TOPK : 1;
 #pragma unroll
     for (int offset = 1; offset < SPAN; offset <<= 1) {
         float other[TOPK];
@@ -71,8 +74,11 @@ __device__ __forceinline__ void merge_topk_lanes(float (&top)[TOPK], int (&at)[T
             other[r] = __shfl_xor_sync(0xffffffff, top[r], offset);
             other_at[r] = __shfl_xor_sync(0xffffffff, at[r], offset);
         }
-#pragma unroll
-        for (int r = 0; r < TOPK; ++r) topk_insert(top, at, other[r], other_at[r]);
+#pragma unroll unrolled
+        for (int r = 0; r < TOPK; ++r) {
+            if (!beats(other[r], other_at[r], top[TOPK - 1], at[TOPK - 1])) break;  // the rest of a best-first list neither
+            topk_insert(top, at, other[r], other_at[r]);
+        }
     }
 }
 

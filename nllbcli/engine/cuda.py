@@ -10,6 +10,7 @@ Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabu
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import cupy as cp
@@ -183,12 +184,14 @@ class CudaEngine:
         if pool is None:
             raise RuntimeError("call capacity() before encode()")
         # Packed: the sources one after another, no padding rows (every GEMM row is a real token).
-        lengths = np.array([len(x) for x in sources])
-        ids = np.concatenate([np.asarray(x, dtype=np.int32) for x in sources])
+        # (no NumPy call per source: at 4,096 sources those took 20-30 ms of host time before the GPU started)
+        lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
+        total = int(lengths.sum())
+        ids = np.fromiter(itertools.chain.from_iterable(sources), dtype=np.int32, count=total)
         if (ids == c.pad_token_id).any():
             raise ValueError("a source holds the padding id: sources are token ids without padding")
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        pos = np.concatenate([np.arange(n) for n in lengths]) + c.pad_token_id + 1  # past the padding index
+        offsets = np.cumsum(lengths) - lengths
+        pos = np.arange(total) - np.repeat(offsets, lengths) + c.pad_token_id + 1  # past the padding index
         h = kernels.embed(i32(ids), i32(pos), self.embed_table, self.positions, c.embed_scale)  # (T, D)
         seq_start, seq_len = i32(offsets), i32(lengths)
         longest = int(lengths.max())

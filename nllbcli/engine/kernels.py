@@ -85,12 +85,12 @@ GEMM_TILES = {
     "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
     # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were never clearly faster than the best of
     # the others at the shapes of docs/PERF.md's GEMM tables, and are taken out: each GPU test run compiled them)
-    # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS, or 64 with PINGPONG (a tile per consumer)
+    # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
     "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
-    "pp256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=5, PINGPONG=1),
-    "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=8, PINGPONG=1),
+    "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
+    # (ping-pong consumers, each on a 64-row tile of its own, measured no faster: docs/PERF.md, fourth session)
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -119,14 +119,14 @@ TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call
 def gemm_tile(m: int, n: int) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
-    On Hopper, wgmma tiles: 64-row tiles for decode steps of at most 64 rows, 128 x 128 up to 8,192 rows,
-    128 x 256 above (measured on the H200, docs/PERF.md: 128 x 128 is 1.07-1.18x 128 x 256 at 1,024-4,096 rows,
-    even at 8,192, and 0.94x at 16,384). Elsewhere mma.sync: large tiles once they make a full wave of blocks,
-    else small ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns,
-    small is 1.3x large at 256 rows x 1,024 columns)."""
+    On Hopper, wgmma tiles: 128 x 256 once they make a full wave of blocks, 64-row tiles for decode steps of
+    at most 64 rows, else 128 x 128 (measured on the H200 with each epilogue compiled alone, docs/PERF.md:
+    128 x 256 is 1.05-1.25x 128 x 128 from 4,096 rows up, alike at 1,024). Elsewhere mma.sync: large tiles
+    once they make a full wave of blocks, else small ones (measured on the H200: large is 1.05-1.4x small at
+    1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x 1,024 columns)."""
     sms = multiprocessors()
     if wgmma_available():
-        if m > 8192:
+        if -(-m // 128) * -(-n // 256) >= sms:
             return "wg256"
         return "wg64" if m <= 64 else "wg128"
     return "large" if -(-m // 128) * -(-n // 128) >= sms else "small"
@@ -176,9 +176,7 @@ def tensor_map(a: cp.ndarray, box_rows: int):
 def tile_rows(name: str) -> int:
     """BM, the rows of a GEMM tile."""
     tile = GEMM_TILES[name]
-    if tile["kind"] == "mma":
-        return tile["BM"]
-    return 64 if tile.get("PINGPONG") else 64 * tile["CONSUMERS"]
+    return tile["BM"] if tile["kind"] == "mma" else 64 * tile["CONSUMERS"]
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -196,7 +194,8 @@ def tma_ready(a: cp.ndarray) -> bool:
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
                 epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
-    and dynamic shared memory follow from it. Absent arrays are None. needed: a byte per tile (tiles_m,
+    and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
+    the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays are None. needed: a byte per tile (tiles_m,
     tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row thresholds."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
@@ -210,14 +209,14 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         check(needed.dtype == cp.uint8 and needed.shape == (-(-m // tile_rows(name)), -(-n // tile["BN"])),
               "needed must be a uint8 byte per tile")
     if kind == "mma":
-        kernel = function("gemm.cu", "gemm_kernel", **tile, **defines)
+        kernel = function("gemm.cu", "gemm_kernel", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
         smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
         grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail + skips
     else:
         check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
-        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **tile, **defines)
+        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
         smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
@@ -262,9 +261,10 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     check_array("h", h, BF16)
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
-    # wgmma: 128 x 256 tiles at every batch (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large
-    # tiles at 1,024+ rows (docs/PERF.md)
-    tile = tile or ("wg256" if wgmma_available() else gemm_tile(m, n))
+    # wgmma: 64 x 256 tiles up to 64 rows (the weights at 3.9 TB/s against 3.2 with 128 x 256), else 128 x 256
+    # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
+    if tile is None:
+        tile = ("wg64w" if m <= 64 else "wg256") if wgmma_available() else gemm_tile(m, n)
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     part_val = cp.empty((m, blocks_n), dtype=F32)
     part_idx = cp.empty((m, blocks_n), dtype=cp.int32)
