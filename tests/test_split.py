@@ -65,8 +65,11 @@ def test_split_loses_nothing_and_keeps_order(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(st.characters(codec="utf-8", exclude_categories=["Zs", "Cc", "Zl", "Zp"]), min_size=1, max_size=20), max_size=6))
+@given(st.lists(st.text(st.characters(codec="utf-8", exclude_categories=["Zs", "Cc", "Zl", "Zp"], exclude_characters=ANYWHERE),
+                        min_size=1, max_size=20), max_size=6))
 def test_join_of_identity_translations_keeps_the_words(words):
+    """(Marks that end a sentence with no space after them are left out: "᠉0" is two sentences, and a
+    language written with spaces joins them with one, by design.)"""
     text = " ".join(words)
     sentences, gaps = split_text(text)
     joined = join_sentences(sentences, gaps, "eng_Latn")
