@@ -119,17 +119,14 @@ TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call
 def gemm_tile(m: int, n: int) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
-    On Hopper, wgmma tiles: 128 x 256 once they make a full wave of blocks, 64-row tiles for decode steps of
-    at most 64 rows, else 128 x 128 (measured on the H200 with each epilogue compiled alone, docs/PERF.md:
-    128 x 256 is 1.05-1.25x 128 x 128 from 4,096 rows up, alike at 1,024). Elsewhere mma.sync: large tiles
-    once they make a full wave of blocks, else small ones (measured on the H200: large is 1.05-1.4x small at
+    On Hopper, wgmma tiles, measured on the H200 with each epilogue compiled alone and a bias (docs/PERF.md):
+    128 x 256 from 1,024 rows (1.1-1.25x 128 x 128 at 1,024 and 4,096 rows, every decode shape), 64 x 128
+    up to 256 rows (1.2x 128 x 128 at 256 rows), 128 x 128 between. Elsewhere mma.sync: large tiles once
+    they make a full wave of blocks, else small ones (measured on the H200: large is 1.05-1.4x small at
     1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x 1,024 columns)."""
-    sms = multiprocessors()
     if wgmma_available():
-        if -(-m // 128) * -(-n // 256) >= sms:
-            return "wg256"
-        return "wg64" if m <= 64 else "wg128"
-    return "large" if -(-m // 128) * -(-n // 128) >= sms else "small"
+        return "wg64" if m <= 256 else "wg128" if m < 1024 else "wg256"
+    return "large" if -(-m // 128) * -(-n // 128) >= multiprocessors() else "small"
 
 
 # TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16, box 64 columns x rows,
