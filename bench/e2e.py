@@ -92,7 +92,7 @@ def probe(argv: list[str]) -> None:
         events.setdefault("load_end", time.time())
         return result
 
-    calls: dict[str, list] = {"generate": [], "prepare": [], "write": []}  # [start, end] of each call
+    calls: dict[str, list] = {"generate": [], "prepare": [], "write": [], "translate": [], "commit": []}  # [start, end]
     events["calls"] = calls
 
     def timed_generate(self, *args, **kwargs):
@@ -117,7 +117,8 @@ def probe(argv: list[str]) -> None:
         return call
 
     # the reader thread's tokenizing, and the main thread's writing and committing, where the pipeline has them
-    for name, attr in (("prepare", "prepare_records"), ("write", "write_chunk")):
+    for name, attr in (("prepare", "prepare_records"), ("write", "write_chunk"), ("translate", "translate_prepared"),
+                       ("commit", "save_state")):
         if hasattr(pipeline, attr):
             setattr(pipeline, attr, timed(name, getattr(pipeline, attr)))
     from nllbcli.cli import main
@@ -419,9 +420,17 @@ def host_breakdown(events: dict, calls: dict) -> dict:
     generate = calls["generate"]
     inside = sum(end - start for start, end in generate)
     span = generate[-1][1] - generate[0][0]
+    total = lambda name: sum(end - start for start, end in calls.get(name, []))  # noqa: E731
+    chunks = calls.get("translate", [])
     return {"generate_calls": len(generate), "inside_generate_s": inside, "between_generates_s": span - inside,
-            "write_s": sum(end - start for start, end in calls.get("write", [])),
-            "prepare_s": sum(end - start for start, end in calls.get("prepare", [])),
+            "write_s": total("write"),
+            "commit_s": total("commit"),
+            # the chunk loop's main thread: inside a chunk but outside generate (batching, detokenizing, joining),
+            # and between chunks (writing, committing, waiting for the reader's next chunk)
+            "chunk_host_s": total("translate") - inside if chunks else None,
+            "between_chunks_s": sum(b[0] - a[1] for a, b in zip(chunks, chunks[1:])) if chunks else None,
+            "chunks": len(chunks),
+            "prepare_s": total("prepare"),
             "load_end_to_first_generate_s": generate[0][0] - events["load_end"] if "load_end" in events else None,
             "last_generate_to_exit_s": events["exit"] - generate[-1][1] if "exit" in events else None}
 
@@ -525,7 +534,7 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
     """The CLI over every line, then the engine alone on the same ids (its own process: a GPU to itself)."""
     a, out = runner.args, runner.out
     warmup = runner.work / "warmup_c.txt"
-    rows = a.chunk_rows or 8192
+    rows = 8192  # enough for every kernel of the job to be compiled and cached
     warmup.write_text("".join(line + "\n" for line in lines[:rows]), encoding="utf-8")
     runner.nllb("C warm-up (kernel cache, page cache)", warmup)
     job = runner.nllb("C whole job", source)
@@ -580,12 +589,17 @@ def engine_only(config: dict) -> None:
     tgt = config["tgt"]
     with open(config["input"], encoding="utf-8") as f:
         lines = [line.rstrip("\n") for line in f]
-    # as the pipeline: chunks of rows, each row's sentences, batches planned longest first within a chunk
+    # as the pipeline: chunks of rows (the first smaller, where the pipeline makes it so), each row's sentences,
+    # batches planned longest first within a chunk
+    import nllbcli.pipeline as pipeline
+
+    first_rows = getattr(pipeline, "first_chunk_rows", lambda translator, batching: None)(translator, batching)
+    starts = [0] + list(range(first_rows or batching.read_chunk_rows, len(lines), batching.read_chunk_rows))
     batches: list[list[list[int]]] = []
     every: list[list[int]] = []
-    for first in range(0, len(lines), batching.read_chunk_rows):
+    for first, end in zip(starts, starts[1:] + [len(lines)]):
         ids = [cut_source(tokenizer.encode(s, config["src"]), limit)
-               for line in lines[first : first + batching.read_chunk_rows] for s in split_text(line)[0]]
+               for line in lines[first:end] for s in split_text(line)[0]]
         every += ids
         batches += [[ids[i] for i in batch] for batch in plan_batches({i: len(s) for i, s in enumerate(ids)}, batching.max_batch_tokens)]
 
