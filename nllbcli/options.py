@@ -52,6 +52,5 @@ class BatchOptions:
         return cls(max_batch_tokens or default.max_batch_tokens, read_chunk_rows or default.read_chunk_rows)
 
 
-# 4,096 sentences of 64 tokens a batch; chunks of 32,768 rows (about 4 s of an H200's work at the 600M shape):
-# each chunk's end (its last texts, the write, the fsync, the next chunk's hand-over) keeps the GPU waiting
-GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=32768)
+# 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERF.md)
+GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)

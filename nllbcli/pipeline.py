@@ -280,7 +280,7 @@ def read_chunks(records: Iterable[Record], size: int, first: int | None = None) 
 
 
 SWITCH_INTERVAL = 0.0005  # seconds: how long the GIL may stay with one thread while another waits for it
-FIRST_CHUNK_PART = 16  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
+FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
 IDLE_BUDGET = 0.002  # seconds of detokenizing per decode step, while the GPU works on the step (~13 ms at 4,096 rows)
 
 

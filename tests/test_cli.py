@@ -501,13 +501,13 @@ def test_failure_after_chunks_were_written_leaves_them_for_resume(fake, tmp_path
 
 
 def test_on_a_gpu_the_first_chunk_is_smaller(fake, tmp_path, monkeypatch):
-    """The GPU starts on a sixteenth of a chunk while the reader tokenizes the next whole one; rows stay in order."""
+    """The GPU starts on a quarter chunk while the reader tokenizes the next whole one; rows stay in order."""
     monkeypatch.chdir(tmp_path)
     fake.device = "cuda:0"
     (tmp_path / "in.txt").write_text("".join(f"a{i}\n" for i in range(5000)))
     result = CliRunner().invoke(cli, TRANSLATE + ["--chunk-rows", "2048", "in.txt", "out.txt"])
     assert result.exit_code == 0, result.output
-    assert [len(batch) for batch in fake.batches] == [128, 2048, 2048, 776]
+    assert [len(batch) for batch in fake.batches] == [512, 2048, 2048, 392]
     assert (tmp_path / "out.txt").read_text() == "".join(f"{i}"[::-1] + "a\n" for i in range(5000))
 
 
