@@ -192,8 +192,9 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                 epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
-    the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays are None. needed: a byte per tile (tiles_m,
-    tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row thresholds."""
+    the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
+    are None. needed: a byte per tile (tiles_m, tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row
+    thresholds."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
     m, k = a.shape
