@@ -185,7 +185,7 @@ PREFILL_ENTRY(attention_prefill_128_kernel, 128)
 // Launch: grid (ceil(rows * H / 4)), block 128 threads (4 warps).
 #define DECODE_MAX_KEYS 1024
 #ifndef DECODE_MIN_BLOCKS
-#define DECODE_MIN_BLOCKS 10  // __launch_bounds__'s blocks an SM, capping the registers at 48: measured best of 1, 10, 12
+#define DECODE_MIN_BLOCKS 10  // head size 64: __launch_bounds__'s blocks an SM, registers capped at 48 (best of 1, 10, 12)
 #endif
 
 // Load 8-lane group member `sub`'s VEC bf16 of a row (16 bytes at a time) as floats.
@@ -198,6 +198,27 @@ __device__ __forceinline__ void load_part(const __nv_bfloat16* at, uint4 (&raw)[
 template <int VEC>
 __device__ __forceinline__ float part_value(const uint4 (&raw)[VEC / 8], int x) {
     return bf16_to_float(reinterpret_cast<const __nv_bfloat16*>(&raw[x / 8])[x % 8]);
+}
+
+// Keys 0 .. n-1 of a warp's query, eight a round (two per 8-lane group: j and j + 4), the group's lanes each
+// loading their VEC elements of the key's row of `base` (k or v); cache rows looked up 32 keys at a time, a
+// lane each, and passed around by shuffles. visit(ja, has_a, raw_a, jb, has_b, raw_b) on every lane, each round.
+template <int VEC, typename Visit>
+__device__ __forceinline__ void walk_key_rows(const __nv_bfloat16* __restrict__ base, int ldk, size_t column, int n,
+                                              const int* __restrict__ rows_of, int first, int lane, int group,
+                                              Visit visit) {
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int span = min(32, n - c0);
+        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;  // cache rows
+        for (int j0 = 0; j0 < span; j0 += 8) {
+            const int ja = j0 + group, jb = ja + 4;
+            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
+            uint4 rawa[VEC / 8], rawb[VEC / 8];
+            if (ja < span) load_part<VEC>(base + ra * ldk + column, rawa);
+            if (jb < span) load_part<VEC>(base + rb * ldk + column, rawb);
+            visit(c0 + ja, ja < span, rawa, c0 + jb, jb < span, rawb);
+        }
+    }
 }
 
 template <int E>
@@ -227,39 +248,32 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     }
     float* sc = scores[warp];
     float m = NEG_INF;
-    for (int c0 = 0; c0 < n; c0 += 32) {
-        const int span = min(32, n - c0);
-        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;  // cache rows
-        for (int j0 = 0; j0 < span; j0 += 8) {
-            const int ja = j0 + group, jb = ja + 4;
-            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
-            uint4 rawa[VEC / 8], rawb[VEC / 8];
-            if (ja < span) load_part<VEC>(k + ra * ldk + column, rawa);
-            if (jb < span) load_part<VEC>(k + rb * ldk + column, rawb);
-            float da = 0.f, db = 0.f;
-            if (ja < span) {
+    using Raw = uint4[VEC / 8];
+    walk_key_rows<VEC>(k, ldk, column, n, rows_of, first, lane, group,
+                       [&](int ja, bool has_a, const Raw& rawa, int jb, bool has_b, const Raw& rawb) {
+        float da = 0.f, db = 0.f;
+        if (has_a) {
 #pragma unroll
-                for (int x = 0; x < VEC; ++x) da += qv[x] * part_value<VEC>(rawa, x);
-            }
-            if (jb < span) {
-#pragma unroll
-                for (int x = 0; x < VEC; ++x) db += qv[x] * part_value<VEC>(rawb, x);
-            }
-#pragma unroll
-            for (int offset = 1; offset < 8; offset <<= 1) {
-                da += __shfl_xor_sync(0xffffffff, da, offset);
-                db += __shfl_xor_sync(0xffffffff, db, offset);
-            }
-            if (ja < span) {
-                if (sub == 0) sc[c0 + ja] = da * scale;
-                m = fmaxf(m, da * scale);
-            }
-            if (jb < span) {
-                if (sub == 0) sc[c0 + jb] = db * scale;
-                m = fmaxf(m, db * scale);
-            }
+            for (int x = 0; x < VEC; ++x) da += qv[x] * part_value<VEC>(rawa, x);
         }
-    }
+        if (has_b) {
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) db += qv[x] * part_value<VEC>(rawb, x);
+        }
+#pragma unroll
+        for (int offset = 1; offset < 8; offset <<= 1) {
+            da += __shfl_xor_sync(0xffffffff, da, offset);
+            db += __shfl_xor_sync(0xffffffff, db, offset);
+        }
+        if (has_a) {
+            if (sub == 0) sc[ja] = da * scale;
+            m = fmaxf(m, da * scale);
+        }
+        if (has_b) {
+            if (sub == 0) sc[jb] = db * scale;
+            m = fmaxf(m, db * scale);
+        }
+    });
     m = warp_max(m);
     __syncwarp();
     const float inv = warp_softmax(sc, n, m, lane);
@@ -267,27 +281,19 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     float acc[VEC];
 #pragma unroll
     for (int x = 0; x < VEC; ++x) acc[x] = 0.f;
-    for (int c0 = 0; c0 < n; c0 += 32) {
-        const int span = min(32, n - c0);
-        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;
-        for (int j0 = 0; j0 < span; j0 += 8) {
-            const int ja = j0 + group, jb = ja + 4;
-            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
-            uint4 rawa[VEC / 8], rawb[VEC / 8];
-            if (ja < span) load_part<VEC>(v + ra * ldk + column, rawa);
-            if (jb < span) load_part<VEC>(v + rb * ldk + column, rawb);
-            if (ja < span) {
-                const float p = sc[c0 + ja];
+    walk_key_rows<VEC>(v, ldk, column, n, rows_of, first, lane, group,
+                       [&](int ja, bool has_a, const Raw& rawa, int jb, bool has_b, const Raw& rawb) {
+        if (has_a) {
+            const float p = sc[ja];
 #pragma unroll
-                for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawa, x);
-            }
-            if (jb < span) {
-                const float p = sc[c0 + jb];
-#pragma unroll
-                for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawb, x);
-            }
+            for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawa, x);
         }
-    }
+        if (has_b) {
+            const float p = sc[jb];
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawb, x);
+        }
+    });
 #pragma unroll
     for (int x = 0; x < VEC; ++x) {
         acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
@@ -307,13 +313,13 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     }
 }
 
-#define DECODE_ENTRY(E)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(128, DECODE_MIN_BLOCKS) attention_decode_##E##_kernel(                            \
+#define DECODE_ENTRY(E, MIN_BLOCKS)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_decode_##E##_kernel(                  \
         const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k,                        \
         const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ start, const int* __restrict__ length, \
         const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \
         float scale) {                                                                                           \
         attention_decode<E>(q, ldq, k, v, ldk, start, length, table, table_stride, out, rows, H, scale);         \
     }
-DECODE_ENTRY(64)
-DECODE_ENTRY(128)
+DECODE_ENTRY(64, DECODE_MIN_BLOCKS)
+DECODE_ENTRY(128, 1)  // not capped: at 48 registers it spills (head size 128, unmeasured)

@@ -20,8 +20,6 @@ import os
 import queue
 import sys
 import threading
-import time
-from collections import deque
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -281,7 +279,6 @@ def read_chunks(records: Iterable[Record], size: int, first: int | None = None) 
 
 SWITCH_INTERVAL = 0.0005  # seconds: how long the GIL may stay with one thread while another waits for it
 FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
-IDLE_BUDGET = 0.002  # seconds of detokenizing per decode step, while the GPU works on the step (~13 ms at 4,096 rows)
 
 
 class ChunkReader:
@@ -440,32 +437,18 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     advance(sum(done_rows), 0)
 
     texts: dict[int, str] = {}
-    undecoded: deque[tuple[int, list[int]]] = deque()  # (sentence, output ids) not yet made text
-
-    def detokenize(budget: float | None = None) -> None:
-        """Make text of the outputs waiting for it: all of them, or as many as `budget` seconds allow."""
-        until = time.perf_counter() + budget if budget is not None else None
-        while undecoded:
-            n, ids = undecoded.popleft()
-            texts[n] = tokenizer.decode(ids)
-            if until is not None and len(undecoded) % 32 == 0 and time.perf_counter() > until:
-                return
-
-    # One batch may mix target languages: the search forces each sentence's own language token. A batch's
-    # outputs are detokenized while the GPU works on the next batch's steps (generate's idle calls).
+    # one batch may mix target languages: the search forces each sentence's own language token
     for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
-        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job,
-                                 lambda: detokenize(IDLE_BUDGET))
+        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
         finished = 0
         for n, ids in zip(batch, outputs):
             sentence = sentences[n]
             if ids is not None:
-                undecoded.append((n, ids))
+                texts[n] = tokenizer.decode(ids)
                 outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
             pending[sentence.row] -= 1
             finished += pending[sentence.row] == 0
         advance(finished, sum(len(ids) for ids in outputs if ids is not None))
-    detokenize()
 
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
@@ -480,9 +463,9 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
 
 
 def generate_batch(translator, batch: list[Sentence], decode: DecodeOptions, records: list[Record],
-                   outcomes: list[Outcome], job: Job, idle: Callable[[], None] = lambda: None) -> list[list[int] | None]:
+                   outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
     """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
-    rest of the batch goes on. idle(): the caller's work while the GPU works (Translator.generate)."""
+    rest of the batch goes on."""
     from .translator import SentenceError
 
     outputs: list[list[int] | None] = [None] * len(batch)
@@ -491,7 +474,7 @@ def generate_batch(translator, batch: list[Sentence], decode: DecodeOptions, rec
         try:
             targets = [batch[i].tgt for i in todo]
             tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
-            for i, ids in zip(todo, translator.generate([batch[i].ids for i in todo], tgt, decode, idle)):
+            for i, ids in zip(todo, translator.generate([batch[i].ids for i in todo], tgt, decode)):
                 outputs[i] = ids
             return outputs
         except SentenceError as error:

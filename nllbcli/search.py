@@ -15,7 +15,6 @@ added to every token of that beam alike. So the engine can choose them where the
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import contextmanager
 
 import numpy as np
@@ -26,12 +25,8 @@ from .options import DecodeOptions
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
 
 
-def generate(engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig, options: DecodeOptions,
-             idle: Callable[[], None] = lambda: None) -> list[list[int]]:
-    """Token ids of each translation, after the language token and without </s>, in the order of `sources`.
-
-    idle(): called once a step while the engine works on it, before the search waits for its result: the
-    caller's own work (the pipeline detokenizes the batch before) fills the wait instead of following it."""
+def generate(engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+    """Token ids of each translation, after the language token and without </s>, in the order of `sources`."""
     if not sources:
         return []
     encoded = engine.encode(sources)
@@ -39,7 +34,7 @@ def generate(engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
     langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
     search = greedy_search if options.beam_size == 1 else beam_search
     try:
-        return search(engine, encoded, len(sources), langs, config, options, idle)
+        return search(engine, encoded, len(sources), langs, config, options)
     finally:
         engine.release_sources(encoded)
 
@@ -91,8 +86,7 @@ class Ready:
         return Ready(self.device[rows])
 
 
-def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
-                  idle: Callable[[], None] = lambda: None) -> list[list[int]]:
+def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
     steps = options.max_length - 1  # the language token was the first generated token
     with decoder(engine, encoded, np.arange(batch), options.max_length + 1) as state:
@@ -121,7 +115,6 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
         pending = step(langs.copy(), 0) if steps > 0 else None
         for t in range(steps):
             following = step(pending.device, t + 1) if ahead and t + 1 < steps else None
-            idle()
             tokens = pending.fetch()  # (N,) step t's ids
             generated[alive, t] = tokens
             lengths[alive] = t + 1
@@ -160,8 +153,7 @@ def to_host(a) -> np.ndarray:
     return a if isinstance(a, np.ndarray) else a.get()
 
 
-def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
-                idle: Callable[[], None] = lambda: None) -> list[list[int]]:
+def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     xp = getattr(engine, "xp", np)  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
@@ -243,7 +235,6 @@ def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelCon
                 tokens = run_seq[:, :, cur_len - 1].reshape(-1)
                 if not options.processes_scores:
                     candidates = engine.step_topk(encoded, state, tokens, keep)
-            idle()
             finished = np.asarray(finished_later.fetch()) | (cur_len >= max_len)  # the one wait per step
             done = np.flatnonzero(finished)
             if len(done):

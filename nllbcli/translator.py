@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,15 +51,13 @@ class Translator:
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
 
-    def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions,
-                 idle: Callable[[], None] = lambda: None) -> list[list[int]]:
+    def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
 
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
         is halved and retried, down to one sentence; a sentence's translation does not depend on its batch, so
-        the parts give the same result. A sentence that cannot be translated even alone raises SentenceError.
-        idle(): the caller's work, done while the engine works on each step (search.generate)."""
+        the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
         per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
@@ -77,21 +74,20 @@ class Translator:
             if len(source) > source_rows:
                 raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
             if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(source) > source_rows):
-                outputs += self.generate_part(part, langs, options, len(outputs), idle)
+                outputs += self.generate_part(part, langs, options, len(outputs))
                 part, tokens = [], 0
             part.append(source)
             tokens += len(source)
         if part:
-            outputs += self.generate_part(part, langs, options, len(outputs), idle)
+            outputs += self.generate_part(part, langs, options, len(outputs))
         return outputs
 
-    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int,
-                      idle: Callable[[], None] = lambda: None) -> list[list[int]]:
+    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int) -> list[list[int]]:
         """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
         position of sources[0] in generate's batch (langs holds the whole batch's), and names the sentence in
         an error."""
         try:
-            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options, idle)
+            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options)
         except out_of_memory_errors() if self.device.startswith("cuda") else ():
             release_free_memory()
             if len(sources) == 1:
@@ -99,8 +95,8 @@ class Translator:
                     f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
                     "lower --beam-size or --max-length", first) from None
         half = len(sources) // 2
-        return (self.generate_part(sources[:half], langs, options, first, idle)
-                + self.generate_part(sources[half:], langs, options, first + half, idle))
+        return (self.generate_part(sources[:half], langs, options, first)
+                + self.generate_part(sources[half:], langs, options, first + half))
 
     def translate(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few texts as one batch (the pipeline batches large inputs itself)."""

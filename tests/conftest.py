@@ -26,10 +26,7 @@ class FakeTokenizer:
             raise UnicodeEncodeError("utf-8", text, 0, 1, "surrogates not allowed")
         return [self.lang_id(src_lang)] + [ord(c) for c in text] + [EOS]
 
-    decoded = 0  # decode calls so far
-
     def decode(self, ids: list[int]) -> str:
-        self.decoded += 1
         return "".join(chr(i) for i in ids if i != EOS and i < 100_000)
 
 
@@ -47,9 +44,8 @@ class FakeTranslator:
     languages: list = field(default_factory=list)  # the target language of each call
     device: str = "cpu"
     fail_with: BaseException | None = None  # raised by generate when set
-    decoded_around: list = field(default_factory=list)  # tokenizer.decoded as each generate call began and ended
 
-    def generate(self, sources, tgt_lang, options, idle=lambda: None):
+    def generate(self, sources, tgt_lang, options):
         for lang in [tgt_lang] if isinstance(tgt_lang, str) else tgt_lang:  # one for all, or one per source
             self.tokenizer.lang_id(lang)
         if self.fail_with:
@@ -57,10 +53,6 @@ class FakeTranslator:
         self.batches.append(sources)
         self.options.append(options)
         self.languages.append(tgt_lang)
-        before = self.tokenizer.decoded
-        for _ in range(3):  # as the search calls it, once a step while the GPU works
-            idle()
-        self.decoded_around.append((before, self.tokenizer.decoded))
         return [ids[1:-1][::-1] for ids in sources]  # the pieces reversed, without the language token and </s>
 
 

@@ -21,7 +21,7 @@ sys.path.insert(0, {tests!r})
 from conftest import FakeTranslator
 import nllbcli.cli as cli
 translator = FakeTranslator()
-translator.generate = lambda sources, tgt, options, idle=None: [ids[1:-1][::-1] for ids in sources]  # keeps no history
+translator.generate = lambda sources, tgt, options: [ids[1:-1][::-1] for ids in sources]  # keeps no history
 cli.load_model = lambda model, device: translator
 cli.load_tokenizer = lambda model: translator.tokenizer
 try:

@@ -51,21 +51,6 @@ def test_translate_records_restores_input_order(fake):
     assert [len(batch[0]) for batch in translator.batches] == sorted((len(b[0]) for b in translator.batches), reverse=True)
 
 
-def test_a_batch_is_detokenized_while_the_next_one_is_generated(fake, monkeypatch):
-    """The GPU does not wait for the host to make text of a batch's outputs: that happens in the next batch's
-    generate (its idle calls, once a step), and what is left after the last batch, after it."""
-    monkeypatch.setattr("nllbcli.pipeline.IDLE_BUDGET", 60.0)
-    texts = ["a" * (i % 5) + str(i) for i in range(30)]
-    records = [Record(i, t, {}) for i, t in enumerate(texts)]
-    assert translations(translate_records(fake, records, WHOLE, DecodeOptions(), 40)) == [t[::-1] for t in texts]
-    sizes = [len(batch) for batch in fake.batches]
-    assert len(sizes) > 2 and max(sizes) > 1
-    for k, (before, after) in enumerate(fake.decoded_around):
-        assert before == sum(sizes[: max(k - 1, 0)])  # batch k - 1 not yet detokenized when batch k starts
-        assert after == sum(sizes[:k])  # and done by its end
-    assert fake.tokenizer.decoded == len(texts)
-
-
 def test_translate_records_leaves_empty_texts_to_itself(fake):
     translator = fake
     done = []
