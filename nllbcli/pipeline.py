@@ -391,12 +391,13 @@ def translate_records(
 
 def prepare_records(translator: Translator, records: list[Record], job: Job) -> tuple[list[Outcome], list[Sentence]]:
     """A chunk's rows split into sentences and tokenized (no model, no progress: it may run on the reader's
-    thread). With --on-error fail the first bad row raises NllbError."""
+    thread). With --on-error fail the first bad row raises NllbError. The chunk's texts go to the tokenizer
+    together (encode_many) where it has that: sentencepiece then tokenizes on its own threads, without the GIL."""
     tokenizer = translator.tokenizer
     limit = translator.config.max_position_embeddings
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome() for _ in records]
-    sentences: list[Sentence] = []
+    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -404,24 +405,39 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
             if job.split:
-                texts, outcome.gaps = split_text(record.text)
+                row_texts, outcome.gaps = split_text(record.text)
             else:
-                texts = [record.text] if record.text.strip() else []
-            for text in texts:
-                try:
-                    ids = tokenizer.encode(text, src)
-                except Exception as error:  # sentencepiece's errors are no narrower than that
-                    raise NllbError(f"{record.where}: the tokenizer cannot take this text: {error}") from None
-                outcome.cut |= len(ids) > limit
-                sentences.append(Sentence(position, cut_source(ids, limit), tgt))
+                row_texts = [record.text] if record.text.strip() else []
+            texts += [(position, text, src, tgt) for text in row_texts]
         except NllbError as error:
-            if job.on_error == "fail":
-                raise
             outcome.error = str(error)
-            sentences = [s for s in sentences if s.row != position]
+    many = getattr(tokenizer, "encode_many", None)
+    if many is not None:
+        encoded = many([text for _, text, _, _ in texts], [src for _, _, src, _ in texts])
+    else:
+        encoded = []
+        for _, text, src, _ in texts:
+            try:
+                encoded.append(tokenizer.encode(text, src))
+            except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
+                encoded.append(error)
+    sentences: list[Sentence] = []
+    for (position, _, _, tgt), ids in zip(texts, encoded):
+        outcome = outcomes[position]
+        if outcome.error is not None:
+            continue
+        if isinstance(ids, Exception):
+            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {ids}"
+            continue
+        outcome.cut |= len(ids) > limit
+        sentences.append(Sentence(position, cut_source(ids, limit), tgt))
+    if job.on_error == "fail":
+        first = next((o.error for o in outcomes if o.error is not None), None)
+        if first is not None:
+            raise NllbError(first)
     for outcome in outcomes:
         outcome.parts = []
-    return outcomes, sentences
+    return outcomes, [s for s in sentences if outcomes[s.row].error is None]
 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],

@@ -16,6 +16,7 @@ offer encode(text, src_lang), decode(ids), lang_codes and lang_id(code): the eng
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -30,9 +31,29 @@ BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 FAIRSEQ_OFFSET = 1  # sentencepiece piece i >= 3 has NLLB id i + 1
 SPACE = "\u2581"  # sentencepiece's visible space, "▁"
 LANG_CODE = re.compile(r"^[a-z]{3}_[A-Z][a-z]{3}$")
+ENCODE_THREADS = min(4, os.cpu_count() or 1)  # sentencepiece's threads for a batch of texts
 
 
-class NllbTokenizer:
+class BatchEncode:
+    """encode_many for both tokenizers: one sentencepiece call for many texts, which tokenizes on its own
+    threads without holding the GIL (the reader thread tokenizes while the main one drives the GPU)."""
+
+    def encode_many(self, texts: list[str], src_langs: list[str]) -> list:
+        """encode(text, src_lang) of each pair: its ids, or the exception encode would have raised."""
+        try:
+            pieces = self.sp.Encode(list(texts), num_threads=ENCODE_THREADS)
+        except Exception:  # noqa: BLE001 - a text the batch cannot take: each alone, so that it alone fails
+            pieces = [None] * len(texts)
+        out: list = []
+        for text, src, sp_ids in zip(texts, src_langs, pieces):
+            try:
+                out.append([self.lang_id(src), *self.encode_pieces(text, sp_ids), EOS_ID])
+            except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
+                out.append(error)
+        return out
+
+
+class NllbTokenizer(BatchEncode):
     def __init__(self, sp: spm.SentencePieceProcessor, piece_ids: np.ndarray, lang_ids: dict[str, int], mask_id: int):
         self.sp = sp
         self.piece_ids = piece_ids  # sentencepiece id -> NLLB id
@@ -107,9 +128,10 @@ class NllbTokenizer:
         found = self.lang_ids.get(code)  # the usual case, once per sentence: no list of codes made
         return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
 
-    def encode_pieces(self, text: str) -> list[int]:
-        """NLLB ids of the sentencepiece pieces of `text`, without language or end tokens."""
-        ids = self.piece_ids[self.sp.EncodeAsIds(text)].tolist()
+    def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
+        """NLLB ids of the sentencepiece pieces of `text` (sp_ids: sentencepiece's ids of it, where known),
+        without language or end tokens."""
+        ids = self.piece_ids[self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids].tolist()
         if text and not text[-1].isalnum() and self.normalizer.Normalize(text).endswith(" "):
             ids.append(self.space_id)
         return ids
@@ -139,7 +161,7 @@ class NllbTokenizer:
         return found
 
 
-class M2M100Tokenizer:
+class M2M100Tokenizer(BatchEncode):
     """M2M-100's tokenizer, as transformers' M2M100Tokenizer: ids from vocab.json, languages as `__xx__` tokens."""
 
     def __init__(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], lang_codes=M2M100_CODES, madeup_words: int = 8):
@@ -192,8 +214,8 @@ class M2M100Tokenizer:
         found = self.lang_ids.get(code)
         return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
 
-    def encode_pieces(self, text: str) -> list[int]:
-        return self.piece_ids[self.sp.EncodeAsIds(text)].tolist()
+    def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
+        return self.piece_ids[self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids].tolist()
 
     def encode(self, text: str, src_lang: str) -> list[int]:
         """`[__src__] pieces </s>`: what the encoder reads."""

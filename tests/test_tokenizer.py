@@ -40,6 +40,26 @@ def test_encode_and_decode_match_transformers(name, index):
     assert tok.decode(case["ids"]) == case["decoded"]
 
 
+@pytest.mark.parametrize("name", MODELS + ("tiny-m2m",))
+def test_encode_many_gives_each_texts_encode(name):
+    """One sentencepiece call for many texts, the transformers goldens' texts among them; a text sentencepiece
+    cannot take (a lone surrogate) fails alone, with encode's own error, and the others still come out."""
+    from nllbcli.tokenizer import tokenizer_from_model_dir
+
+    tok = tokenizer_from_model_dir(HERE / "models" / name)
+    cases = golden("tiny-a")["tokenizer"]
+    src = "en" if name == "tiny-m2m" else None
+    texts = [c["text"] for c in cases] + ["Hello, world!", "", "x" * 3000]
+    langs = [src or c["src_lang"] for c in cases] + [src or "eng_Latn"] * 3
+    assert tok.encode_many(texts, langs) == [tok.encode(t, lang) for t, lang in zip(texts, langs)]
+    bad = "bad \ud800 text"
+    with pytest.raises(Exception) as alone:
+        tok.encode(bad, langs[0])
+    got = tok.encode_many([texts[0], bad, texts[1]], langs[:3])
+    assert got[0] == tok.encode(texts[0], langs[0]) and got[2] == tok.encode(texts[1], langs[2])
+    assert type(got[1]) is type(alone.value) and str(got[1]) == str(alone.value)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decode_skips_special_and_language_tokens_as_transformers(name):
     tok = tokenizer(name)
