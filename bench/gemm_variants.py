@@ -24,7 +24,7 @@ EXTRA_TILES = {
     "wg128s7": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=7),
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),
 }
-VARIANTS = ["wg128", "wg128s4", "wg128s7", "wg256", "wg256s3"]
+VARIANTS = ["wg128", "wg128s4", "wg128s7", "wg256", "wg256s3", "pp128"]
 
 
 def main() -> int:

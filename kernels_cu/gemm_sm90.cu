@@ -14,13 +14,30 @@
 // STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
+// PINGPONG (2 consumers): each consumer warpgroup takes every other tile of the block's (PP_ROWS-row tiles: 64,
+// or 128 as two 64-row halves with an accumulator set each), and their main loops take turns, so one's epilogue
+// overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
+// other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
+// barrier is more than one phase ahead of a waiting consumer.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
 #define CONSUMERS 2
 #define STAGES 5
 #endif
+#ifndef PINGPONG
+#define PINGPONG 0
+#endif
+#if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
+#ifndef PP_ROWS
+#define PP_ROWS 64
+#endif
+#define BM PP_ROWS
+#define HALVES (PP_ROWS / 64)  // 64-row halves of a consumer's tile, an accumulator set each
+#else  // the consumer warpgroups share a tile, 64 rows each; named barrier 1: their epilogue
 #define BM (64 * CONSUMERS)
+#define HALVES 1
+#endif
 #define BK 64
 #define THREADS (128 * (CONSUMERS + 1))
 #define WM 16
@@ -28,8 +45,13 @@
 #define MT 1
 #define NT (BN / 8)
 #define WARPS_N 1
+#if PINGPONG
+#define EPI_THREADS 128
+#define EPI_SYNC() asm volatile("bar.sync %0, 128;\n" ::"r"(threadIdx.x >> 7))
+#else
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
+#endif
 #define EPI_SMEM_BYTES (STAGES * (BM + BN) * BK * 2)
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
@@ -139,7 +161,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
-            mbar_init(&empty[s], CONSUMERS);  // one arrival per consumer warpgroup
+            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS);  // one arrival per consumer warpgroup using it
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -164,29 +186,56 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     }
 
     SET_MAX_REGISTERS(inc, CONSUMER_REGISTERS);
-    const int consumer = warpgroup - 1, tid = threadIdx.x - 128;
+    const int consumer = warpgroup - 1;
+#if PINGPONG
+    const int tid = threadIdx.x % 128;
+    int turn = 0;  // tiles taken so far by the two consumers together
+#else
+    const int tid = threadIdx.x - 128;
+#endif
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         if (SKIPPED(t)) continue;
-        float acc[MT][NT][4];
+#if PINGPONG
+        if (turn++ % 2 != consumer) {  // the other consumer's tile
+            it += k_tiles;
+            continue;
+        }
+        // wait for the other consumer's main loop to finish its waits (its arrival below), except on the first tile
+        if (turn > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + consumer));
+#endif
+        float acc[HALVES][MT][NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
+        for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+            for (int j = 0; j < NT; ++j) acc[h][0][j][0] = acc[h][0][j][1] = acc[h][0][j][2] = acc[h][0][j][3] = 0.f;
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK + consumer * 64 * BK;
+            const __nv_bfloat16* a = As + s * BM * BK + (PINGPONG ? 0 : consumer * 64 * BK);
             const __nv_bfloat16* w = Ws + s * BN * BK;
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) WGMMA(acc, smem_desc(a + kk), smem_desc(w + kk));
+            for (int kk = 0; kk < BK; kk += 16)
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h) WGMMA(acc[h], smem_desc(a + h * 64 * BK + kk), smem_desc(w + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
             if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
+#if PINGPONG
+        {  // the other consumer's turn, if the block has another tile for it
+            int next = t + gridDim.x;
+            while (next < tiles && SKIPPED(next)) next += gridDim.x;
+            if (next < tiles) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - consumer)));
+        }
+#endif
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-        gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
-                      part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)
+            gemm_epilogue(acc[h], base, tid, tid / 32, 0, TILE_M(t) * BM + h * 64, tile_n * BN, tile_n, tiles_n, bias,
+                          residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
     }
 }

@@ -90,7 +90,8 @@ GEMM_TILES = {
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
-    # (ping-pong consumers, each on a 64-row tile of its own, measured no faster: docs/PERF.md, fourth session)
+    # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
+    "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -173,7 +174,9 @@ def tensor_map(a: cp.ndarray, box_rows: int):
 def tile_rows(name: str) -> int:
     """BM, the rows of a GEMM tile."""
     tile = GEMM_TILES[name]
-    return tile["BM"] if tile["kind"] == "mma" else 64 * tile["CONSUMERS"]
+    if tile["kind"] == "mma":
+        return tile["BM"]
+    return tile["PP_ROWS"] if tile.get("PINGPONG") else 64 * tile["CONSUMERS"]
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)

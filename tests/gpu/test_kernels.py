@@ -73,8 +73,8 @@ def test_logits_argmax_matches_reference(tile, m, v, d):
 
 @pytest.mark.parametrize("tile", kernels.available_tiles())
 def test_gemm_when_each_block_walks_many_tiles(tile):
-    """Persistent blocks take several tiles each, their stages running on across tiles: every tile lands
-    where it should, bias and ReLU included."""
+    """Persistent blocks take several tiles each, their stages running on across tiles (the ping-pong tile's
+    two consumers taking turns over them): every tile lands where it should, bias and ReLU included."""
     m, n, k = 9000, 1000, 200
     a = bf16(rng.normal(size=(m, k)).astype(np.float32))
     w = bf16(rng.normal(size=(n, k)).astype(np.float32) / np.sqrt(k))
@@ -134,7 +134,8 @@ def test_logits_topk_breaks_ties_towards_the_lower_id():
 
 
 @pytest.mark.parametrize("tile,select_tile", [("small", "small")] + (
-    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64")] if kernels.wgmma_available() else []))
+    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64"), ("wg256", "pp128")]
+    if kernels.wgmma_available() else []))
 def test_logits_topk_is_the_topk_over_every_column(tile, select_tile):
     """The two passes skip most tiles; what they pick is exactly the top-k of the whole row of logits (the
     GEMM's own f32 logits, the same bits), in order, with one log-sum-exp per row."""
