@@ -3,7 +3,9 @@
     python bench/gemm_variants.py [--out results.jsonl]
 
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
-GEMM of the model). Timed over 10 launches back to back (bench/engine_bench.py's timed).
+GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto an f32 residual, the others
+bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers). Timed over
+10 launches back to back (bench/engine_bench.py's timed). cuBLAS (`cupy.matmul`): bf16 out, no bias.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 
 EXTRA_TILES = {
-    "wg128s4": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4),
-    "wg128s7": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=7),
-    "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),
+    "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 keeps beside TMA_STORE's buffers
 }
-VARIANTS = ["wg128", "wg128s4", "wg128s7", "wg256", "wg256s3", "pp128"]
+VARIANTS = ["wg256 reg", "wg256s3 reg", "wg256", "wc256 reg", "wc256", "wg128", "wc128", "pp128"]
 
 
 def main() -> int:
@@ -40,21 +40,27 @@ def main() -> int:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         bias = rng.standard_normal(n, dtype=cp.float32)
-        out = cp.empty((m, n), dtype="bfloat16")
+        f32 = "FFN2" in what or "attention out" in what  # onto the residual stream
+        out = cp.empty((m, n), dtype=cp.float32 if f32 else "bfloat16")
+        residual = rng.standard_normal((m, n), dtype=cp.float32) if f32 else None
         flops = 2 * m * n * k
         wt = w.T
-        row = {"what": what, "shape": [m, k, n], "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12}
-        for tile in VARIANTS:
-            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, None, out, None, None, None,
-                                                        kernels.EPILOGUE_STORE), inner=10)
-            row[tile] = flops / seconds / 1e12
+        row = {"what": what, "shape": [m, k, n], "out": "f32+residual" if f32 else "bf16",
+               "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12}
+        for variant in VARIANTS:
+            tile = variant.split()[0]
+            kernels.TMA_STORE = not variant.endswith(" reg")
+            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, residual, out, None, None, None,
+                                                        kernels.EPILOGUE_STORE, out_f32=f32), inner=10)
+            row[variant] = flops / seconds / 1e12
+        kernels.TMA_STORE = True
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))
         print(lines[-1], flush=True)
     for m in (16, 64, 256, 4096):  # the output projection's GEMM with its argmax epilogue
         h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
         w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
         row = {"what": f"logits argmax pass {m} rows"}
-        for tile in ("wg256", "wg64w", "wg128"):
+        for tile in ("wg256", "wc256", "wg64w") if m <= 256 else ("wg256", "wc256"):
             parts = -(-256206 // kernels.GEMM_TILES[tile]["BN"])
             pv, pi = cp.empty((m, parts), cp.float32), cp.empty((m, parts), cp.int32)
             seconds = timed(lambda: kernels.gemm_launch(tile, h, w, None, None, None, pv, pi, None,

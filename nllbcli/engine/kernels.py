@@ -92,6 +92,9 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
+    # wg256 in clusters of 2 blocks along M: each block loads half the W tile, multicast to both
+    "wc256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, CLUSTER=2),
+    "wc128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, CLUSTER=2),
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -180,6 +183,11 @@ def tile_rows(name: str) -> int:
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
+# bf16 outputs without a residual leave a wgmma GEMM through shared memory and the TMA unit (gemm_sm90.cu's
+# TMA_STORE), while the consumers go on with their next tile (0: stored from the registers, for measuring)
+TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
+SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
 
 
 def aligned16(*arrays: cp.ndarray) -> bool:
@@ -206,7 +214,9 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     tail = (ptr(bias), ptr(residual), ptr(out), ptr(part_val), ptr(part_idx), cp.int32(m), cp.int32(n), cp.int32(k),
             cp.int32(1 if relu else 0), cp.int32(epilogue), cp.int32(1 if out_f32 else 0), ptr(part_stat))
     skips = (ptr(thresh), ptr(needed))
+    cluster = tile.get("CLUSTER", 1)
     if needed is not None:
+        check(cluster == 1, f"the {name} GEMM tile cannot skip tiles")
         check(needed.dtype == cp.uint8 and needed.shape == (-(-m // tile_rows(name)), -(-n // tile["BN"])),
               "needed must be a uint8 byte per tile")
     if kind == "mma":
@@ -217,14 +227,22 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     else:
         check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
-        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
-        smem = tile["STAGES"] * (bm + bn) * 64 * 2 + 1024
+        stage_bytes = (bm + bn) * 64 * 2
+        out_map = tensor_map(a, bm)  # a placeholder: read only by TMA_STORE
+        if (TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and residual is None and not out_f32
+                and out is not None and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0)):
+            staging = tile["CONSUMERS"] * 64 * bn * 2
+            tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
+            tile["TMA_STORE"] = 1
+            out_map = tensor_map(out, 64)
+        smem = tile["STAGES"] * stage_bytes + 1024 + (tile["CONSUMERS"] * 64 * bn * 2 if tile.get("TMA_STORE") else 0)
+        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
-        tiles = -(-m // bm) * -(-n // bn)
-        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (tensor_map(a, bm), tensor_map(w, bn)) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        units = -(-m // (bm * cluster)) * -(-n // bn)  # a cluster's tiles at a time
+        grid = ((min(units, multiprocessors() // cluster) if PERSISTENT else units) * cluster,)
+        args = (tensor_map(a, bm), tensor_map(w, bn // cluster), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
     kernel(grid, (threads,), args, shared_mem=smem)

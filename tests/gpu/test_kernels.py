@@ -94,6 +94,25 @@ def test_every_gemm_tile_gives_the_same_bits():
         np.testing.assert_array_equal(other, outs[0])
 
 
+@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if kernels.GEMM_TILES[t]["kind"] == "sm90"])
+@pytest.mark.parametrize("m,n", [(1000, 1000), (70, 264), (4100, 512)])
+def test_tma_store_gives_the_bits_of_register_stores(tile, m, n, monkeypatch):
+    """bf16 outputs leave through shared memory and the TMA unit (bias and ReLU applied on the way), or straight
+    from the registers: the same bits, edges of rows and columns included (the TMA unit clips them)."""
+    a = to_device_bf16(rng.normal(size=(m, 256)).astype(np.float32))
+    w = to_device_bf16(rng.normal(size=(n, 256)).astype(np.float32) / 16)
+    bias = cp.asarray(rng.normal(size=n).astype(np.float32))
+    outs = []
+    for tma in (False, True):
+        monkeypatch.setattr(kernels, "TMA_STORE", tma)
+        out = poisoned((m, n), BF16)
+        kernels.gemm(a, w, bias=bias, relu=True, out=out, tile=tile)
+        outs.append(cp.asnumpy(out.view(cp.uint16)))
+    np.testing.assert_array_equal(outs[1], outs[0])
+    want = np.maximum(cp.asnumpy((a.astype(cp.float32) @ w.astype(cp.float32).T)) + cp.asnumpy(bias), 0)
+    np.testing.assert_allclose(cp.asnumpy(out.astype(cp.float32)), want, rtol=2e-2, atol=2e-2)
+
+
 def test_logits_argmax_breaks_ties_towards_the_lower_id():
     h = to_device_bf16(np.ones((3, 16), np.float32))
     w = np.zeros((300, 16), np.float32)
@@ -134,7 +153,7 @@ def test_logits_topk_breaks_ties_towards_the_lower_id():
 
 
 @pytest.mark.parametrize("tile,select_tile", [("small", "small")] + (
-    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64"), ("wg256", "pp128")]
+    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64"), ("wg256", "pp128"), ("wc256", "wg128")]
     if kernels.wgmma_available() else []))
 def test_logits_topk_is_the_topk_over_every_column(tile, select_tile):
     """The two passes skip most tiles; what they pick is exactly the top-k of the whole row of logits (the
