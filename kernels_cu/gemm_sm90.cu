@@ -19,16 +19,15 @@
 // overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
 // other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
 // barrier is more than one phase ahead of a waiting consumer.
-// CLUSTER (2, cooperative consumers only): blocks in clusters of CLUSTER along M. A cluster takes CLUSTER
-// vertically adjacent tiles of the same W tile at a time (block rank r the r-th), and each block's producer
-// loads its A tile and 1/CLUSTER of the W tile, multicast to every block of the cluster: the W tile leaves L2
-// once for CLUSTER blocks. A stage is refilled only when the consumers of every block of the cluster are done
-// with it (empty counts their arrivals, remote ones included). Not with `needed` (both blocks must agree).
 // TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers): each consumer writes its 64 x BN
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
 // tile that no product overlapped (docs/PERF.md). map_out: `out`'s tensor map, box 64 x 64 (else unused).
+// TMA_STORE 2 (f32 out onto its residual, in place: out is residual): the same with relu?(acc + bias) in f32,
+// in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
+// (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
+// order, rounded to nearest, subnormals flushed as --use_fast_math flushes them there.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -37,12 +36,6 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
-#endif
-#ifndef CLUSTER
-#define CLUSTER 1
-#endif
-#if CLUSTER > 1 && PINGPONG
-#error "clusters are for the cooperative consumers"
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
@@ -112,40 +105,16 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x,
         ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
 }
 
-// tma_load's box multicast to the blocks of the cluster in `mask`: the same offset of each one's shared memory,
-// completing on the barrier at the same offset in each.
-__device__ __forceinline__ void tma_load_multicast(void* dst, const TensorMap* map, int x, int y, unsigned long long* bar,
-                                                   unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "h"(mask) : "memory");
-}
-
-// An arrival on the barrier at `bar`'s offset in block `rank` of the cluster (this block's own included).
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(smem_addr(bar)), "r"(rank) : "memory");
-}
-
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
-    return rank;
-}
-
-// Every thread of every block of the cluster: their barriers made, or their work done.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-// Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written).
+// Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written),
+// or add it there (TMA_STORE 2).
 __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src, int x, int y) {
+#if TMA_STORE == 2
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
+#else
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
+#endif
 }
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows, 128-byte swizzled: rows in groups of 8
@@ -200,50 +169,52 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[1][32][4], unsigned long l
 #define SET_MAX_REGISTERS(op, n) asm volatile("setmaxnreg." #op ".sync.aligned.u32 %0;\n" ::"n"(n))
 
 #if TMA_STORE
-// TMA_STORE's epilogue, for one consumer warpgroup (tid 0..127 in it): relu?(acc + bias) in bf16 into `stage`
-// (BN / 64 boxes of 64 x 64, 8 KB each, 128-byte swizzled: a 16-byte chunk c of row r at chunk c ^ (r % 8), so a
-// warp's writes fall in 32 different banks), then out to rows row0.., columns col0.. of map_out. The copy of
-// the consumer's previous tile must have read the buffer first. bias: 8-byte aligned, N even (the launcher's).
+// TMA_STORE's epilogue, for one consumer warpgroup (tid 0..127 in it): relu?(acc + bias) in bf16 (or, TMA_STORE 2,
+// f32, half the columns a pass) into `stage` (BN / 64 boxes of 8 KB, 64 rows of 128 bytes, 128-byte swizzled: a
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's writes fall in 32 different banks), then out to rows
+// row0.., columns col0.. of map_out. The copy before must have read the buffer first. bias: 8-byte aligned, N
+// even (the launcher's).
 __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4], unsigned char* stage,
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
                                                    int col0, const float* __restrict__ bias, int relu, int N) {
     const int lane = tid & 31, warp = tid >> 5;
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
+    constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-        const int col = j * 8 + (lane & 3) * 2;  // in the tile
-        float2 b = make_float2(0.f, 0.f);
-        if (bias && col0 + col < N) b = *reinterpret_cast<const float2*>(bias + col0 + col);
+    for (int pass = 0; pass < PASSES; ++pass) {
+        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is free
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int row = warp * 16 + (lane >> 2) + half * 8;
-            float v0 = acc[0][j][half * 2] + b.x, v1 = acc[0][j][half * 2 + 1] + b.y;
-            if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-            const int box = col / 64, chunk = (col % 64) / 8;
-            *reinterpret_cast<__nv_bfloat162*>(stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16) + (col % 8) * 2) =
-                __floats2bfloat162_rn(v0, v1);
+        for (int j = pass * NT / PASSES; j < (pass + 1) * NT / PASSES; ++j) {
+            const int col = j * 8 + (lane & 3) * 2;  // in the tile
+            float2 b = make_float2(0.f, 0.f);
+            if (bias && col0 + col < N) b = *reinterpret_cast<const float2*>(bias + col0 + col);
+            const int at = col - pass * PASS_COLS, box = at / BOX_COLS, chunk = (at % BOX_COLS) * (TMA_STORE == 2 ? 4 : 2) / 16;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = warp * 16 + (lane >> 2) + half * 8;
+                float v0 = acc[0][j][half * 2] + b.x, v1 = acc[0][j][half * 2 + 1] + b.y;
+                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                unsigned char* p = stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16);
+#if TMA_STORE == 2
+                *reinterpret_cast<float2*>(p + (at % 4) * 4) = make_float2(v0, v1);
+#else
+                *reinterpret_cast<__nv_bfloat162*>(p + (at % 8) * 2) = __floats2bfloat162_rn(v0, v1);
+#endif
+            }
         }
-    }
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
-    asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
-    if (tid == 0) {
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
+        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
+        if (tid == 0) {
 #pragma unroll
-        for (int box = 0; box < BN / 64; ++box) tma_store(map_out, stage + box * 8192, col0 + box * 64, row0);
-        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            for (int box = 0; box < PASS_COLS / BOX_COLS; ++box)
+                tma_store(map_out, stage + box * 8192, col0 + pass * PASS_COLS + box * BOX_COLS, row0);
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
     }
 }
 #endif
 
-#if CLUSTER > 1
-#define CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)
-#define RELEASE_STAGE(bar) for (unsigned r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(bar, r)  // every block's producer
-#else
-#define CLUSTER_DIMS
-#define RELEASE_STAGE(bar) mbar_arrive(bar)
-#endif
-
-extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
                  const __grid_constant__ TensorMap map_out,
                  const float* __restrict__ bias, const float* __restrict__ residual,
@@ -257,61 +228,34 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     __nv_bfloat16* Ws = As + STAGES * BM * BK;                    // STAGES x BN x BK, swizzled
     const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK);
-#if CLUSTER > 1  // t numbers the cluster's units of CLUSTER tiles, one above the other
-    const unsigned rank = cluster_rank();
-    const int units_m = CEIL_DIV(tiles_m, CLUSTER), units = units_m * tiles_n;
-#define TILE_M(t) ((m_fastest ? (t) % units_m : (t) / tiles_n) * CLUSTER + rank)
-#define TILE_N(t) (m_fastest ? (t) / units_m : (t) % tiles_n)
-#define SKIPPED(t) false
-#define FIRST_TILE (blockIdx.x / CLUSTER)
-#define TILE_STEP (gridDim.x / CLUSTER)
-#define TILE_END units
-#else
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
 #define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
-#define FIRST_TILE blockIdx.x
-#define TILE_STEP gridDim.x
-#define TILE_END tiles
-#endif
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
-            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS * CLUSTER);  // one arrival per consumer warpgroup using it
+            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS);  // one arrival per consumer warpgroup using it
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-#if CLUSTER > 1
-    cluster_sync();  // the other blocks' barriers are ready for this one's copies and arrivals
-#else
     __syncthreads();
-#endif
 
     if (warpgroup == 0) {  // producer
         SET_MAX_REGISTERS(dec, PRODUCER_REGISTERS);
         if (threadIdx.x == 0) {
             int it = 0;  // k-steps issued over all of this block's tiles
-            for (int t = FIRST_TILE; t < TILE_END; t += TILE_STEP) {
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 if (SKIPPED(t)) continue;
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
                     mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
                     tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
-#if CLUSTER > 1  // this block's share of the W tile, to every block of the cluster
-                    tma_load_multicast(Ws + s * BN * BK + rank * (BN / CLUSTER) * BK, &map_w, kt * BK,
-                                       TILE_N(t) * BN + rank * (BN / CLUSTER), &full[s], (1 << CLUSTER) - 1);
-#else
                     tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
-#endif
                 }
             }
         }
-#if CLUSTER > 1
-        __syncwarp();
-        cluster_sync();  // no block leaves while another may still copy into it or arrive on its barriers
-#endif
         return;
     }
 
@@ -324,7 +268,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     const int tid = threadIdx.x - 128;
 #endif
     int it = 0;
-    for (int t = FIRST_TILE; t < TILE_END; t += TILE_STEP) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         if (SKIPPED(t)) continue;
 #if PINGPONG
         if (turn++ % 2 != consumer) {  // the other consumer's tile
@@ -351,7 +295,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                 for (int h = 0; h < HALVES; ++h) WGMMA(acc[h], smem_desc(a + h * 64 * BK + kk), smem_desc(w + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
-            if (kt > 0 && tid % 128 == 0) RELEASE_STAGE(&empty[(it - 1) % STAGES]);
+            if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
 #if PINGPONG
         {  // the other consumer's turn, if the block has another tile for it
@@ -361,7 +305,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         }
 #endif
         wgmma_wait<0>();
-        if (tid % 128 == 0) RELEASE_STAGE(&empty[(it - 1) % STAGES]);  // the tile's last stage too
+        if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
 #if TMA_STORE
         store_through_smem(acc[0], base + STAGES * (BM + BN) * BK * 2 + consumer * 64 * BN * 2, &map_out, tid % 128,
@@ -375,8 +319,5 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     }
 #if TMA_STORE
     if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last copies are out
-#endif
-#if CLUSTER > 1
-    cluster_sync();
 #endif
 }

@@ -3,7 +3,8 @@
 Same calls as the reference engine, so the search code runs on either. Numbers: weights and GEMM inputs in
 bf16, accumulation, LayerNorm statistics, softmax and the residual stream in f32. The encoder runs once per
 sentence and writes its cross K/V into the pool; each decoder step feeds one token per live sequence and
-reads its slot's cache. The output projection is fused with the argmax for greedy search.
+reads its slot's cache. The output projection is fused with the argmax for greedy search. The GEMMs that end
+a sublayer add onto the residual stream in place.
 
 Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
@@ -201,10 +202,10 @@ class CudaEngine:
             qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (T, 3D)
             a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
-            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
+            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
-            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
+            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
         x = kernels.layernorm(h, *self.enc_ln)
         try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
             first = pool.cross_runs.claim(len(ids))
@@ -258,15 +259,15 @@ class CudaEngine:
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads,
                                   table=state.table, max_keys=t + 1)
-            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out_dtype=kernels.F32)
+            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
             x = kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"])
             q = kernels.gemm(x, layer["cq_w"], layer["cq_b"])
             a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads,
                                   max_keys=longest_source)
-            h = kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out_dtype=kernels.F32)
+            h = kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
-            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out_dtype=kernels.F32)
+            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
         state.length = t + 1
         return kernels.layernorm(h, *self.dec_ln)
 

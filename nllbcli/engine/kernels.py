@@ -92,9 +92,7 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
-    # wg256 in clusters of 2 blocks along M: each block loads half the W tile, multicast to both
-    "wc256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, CLUSTER=2),
-    "wc128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, CLUSTER=2),
+    # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -133,8 +131,8 @@ def gemm_tile(m: int, n: int) -> str:
     return "large" if -(-m // 128) * -(-n // 128) >= multiprocessors() else "small"
 
 
-# TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16, box 64 columns x rows,
-# 128-byte swizzle, zeros past the edges. Cached by (address, shape, row stride, box rows), which fix them.
+# TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16 or f32, box 128 bytes x rows,
+# 128-byte swizzle, zeros past the edges. Cached by (address, shape, row stride, box rows, dtype), which fix them.
 TENSOR_MAP = np.dtype([("bits", np.uint64, (16,))])
 _maps: OrderedDict = OrderedDict()
 MAX_MAPS = 4096
@@ -151,9 +149,10 @@ def _encode_tiled():
 
 
 def tensor_map(a: cp.ndarray, box_rows: int):
-    """The TMA map of a 2-D bf16 array whose rows are contiguous (a row slice of a wider array will do)."""
+    """The TMA map of a 2-D bf16 or f32 array whose rows are contiguous (a row slice of a wider array will do):
+    boxes of 128 bytes (64 bf16, 32 f32) x box_rows."""
     rows, cols = a.shape
-    key = (a.data.ptr, rows, cols, a.strides[0], box_rows)
+    key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char)
     found = _maps.get(key)
     if found is not None:
         _maps.move_to_end(key)
@@ -161,9 +160,10 @@ def tensor_map(a: cp.ndarray, box_rows: int):
     raw = np.zeros(TENSOR_MAP.itemsize + 64, np.uint8)  # the driver wants the map 64-byte aligned
     offset = -raw.ctypes.data % 64
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, ...
-    rc = _encode_tiled()(raw.ctypes.data + offset, BF16_TYPE, 2, a.data.ptr, (u64 * 2)(cols, rows),
-                         (u64 * 1)(a.strides[0]), (u32 * 2)(64, box_rows), (u32 * 2)(1, 1), 0, SWIZZLE_128B,
+    F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
+    data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
+    rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 2, a.data.ptr, (u64 * 2)(cols, rows),
+                         (u64 * 1)(a.strides[0]), (u32 * 2)(128 // a.itemsize, box_rows), (u32 * 2)(1, 1), 0, SWIZZLE_128B,
                          L2_PROMOTE_128B, 0)
     if rc:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {cols} array")
@@ -183,8 +183,9 @@ def tile_rows(name: str) -> int:
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
-# bf16 outputs without a residual leave a wgmma GEMM through shared memory and the TMA unit (gemm_sm90.cu's
-# TMA_STORE), while the consumers go on with their next tile (0: stored from the registers, for measuring)
+# A wgmma GEMM's bf16 outputs without a residual, and its f32 outputs onto their residual in place (out is
+# residual), leave through shared memory and the TMA unit (gemm_sm90.cu's TMA_STORE 1 and 2), while the consumers
+# go on with their next tile (0: stored from the registers, for measuring)
 TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
@@ -196,7 +197,13 @@ def aligned16(*arrays: cp.ndarray) -> bool:
 
 
 def tma_ready(a: cp.ndarray) -> bool:
-    return aligned16(a) and a.strides[1] == 2
+    return aligned16(a) and a.strides[1] == a.itemsize
+
+
+def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
+    """out is residual: the same f32 elements (a GEMM adding onto the residual stream where it lies)."""
+    return (out is not None and residual is not None and out.dtype == F32 and residual.dtype == F32
+            and out.data.ptr == residual.data.ptr and out.shape == residual.shape and out.strides == residual.strides)
 
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
@@ -214,9 +221,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     tail = (ptr(bias), ptr(residual), ptr(out), ptr(part_val), ptr(part_idx), cp.int32(m), cp.int32(n), cp.int32(k),
             cp.int32(1 if relu else 0), cp.int32(epilogue), cp.int32(1 if out_f32 else 0), ptr(part_stat))
     skips = (ptr(thresh), ptr(needed))
-    cluster = tile.get("CLUSTER", 1)
     if needed is not None:
-        check(cluster == 1, f"the {name} GEMM tile cannot skip tiles")
         check(needed.dtype == cp.uint8 and needed.shape == (-(-m // tile_rows(name)), -(-n // tile["BN"])),
               "needed must be a uint8 byte per tile")
     if kind == "mma":
@@ -231,18 +236,19 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
         stage_bytes = (bm + bn) * 64 * 2
         out_map = tensor_map(a, bm)  # a placeholder: read only by TMA_STORE
-        if (TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and residual is None and not out_f32
-                and out is not None and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0)):
-            staging = tile["CONSUMERS"] * 64 * bn * 2
-            tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
-            tile["TMA_STORE"] = 1
-            out_map = tensor_map(out, 64)
+        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and out is not None:
+            store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
+            if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
+                staging = tile["CONSUMERS"] * 64 * bn * 2  # bf16 tile; f32 in two passes
+                tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
+                tile["TMA_STORE"] = store
+                out_map = tensor_map(out, 64)
         smem = tile["STAGES"] * stage_bytes + 1024 + (tile["CONSUMERS"] * 64 * bn * 2 if tile.get("TMA_STORE") else 0)
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
-        units = -(-m // (bm * cluster)) * -(-n // bn)  # a cluster's tiles at a time
-        grid = ((min(units, multiprocessors() // cluster) if PERSISTENT else units) * cluster,)
-        args = (tensor_map(a, bm), tensor_map(w, bn // cluster), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        tiles = -(-m // bm) * -(-n // bn)
+        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
+        args = (tensor_map(a, bm), tensor_map(w, bn), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
     kernel(grid, (threads,), args, shared_mem=smem)
@@ -251,7 +257,8 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
          relu: bool = False, out: cp.ndarray | None = None, out_dtype=BF16, tile: str | None = None) -> cp.ndarray:
     """out = relu?(a @ w.T + bias) + residual. a (M, K) bf16, w (N, K) bf16 (nn.Linear's layout), bias (N,)
-    f32, residual (M, N) f32; out (M, N) bf16 or f32, fp32 accumulation. K % 8 == 0."""
+    f32, residual (M, N) f32; out (M, N) bf16 or f32, fp32 accumulation. K % 8 == 0. out may be residual
+    itself (in place: the fastest way onto the residual stream on Hopper); it may overlap no other operand."""
     m, k = a.shape
     n = w.shape[0]
     check_array("a", a, BF16)
