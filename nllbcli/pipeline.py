@@ -5,8 +5,9 @@ Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split int
 batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
 the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
 none of this changes the output. Reading and tokenizing a file run one chunk ahead on a thread
-(ChunkReader), so they overlap the model's work on the chunk before; writing and committing stay on the main
-thread.
+(ChunkReader), so they overlap the model's work on the chunk before. Decoding each batch's ids, joining,
+writing and committing a chunk run behind the model on another thread (Finisher), in order, while the main
+thread drives the GPU on the next batches: the main thread's GPU waits let them run.
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
@@ -141,20 +142,32 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         stack.callback(errors.close)
     committed = saved is not None and saved.position.rows > 0
 
+    commits = []  # the finisher's commits (chunks written and their state saved)
+
+    def commit(chunk: list[Record], outcomes: list[Outcome], position: Position) -> None:
+        with critical():
+            write_chunk(chunk, outcomes, sink, errors, job, reporter)
+            if output is not None:
+                save_state(state_path, Saved(identity, position, output.sync(), errors.sync() if errors else 0,
+                                             vars(counters).copy()))
+                commits.append(position)
+
     try:
         end = source.position
         if not (saved and saved.done):
-            with ChunkReader(source, batching.read_chunk_rows, lambda chunk: prepare_records(translator, chunk, job),
-                             ahead=job.input != "-", first=first_chunk_rows(translator, batching)) as reader:
-                for chunk, position, (outcomes, sentences) in reader:
+            def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
+                outcomes, sentences = prepare_records(translator, chunk, job)
+                return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
+
+            with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
+                             first=first_chunk_rows(translator, batching)) as reader, Finisher() as finisher:
+                for chunk, position, (outcomes, sentences, batches) in reader:
+                    finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                       reporter.advance)
-                    with critical():
-                        write_chunk(chunk, outcomes, sink, errors, job, reporter)
-                        if output is not None:
-                            save_state(state_path, Saved(identity, position, output.sync(),
-                                                         errors.sync() if errors else 0, vars(counters).copy()))
-                            committed = True
+                                       reporter.advance, finisher, batches)
+                    finisher.submit(lambda chunk=chunk, outcomes=outcomes, position=position:
+                                    commit(chunk, outcomes, position), chunk_end=True)
+            committed = committed or bool(commits)
             end = reader.position
         with critical():
             sink.close()
@@ -169,6 +182,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                 remove_state(state_path)
     except BaseException:
         sink.abort()
+        committed = committed or bool(commits)
         if output is not None and not committed:
             output.discard()  # nothing worth resuming: leave nothing behind
             if errors is not None:
@@ -355,6 +369,64 @@ class ChunkReader:
             yield chunk, position, prepared
 
 
+class Finisher:
+    """Tasks run in order on one thread behind the main one (decoding batches, joining and committing chunks),
+    so that the main thread goes on driving the GPU. The first error stops it: no task after it runs, and the
+    main thread gets the error at its next submit() or wait(), or at the end of the `with` block. Leaving the
+    block runs every task submitted before it (what was translated is committed), then ends the thread; where
+    an error leaves the block, that error goes on. The wait is a critical section: no stop signal interrupts
+    it while the finisher may be writing."""
+
+    def __init__(self):
+        self.tasks: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None  # the first error; no task runs after it
+        self.reported = False
+        self.chunk_ends = threading.Semaphore(0)  # released as each chunk-end task has run (or been skipped)
+        self.submitted = self.seen = 0  # chunk-end tasks submitted, and seen run by wait()
+        self.thread = threading.Thread(target=self.loop, name="nllb-finisher", daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while True:
+            task, chunk_end = self.tasks.get()
+            if task is None:
+                return
+            if self.error is None:
+                try:
+                    task()
+                except BaseException as error:  # noqa: BLE001 - every error goes to the main thread
+                    self.error = error
+            if chunk_end:
+                self.chunk_ends.release()
+
+    def check(self) -> None:
+        if self.error is not None and not self.reported:
+            self.reported = True
+            raise self.error
+
+    def submit(self, task: Callable[[], None], chunk_end: bool = False) -> None:
+        self.check()
+        self.submitted += chunk_end
+        self.tasks.put((task, chunk_end))
+
+    def wait(self, behind: int = 0) -> None:
+        """Until at most `behind` chunk-end tasks wait to run."""
+        while self.submitted - self.seen > behind:
+            self.chunk_ends.acquire()
+            self.seen += 1
+        self.check()
+
+    def __enter__(self) -> "Finisher":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        with critical():
+            self.tasks.put((None, False))
+            self.thread.join()
+        if kind is None:
+            self.check()
+
+
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
     """The row's source and target language: its own fields where it has them, else --src and --tgt."""
     languages = []
@@ -442,9 +514,12 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
-                       advance: Advance = lambda rows, tokens: None) -> list[Outcome]:
-    """The prepared chunk through the model: its sentences in length-sorted batches, decoded and joined back
-    into `outcomes` (returned), rows in input order."""
+                       advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
+                       batches: list[Batch] | None = None) -> list[Outcome]:
+    """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
+    unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
+    each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
+    complete once the finisher has run them)."""
     tokenizer = translator.tokenizer
     pending = [0] * len(records)
     for sentence in sentences:
@@ -453,19 +528,33 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     advance(sum(done_rows), 0)
 
     texts: dict[int, str] = {}
-    # one batch may mix target languages: the search forces each sentence's own language token
-    for batch in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
-        outputs = generate_batch(translator, [sentences[n] for n in batch], decode, records, outcomes, job)
-        finished = 0
-        for n, ids in zip(batch, outputs):
-            sentence = sentences[n]
-            if ids is not None:
-                texts[n] = tokenizer.decode(ids)
-                outcomes[sentence.row].max_length |= len(ids) >= decode.max_length - 1
-            pending[sentence.row] -= 1
-            finished += pending[sentence.row] == 0
-        advance(finished, sum(len(ids) for ids in outputs if ids is not None))
+    decode_many = getattr(tokenizer, "decode_many", None) or (lambda outputs: [tokenizer.decode(i) for i in outputs])
+    longest = decode.max_length - 1
 
+    def finish_batch(batch: list[int], outputs: list) -> None:  # decoded, and the rows it finished counted
+        done = [(n, ids) for n, ids in zip(batch, outputs) if ids is not None]
+        texts.update(zip([n for n, _ in done], decode_many([ids for _, ids in done])))
+        finished = tokens = 0
+        for n, ids in zip(batch, outputs):
+            row = sentences[n].row
+            if ids is not None:
+                tokens += len(ids)
+                if len(ids) >= longest:
+                    outcomes[row].max_length = True
+            pending[row] -= 1
+            finished += pending[row] == 0
+        advance(finished, tokens)
+
+    run = finisher.submit if finisher is not None else lambda task: task()
+    for batch in plan_chunk(sentences, max_batch_tokens) if batches is None else batches:
+        outputs = generate_batch(translator, batch, decode, records, outcomes, job)
+        run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
+    run(lambda: join_outcomes(outcomes, sentences, texts))
+    return outcomes
+
+
+def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, str]) -> None:
+    """Each row's translation from its sentences' texts (texts[n]: sentence n's; absent where it failed)."""
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
     for outcome in outcomes:
@@ -475,32 +564,56 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
             outcome.translation = outcome.parts[0] if outcome.parts else ""
         else:
             outcome.translation = join_sentences(outcome.parts, outcome.gaps, outcome.tgt)
-    return outcomes
 
 
-def generate_batch(translator, batch: list[Sentence], decode: DecodeOptions, records: list[Record],
+@dataclass
+class Batch:
+    """A batch of a chunk's sentences, made ready for the translator on the reader's thread."""
+
+    positions: list[int]  # the sentences' numbers in the chunk
+    sentences: list[Sentence]
+    sources: list[list[int]]  # their ids
+    tgt: str | list[str]  # one target language for all where it is one (a batch may mix them: the search
+    #                       forces each sentence's own language token)
+
+
+def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
+    """plan_batches over a chunk's sentences, each batch with what translator.generate takes."""
+    batches = []
+    for positions in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+        batch = [sentences[n] for n in positions]
+        targets = [s.tgt for s in batch]
+        batches.append(Batch(positions, batch, [s.ids for s in batch],
+                             targets[0] if len(set(targets)) == 1 else targets))
+    return batches
+
+
+def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: list[Record],
                    outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
     """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
     rest of the batch goes on."""
     from .translator import SentenceError
 
-    outputs: list[list[int] | None] = [None] * len(batch)
-    todo = list(range(len(batch)))
+    sentences = batch.sentences
+    outputs: list[list[int] | None] = [None] * len(sentences)
+    todo = list(range(len(sentences)))
+    sources, tgt = batch.sources, batch.tgt  # the whole batch, as the reader made it ready
     while todo:
         try:
-            targets = [batch[i].tgt for i in todo]
-            tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
-            for i, ids in zip(todo, translator.generate([batch[i].ids for i in todo], tgt, decode)):
+            for i, ids in zip(todo, translator.generate(sources, tgt, decode)):
                 outputs[i] = ids
             return outputs
         except SentenceError as error:
             bad = todo[error.position]
-            row = batch[bad].row
+            row = sentences[bad].row
             message = f"{records[row].where}: {error}"
             if job.on_error == "fail":
                 raise NllbError(message) from None
             outcomes[row].error = message
-            todo = [i for i in todo if batch[i].row != row]  # the row's other sentences are of no use now
+            todo = [i for i in todo if sentences[i].row != row]  # the row's other sentences are of no use now
+            targets = [sentences[i].tgt for i in todo]
+            tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
+            sources = [sentences[i].ids for i in todo]
     return outputs
 
 

@@ -52,6 +52,10 @@ class BatchEncode:
                 out.append(error)
         return out
 
+    def decode_many(self, outputs: list) -> list[str]:
+        """decode(ids) of each id list."""
+        return [self.decode(ids) for ids in outputs]
+
 
 class NllbTokenizer(BatchEncode):
     def __init__(self, sp: spm.SentencePieceProcessor, piece_ids: np.ndarray, lang_ids: dict[str, int], mask_id: int):
@@ -62,6 +66,7 @@ class NllbTokenizer(BatchEncode):
         self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
         self.id_to_lang = {i: code for code, i in lang_ids.items()}
         self.piece_cache: dict = {}  # id -> piece text, filled as decode meets them
+        self.piece_table: list[str] | None = None  # id -> piece text ("" where decode skips), made on first decode_many
         # transformers' tokenizer keeps a whitespace at the end of the text as a lone "▁" piece, where
         # sentencepiece drops it; its normaliser without whitespace removal tells whether the text ends in one.
         self.space_id = int(piece_ids[sp.PieceToId(SPACE)])
@@ -150,6 +155,27 @@ class NllbTokenizer(BatchEncode):
             text = "".join(map(self.piece_text, ids))
         text = text.replace(SPACE, " ")
         return text[1:] if text.startswith(" ") else text
+
+    def decode_many(self, outputs: list) -> list[str]:
+        """decode(ids) of each list of generated ids (0 <= id), a table lookup an id inside map(): a batch's
+        thousands of sentences are decoded on the main thread between the GPU's batches."""
+        table = self.piece_table
+        if table is None:
+            size = max(self.mask_id, max(self.id_to_lang, default=0), max(self.piece_of_id, default=0)) + 1
+            table = [""] * size
+            nllb_ids = list(self.piece_of_id)
+            for i, piece in zip(nllb_ids, self.sp.IdToPiece([self.piece_of_id[i] for i in nllb_ids])):
+                table[i] = piece
+            self.piece_table = table
+        get = table.__getitem__
+        texts = []
+        for ids in outputs:
+            if ids and (min(ids) < 0 or max(ids) >= len(table)):  # not the model's ids: the general path
+                texts.append(self.decode(ids))
+                continue
+            text = "".join(map(get, ids)).replace(SPACE, " ")
+            texts.append(text[1:] if text.startswith(" ") else text)
+        return texts
 
     def piece_text(self, i) -> str:
         """An id's piece ("" for ids decode skips), looked up in sentencepiece once per id: decoding runs for every
