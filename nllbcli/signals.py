@@ -24,9 +24,8 @@ class Stopped(BaseException):
         self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
 
 
-_shielded = 0  # depth of critical() sections (of every thread: the pipeline commits on its finisher thread)
+_shielded = 0  # depth of critical() sections
 _pending: int | None = None  # a signal that arrived inside one
-_lock = threading.Lock()
 
 
 def _handle(signum, frame) -> None:
@@ -57,15 +56,11 @@ def stop_on_signals() -> Iterator[None]:
 def critical() -> Iterator[None]:
     """A section no stop signal interrupts; one that arrived meanwhile stops the job when it ends."""
     global _shielded, _pending
-    with _lock:
-        _shielded += 1
+    _shielded += 1
     try:
         yield
     finally:
-        with _lock:
-            _shielded -= 1
-            signum = _pending if not _shielded else None
-            if signum is not None:
-                _pending = None
-    if signum is not None:
+        _shielded -= 1
+    if not _shielded and _pending is not None:
+        signum, _pending = _pending, None
         raise Stopped(signum)
