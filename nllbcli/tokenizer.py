@@ -65,8 +65,7 @@ class NllbTokenizer(BatchEncode):
         self.mask_id = mask_id
         self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
         self.id_to_lang = {i: code for code, i in lang_ids.items()}
-        self.piece_cache: dict = {}  # id -> piece text, filled as decode meets them
-        self.piece_table: list[str] | None = None  # id -> piece text ("" where decode skips), made on first decode_many
+        self.piece_table: list[str] | None = None  # id -> piece text ("" where decode skips), made on first decode
         # transformers' tokenizer keeps a whitespace at the end of the text as a lone "▁" piece, where
         # sentencepiece drops it; its normaliser without whitespace removal tells whether the text ends in one.
         self.space_id = int(piece_ids[sp.PieceToId(SPACE)])
@@ -147,44 +146,30 @@ class NllbTokenizer(BatchEncode):
 
     def decode(self, ids) -> str:
         """Text of generated ids; special tokens, language codes and `<mask>` are skipped."""
-        # as transformers' Metaspace decoder: every "▁" becomes a space, and one leading space goes
-        cache = self.piece_cache
-        try:
-            text = "".join([cache[i] for i in ids])  # the usual case: every id seen before, no call per id
-        except KeyError:
-            text = "".join(map(self.piece_text, ids))
-        text = text.replace(SPACE, " ")
-        return text[1:] if text.startswith(" ") else text
+        return self.decode_many([ids])[0]
 
     def decode_many(self, outputs: list) -> list[str]:
-        """decode(ids) of each list of generated ids (0 <= id), a table lookup an id inside map(): a batch's
-        thousands of sentences are decoded on the main thread between the GPU's batches."""
+        """decode(ids) of each list of ids, a table lookup an id inside map(): a batch's thousands of sentences
+        are decoded on the main thread between the GPU's batches. As transformers' Metaspace decoder: every "▁"
+        becomes a space, and one leading space goes."""
         table = self.piece_table
-        if table is None:
+        if table is None:  # id -> piece, "" for the ids decode skips: sentencepiece asked once, for every piece
             size = max(self.mask_id, max(self.id_to_lang, default=0), max(self.piece_of_id, default=0)) + 1
             table = [""] * size
             nllb_ids = list(self.piece_of_id)
             for i, piece in zip(nllb_ids, self.sp.IdToPiece([self.piece_of_id[i] for i in nllb_ids])):
                 table[i] = piece
             self.piece_table = table
-        get = table.__getitem__
+        size, get = len(table), table.__getitem__
         texts = []
         for ids in outputs:
-            if ids and (min(ids) < 0 or max(ids) >= len(table)):  # not the model's ids: the general path
-                texts.append(self.decode(ids))
-                continue
-            text = "".join(map(get, ids)).replace(SPACE, " ")
+            if len(ids) and (min(ids) < 0 or max(ids) >= size):  # ids past the tokenizer's: skipped too
+                pieces = (table[i] if 0 <= i < size else "" for i in ids)
+            else:
+                pieces = map(get, ids)
+            text = "".join(pieces).replace(SPACE, " ")
             texts.append(text[1:] if text.startswith(" ") else text)
         return texts
-
-    def piece_text(self, i) -> str:
-        """An id's piece ("" for ids decode skips), looked up in sentencepiece once per id: decoding runs for every
-        generated sentence, between the GPU's batches."""
-        found = self.piece_cache.get(i)
-        if found is None:
-            sp_id = self.piece_of_id.get(int(i))
-            found = self.piece_cache[i] = "" if sp_id is None else self.sp.IdToPiece(sp_id)
-        return found
 
 
 class M2M100Tokenizer(BatchEncode):

@@ -235,7 +235,8 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
         stage_bytes = (bm + bn) * 64 * 2
-        out_map = tensor_map(a, bm)  # a placeholder: read only by TMA_STORE
+        map_a = tensor_map(a, bm)
+        out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
@@ -243,12 +244,12 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
                 out_map = tensor_map(out, 64)
-        smem = tile["STAGES"] * stage_bytes + 1024 + (tile["CONSUMERS"] * 64 * bn * 2 if tile.get("TMA_STORE") else 0)
+        smem = tile["STAGES"] * stage_bytes + 1024 + staging
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (tensor_map(a, bm), tensor_map(w, bn), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        args = (map_a, tensor_map(w, bn), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     if smem > 48 * 1024:
         kernel.max_dynamic_shared_size_bytes = smem
     kernel(grid, (threads,), args, shared_mem=smem)
