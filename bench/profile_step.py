@@ -6,7 +6,9 @@ the step's wall time, on NLLB-600M shapes with random weights.
 Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
 --generate BATCHxBEAMS: whole `generate` calls (the harness's workload, </s> out of reach) with the same
 per-family GPU times, against the call's wall time: what the search's own work (beam bookkeeping in CuPy,
-host syncs) costs shows as the difference.
+host syncs) costs shows as the difference. The steps are launched one by one, not replayed from CUDA graphs
+(a graph hides the launches the timer wraps): the wall times here are without graphs; bench/harness.py's are
+with them.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main() -> int:
     config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
     engine = CudaEngine(config, random_weights(config), pool_bytes=40 << 30)  # room for 4,096 sources at once
     engine.capacity(40)
+    engine.use_graphs = False  # the timer's events wrap each launcher: nothing to wrap inside a graph's replay
     timer = Timer()
     sources = workload(4096, PRESETS[DEFAULT])
     if args.generate:

@@ -12,6 +12,7 @@ Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabu
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 
 import cupy as cp
@@ -25,6 +26,7 @@ from .kvpool import KVPool, PoolFull, plan_pool
 from .reference import sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
+F32 = cp.dtype(cp.float32)
 DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
 MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy (docs/PERF.md)
 
@@ -50,18 +52,94 @@ class CudaEncoded:
     released: bool = False
 
 
+ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
+GRAPHS = os.environ.get("NLLB_CUDA_GRAPHS", "1") == "1"  # the decoder step as CUDA graphs (0: launched one by one)
+
+
+def bucket(n: int) -> int:
+    """The rows a step over n live rows runs, in a CUDA graph: n rounded up so that few graphs serve every n and
+    the padding costs no GEMM tile (64-row tiles up to 256 rows, 128-row tiles above: kernels.gemm_tile; the
+    output projection takes 64 rows a tile up to 64)."""
+    if n <= 64:
+        return 64
+    return -(-n // 64) * 64 if n <= 256 else -(-n // 128) * 128
+
+
+class Workspace:
+    """The device arrays of a decoder step, reused from step to step, and the CUDA graphs captured over them.
+
+    Arrays are made `capacity` rows long, one per (name, row shape, dtype), and handed out as views of their
+    first rows, so a step over b <= capacity rows finds its arrays where the previous step left them and
+    allocates nothing: a graph captured over them stays valid for as long as the workspace lives (it holds
+    them). Among them the rows' state (ROW_ARRAYS): each row's next token, its position, its slot's first cache
+    row, its table of cache rows, its source's cross K/V rows. Rows past a state's live ones are padding: they
+    read and write only the pool's scratch slot and cross row (KVPool)."""
+
+    def __init__(self, capacity: int, pool: KVPool, pad: int):
+        self.capacity, self.cache_rows, self.pad = capacity, pool.plan.cache_rows, pad
+        self.scratch_row, self.scratch_cross = pool.scratch_slot * pool.plan.cache_rows, pool.scratch_cross
+        self.arrays: dict[tuple, cp.ndarray] = {}
+        self.graphs: dict[tuple, cp.cuda.graph.Graph] = {}
+        self.seen: set[tuple] = set()  # graph keys run once eagerly: captured on their second use
+        self.every = cp.arange(capacity, dtype=cp.int32)
+        self.pad_rows(0, capacity)
+
+    def take(self, name: str, shape: tuple, dtype) -> cp.ndarray:
+        tail, dtype = tuple(shape[1:]), cp.dtype(dtype)
+        if shape[0] > self.capacity:
+            raise ValueError(f"{name}: {shape[0]} rows asked of a workspace of {self.capacity}")
+        key = (name, tail, dtype)
+        a = self.arrays.get(key)
+        if a is None:  # (inside a graph capture, engine.capture's allocator refuses)
+            a = self.arrays[key] = cp.empty((self.capacity,) + tail, dtype=dtype)
+        return a[: shape[0]]
+
+    def rows(self, name: str, n: int) -> cp.ndarray:
+        return self.take(name, (n, self.cache_rows) if name == "table" else (n,), cp.int32)
+
+    def pad_rows(self, lo: int, hi: int) -> None:
+        """Rows lo .. hi - 1 become padding."""
+        if hi <= lo:
+            return
+        values = {"tokens": self.pad, "row_t": 0, "slot_base": self.scratch_row, "table": self.scratch_row,
+                  "cross_start": self.scratch_cross, "cross_len": 1}
+        for name, value in values.items():
+            self.rows(name, hi)[lo:].fill(value)
+
+    def gather(self, n: int, rows: cp.ndarray, names=ROW_ARRAYS) -> None:
+        """Row i of the first len(rows) takes row rows[i]'s state (each of `names`), of the first n."""
+        for name in names:
+            a = self.rows(name, n)
+            a[: len(rows)] = a[rows]
+
+
 @dataclass
 class CudaState:
     """Decoder rows advancing in lockstep. Row i writes its K/V for position t into cache row
-    slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through
-    table[i]: after a beam reorder, a beam's history lies in its parent's rows, and only the table row is
-    copied (re-pointing, not moving, the cache)."""
+    slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through its
+    table row: after a beam reorder, a beam's history lies in its parent's rows, and only the table row is
+    copied (re-pointing, not moving, the cache). The rows' state lies in the first `n` rows of the workspace
+    `ws`: the engine's own, whose steps run as CUDA graphs (`graphs`), or, for a state started while another
+    holds that one, a workspace of its own, its steps launched one by one."""
 
     slots: np.ndarray  # (N,) self-attention cache slot, where the row writes
-    table: cp.ndarray  # (N, cache_rows) int32: the cache row of each position, on the device
-    cross_start: cp.ndarray  # (N,) int32: first cross K/V row of the row's source
-    cross_len: cp.ndarray  # (N,) int32: the source's length
+    ws: Workspace
+    graphs: bool
+    cross_keys: int  # the longest source's length: picks the cross-attention kernel
     length: int = 0  # positions filled
+
+    @property
+    def n(self) -> int:
+        return len(self.slots)
+
+    @property
+    def run_rows(self) -> int:
+        """Rows a step computes: the live ones, rounded up to a bucket when it runs as a graph."""
+        return bucket(self.n) if self.graphs else self.n
+
+
+def no_allocation(size: int):
+    raise RuntimeError("a decoder step captured in a CUDA graph allocated device memory")
 
 
 def copy_to_host_later(a: cp.ndarray):
@@ -89,7 +167,8 @@ class Later:
 
 class PendingIds:
     """A greedy step's ids (N,) int32 on the device, on their way to the host: `device` can feed the next
-    step at once, fetch() waits for the copy alone (not for steps queued after it)."""
+    step at once, fetch() waits for the copy alone (not for steps queued after it). `device` is the state's
+    own token array, where the step wrote them: the next step reads them there."""
 
     def __init__(self, device: cp.ndarray, fetch=None):
         self.device = device
@@ -99,8 +178,9 @@ class PendingIds:
         self.fetch = fetch
 
     def subset(self, rows: np.ndarray) -> "PendingIds":
-        """Rows `rows` of these ids (host indices): the next step's input after a select()."""
-        return PendingIds(self.device[i32(rows)], lambda: self.fetch()[rows])
+        """Rows `rows` of these ids (host indices): the next step's input after engine.select(state, rows),
+        which has already moved them to the front of the state's token array with the rest of the rows' state."""
+        return PendingIds(self.device[: len(rows)], lambda: self.fetch()[rows])
 
 
 class CudaEngine:
@@ -114,6 +194,10 @@ class CudaEngine:
         self.device.use()
         self.pool_bytes = pool_bytes
         self.pool: KVPool | None = None
+        self.ws: Workspace | None = None  # the decoder steps' arrays and graphs, for the pool in use
+        self.bound: CudaState | None = None  # the state whose steps use self.ws
+        self.capture_stream = cp.cuda.Stream(non_blocking=True)
+        self.use_graphs = GRAPHS
         c, w, d = config, weights, config.d_model
         self.embed_table = to_bf16(w["encoder.embed_tokens.weight"])
         same = lambda a, b: w[a] is w[b] or np.array_equal(w[a], w[b])  # noqa: E731
@@ -163,7 +247,7 @@ class CudaEngine:
         needs longer slots or the beam size changes: the pool is otherwise never grown."""
         cache_rows = max_length + 1
         if self.pool is None or self.pool.plan.cache_rows < cache_rows or self.pool.plan.beams != beams:
-            self.pool = None
+            self.pool = self.ws = None  # the graphs hold the pool's addresses: they go with it
             cp.get_default_memory_pool().free_all_blocks()
             free = self.device.mem_info[0]
             budget = self.pool_bytes or min(MAX_POOL_BYTES, int(free * DEFAULT_POOL_FRACTION))
@@ -230,46 +314,115 @@ class CudaEngine:
     # -- decoder
 
     def start(self, encoded: CudaEncoded, source_rows: np.ndarray, max_positions: int) -> CudaState:
-        pool = self.pool
+        pool, c = self.pool, self.config
         if max_positions > pool.plan.cache_rows:
             raise PoolFull(f"{max_positions} decoder positions needed, the pool's slots hold {pool.plan.cache_rows}")
         source_rows = np.asarray(source_rows)
         slots = np.array(pool.slots.claim(len(source_rows)))
-        table = cp.empty((len(slots), pool.plan.cache_rows), dtype=cp.int32)
-        return CudaState(slots, table, i32(encoded.start[source_rows]), i32(encoded.length[source_rows]))
+        graphs = self.use_graphs and self.bound is None
+        rows = bucket(len(slots)) if graphs else max(len(slots), 1)
+        if graphs and (self.ws is None or self.ws.capacity < rows):
+            self.ws = None  # its arrays and graphs go back before the larger ones are made
+            self.ws = Workspace(rows, pool, c.pad_token_id)
+        ws = self.ws if graphs else Workspace(rows, pool, c.pad_token_id)
+        n = len(slots)
+        ws.pad_rows(0, ws.capacity)
+        ws.rows("slot_base", n)[:] = i32(slots * pool.plan.cache_rows)
+        ws.rows("cross_start", n)[:] = i32(encoded.start[source_rows])
+        ws.rows("cross_len", n)[:] = i32(encoded.length[source_rows])
+        state = CudaState(slots, ws, graphs, int(encoded.length[source_rows].max(initial=1)))
+        if graphs:
+            self.bound = state
+        return state
 
-    def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
-        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16.
-        `tokens` may be on the host or the device."""
+    def run_step(self, state: CudaState, tokens, head: str, k: int = 0) -> None:
+        """One decoder step of every row of `state`, feeding `tokens` (on the host or the device; the state's
+        own token array, as a PendingIds leaves it, is read where it lies), with head "none" (the final hidden
+        states, in the workspace's "final"), "argmax" (the ids into the token array) or "topk" (k per row,
+        into "topk logprob" and "topk ids"). A state of the engine's own workspace runs the step as a CUDA
+        graph, one per (head, k, rows, cross kernel), captured the second time that key comes: the first runs
+        the same launches one by one, which also compiles them."""
+        if state.length >= self.pool.plan.cache_rows:
+            raise PoolFull(f"step {state.length + 1} asked of slots of {self.pool.plan.cache_rows} positions")
+        ws, n, b = state.ws, state.n, state.run_rows
+        feed = ws.rows("tokens", n)
+        if not (isinstance(tokens, cp.ndarray) and tokens.data.ptr == feed.data.ptr and len(tokens) == n):
+            feed[:] = cp.asarray(tokens)
+        cross_fast = state.cross_keys <= kernels.DECODE_MAX_KEYS
+
+        def launches():
+            self.step_launches(ws, b, cross_fast, head, k)
+
+        key = (head, k, b, cross_fast)
+        graph = ws.graphs.get(key) if state.graphs else None
+        if graph is None and state.graphs and key in ws.seen:
+            graph = ws.graphs[key] = self.capture(launches)
+        if graph is not None:
+            graph.launch(cp.cuda.get_current_stream())
+        else:
+            ws.seen.add(key)
+            launches()
+        state.length += 1
+
+    def capture(self, launches) -> cp.cuda.graph.Graph:
+        """`launches` recorded into a CUDA graph (not run). Any allocation meanwhile is an error: an array
+        made during the capture would go back to CuPy's pool after it, while the graph goes on using it."""
+        stream = self.capture_stream
+        with cp.cuda.using_allocator(no_allocation), stream:
+            stream.begin_capture()
+            try:
+                launches()
+            except BaseException:
+                try:
+                    stream.end_capture()
+                except cp.cuda.runtime.CUDARuntimeError:
+                    pass
+                raise
+            return stream.end_capture()
+
+    def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int) -> None:
+        """The kernels of one decoder step over the workspace's first b rows (see run_step)."""
         c, pool, d = self.config, self.pool, self.config.d_model
-        t, n = state.length, len(state.slots)
-        tokens = cp.asarray(tokens).astype(cp.int32)
-        pos = cp.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1).astype(cp.int32)
-        h = kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale)
-        new_rows = i32(state.slots * pool.plan.cache_rows + t)
-        state.table[:, t] = new_rows
-        self_len = i32(np.full(n, t + 1))
-        every = i32(np.arange(n))
-        cross_start, cross_len = state.cross_start, state.cross_len
-        longest_source = int(encoded.length.max())
+        take, rows = ws.take, ws.rows
+        tokens, table = rows("tokens", b), rows("table", b)
+        pos, new_rows, self_len = rows("pos", b), rows("new_rows", b), rows("self_len", b)
+        cross_start, cross_len = rows("cross_start", b), rows("cross_len", b)
+        kernels.step_prep(tokens, rows("row_t", b), rows("slot_base", b), table, pos, new_rows, self_len, c.pad_token_id)
+        h = kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale, out=take("h", (b, d), F32))
+        x, a = take("x", (b, d), BF16), take("a", (b, d), BF16)
+        qkv, q = take("qkv", (b, 3 * d), BF16), take("q", (b, d), BF16)
+        f = take("f", (b, c.decoder_ffn_dim), BF16)
+        every = ws.every[:b]
+        self_keys = pool.plan.cache_rows  # picks the kernel; each row's own count is in self_len
+        cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
         for i, layer in enumerate(self.decoder):
-            x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
-            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (N, 3D)
+            kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"], out=x)
+            kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], out=qkv)  # (b, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
-            a = kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads,
-                                  table=state.table, max_keys=t + 1)
-            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
-            x = kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"])
-            q = kernels.gemm(x, layer["cq_w"], layer["cq_b"])
-            a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads,
-                                  max_keys=longest_source)
-            h = kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h)
-            x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
-            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
-            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
-        state.length = t + 1
-        return kernels.layernorm(h, *self.dec_ln)
+            kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
+                              table=table, max_keys=self_keys)
+            kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
+            kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"], out=x)
+            kernels.gemm(x, layer["cq_w"], layer["cq_b"], out=q)
+            kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
+                              max_keys=cross_keys)
+            kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h)
+            kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"], out=x)
+            kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f)
+            kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
+        final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
+        if head == "argmax":
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("argmax values", (b,), F32), take=take)
+        elif head == "topk":
+            kernels.logits_topk(final, self.lm_head, k, logprob=take("topk logprob", (b, k), F32),
+                                ids=take("topk ids", (b, k), cp.int32), take=take)
+
+    def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
+        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16, a view
+        of the workspace that the next step overwrites. `tokens` may be on the host or the device."""
+        self.run_step(state, tokens, "none")
+        return state.ws.take("final", (state.n, self.config.d_model), BF16)
 
     def step(self, encoded: CudaEncoded, state: CudaState, tokens: np.ndarray, want_logits: bool = True):
         """Next-token logits (N, V) f32 on the host (for tests; the search uses the fused calls below)."""
@@ -285,14 +438,16 @@ class CudaEngine:
         """step_argmax without waiting: the ids stay on the device for the next step (`tokens` may be a
         PendingIds' device array) while they are copied to the host, so the search can queue step t + 1
         before it looks at step t's ids and the GPU never waits for the host."""
-        ids, _ = kernels.logits_argmax(self.decode(encoded, state, tokens), self.lm_head)
-        return PendingIds(ids)
+        self.run_step(state, tokens, "argmax")
+        return PendingIds(state.ws.rows("tokens", state.n))
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
         """Each row's k best next tokens by log-probability, best first, on the device: the output
-        projection, log-softmax and top-k in one pass over the embedding, without writing the logits."""
-        logprob, ids = kernels.logits_topk(self.decode(encoded, state, tokens), self.lm_head, k)
-        return logprob, ids.astype(cp.int64)
+        projection, log-softmax and top-k in one pass over the embedding, without writing the logits.
+        Copies, which the next step does not overwrite."""
+        self.run_step(state, tokens, "topk", k)
+        n, take = state.n, state.ws.take
+        return take("topk logprob", (n, k), F32).copy(), take("topk ids", (n, k), cp.int32).astype(cp.int64)
 
     def fetch_later(self, a: cp.ndarray) -> Later:
         """A device array copied to the host behind the work queued so far: .fetch() waits for it alone."""
@@ -301,24 +456,26 @@ class CudaEngine:
     def reorder(self, state: CudaState, parents) -> None:
         """Beams follow their parents: row i continues row parents[i]'s history (parents on the host or the
         device, repeats allowed). Only the table rows move; each row keeps writing into its own slot."""
-        parents = cp.asarray(parents)
-        state.table = state.table[parents]
-        state.cross_start, state.cross_len = state.cross_start[parents], state.cross_len[parents]
+        state.ws.gather(state.n, cp.asarray(parents).astype(cp.int32), ("row_t", "table", "cross_start", "cross_len"))
 
     def select(self, state: CudaState, rows: np.ndarray) -> None:
-        """Keep decoder rows `rows` (host indices, each at most once), in that order; the others' slots go
-        back to the pool, for the next sentence."""
+        """Keep decoder rows `rows` (host indices, each at most once), in that order, their state (the next
+        token included) moved to the front; the others' slots go back to the pool, for the next sentence."""
         rows = np.asarray(rows, dtype=np.int64)
         if len(np.unique(rows)) != len(rows):
             raise ValueError("select keeps each row at most once: use reorder for beams that share a parent")
-        dropped = np.setdiff1d(np.arange(len(state.slots)), rows)
+        dropped = np.setdiff1d(np.arange(state.n), rows)
         self.pool.slots.release(state.slots[dropped])
+        n = state.n
+        state.ws.gather(n, i32(rows))
+        state.ws.pad_rows(len(rows), n)
         state.slots = state.slots[rows]
-        self.reorder(state, i32(rows))
 
     def release(self, state: CudaState) -> None:
         self.pool.slots.release(state.slots)
         state.slots = state.slots[:0]
+        if self.bound is state:
+            self.bound = None
 
     def release_sources(self, encoded: CudaEncoded) -> None:
         if not encoded.released:

@@ -57,6 +57,17 @@ def function(file: str, kernel: str, target: str | None = None, **defines: int):
     return module(file, tuple(sorted(defines.items())), target).get_function(kernel)
 
 
+_smem_allowed: dict[int, int] = {}
+
+
+def allow_smem(kernel, smem: int) -> None:
+    """Let `kernel` take `smem` bytes of dynamic shared memory (over 48 KB needs the attribute): set once per
+    kernel and size, not per launch, so a launch inside a CUDA graph capture makes no driver call but its own."""
+    if smem > 48 * 1024 and _smem_allowed.get(id(kernel), 0) < smem:
+        kernel.max_dynamic_shared_size_bytes = smem
+        _smem_allowed[id(kernel)] = smem
+
+
 def check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -250,8 +261,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
         args = (map_a, tensor_map(w, bn), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
-    if smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = smem
+    allow_smem(kernel, smem)
     kernel(grid, (threads,), args, shared_mem=smem)
 
 
@@ -279,10 +289,18 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     return out
 
 
+def new_array(name: str, shape: tuple, dtype) -> cp.ndarray:
+    """The default `take` of the launchers below: a fresh array each call. A decoder step passes its
+    workspace's instead (engine.cuda.Workspace.take), which hands back the same memory every step, so that the
+    step allocates nothing and can be captured in a CUDA graph."""
+    return cp.empty(shape, dtype=dtype)
+
+
 def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp.ndarray | None = None,
-                  values: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+                  values: cp.ndarray | None = None, take=new_array) -> tuple[cp.ndarray, cp.ndarray]:
     """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
-    h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id."""
+    h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id. take(name,
+    shape, dtype): where the partial results and absent outputs go."""
     m, k = h.shape
     n = w.shape[0]
     check_array("h", h, BF16)
@@ -293,12 +311,12 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     if tile is None:
         tile = ("wg64w" if m <= 64 else "wg256") if wgmma_available() else gemm_tile(m, n)
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
-    part_val = cp.empty((m, blocks_n), dtype=F32)
-    part_idx = cp.empty((m, blocks_n), dtype=cp.int32)
+    part_val = take("argmax part_val", (m, blocks_n), F32)
+    part_idx = take("argmax part_idx", (m, blocks_n), cp.int32)
     if m:
         gemm_launch(tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_ARGMAX)
-    ids = cp.empty((m,), dtype=cp.int32) if ids is None else ids
-    values = cp.empty((m,), dtype=F32) if values is None else values
+    ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
+    values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
     check_array("values", values, F32, (m,))
     if m:
@@ -308,7 +326,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
 
 def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None = None,
                 ids: cp.ndarray | None = None, tile: str | None = None,
-                select_tile: str | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+                select_tile: str | None = None, take=new_array) -> tuple[cp.ndarray, cp.ndarray]:
     """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
     first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids.
 
@@ -316,7 +334,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     max and sum of exponentials per part of columns, a part as wide as `select_tile`'s tiles; a row's
     threshold is its k-th largest part max; `select_tile` recomputes only the tiles where a row's part max
     reaches its threshold and lists the candidates there. The statistics have the same bits whatever the
-    first tile, so the result does not depend on it."""
+    first tile, so the result does not depend on it. take: as logits_argmax's."""
     m, d = h.shape
     n = w.shape[0]
     check_array("h", h, BF16)
@@ -334,21 +352,22 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     check(bn % part == 0 and (GEMM_TILES[tile]["kind"] == "sm90" or bn == part),
           f"top-k's first pass ({tile}) cannot give statistics per {part} columns")
     parts = -(-n // part)
-    logprob = cp.empty((m, k), dtype=F32) if logprob is None else logprob
-    ids = cp.empty((m, k), dtype=cp.int32) if ids is None else ids
+    logprob = take("topk logprob", (m, k), F32) if logprob is None else logprob
+    ids = take("topk ids", (m, k), cp.int32) if ids is None else ids
     check_array("logprob", logprob, F32, (m, k))
     check_array("ids", ids, cp.int32, (m, k))
     if not m:
         return logprob, ids
-    stat = cp.empty((m, parts, 2), dtype=F32)
+    stat = take("topk stat", (m, parts, 2), F32)
     gemm_launch(tile, h, w, None, None, None, None, None, stat, EPILOGUE_STAT, **({"PART": part} if part < bn else {}))
-    lse, thresh = cp.empty((m,), dtype=F32), cp.empty((m,), dtype=F32)
+    lse, thresh = take("topk lse", (m,), F32), take("topk thresh", (m,), F32)
     rows = tile_rows(select_tile)
-    needed = cp.zeros((-(-m // rows), parts), dtype=cp.uint8)
+    needed = take("topk needed", (-(-m // rows), parts), cp.uint8)
+    needed.fill(0)
     function("gemm.cu", "topk_threshold_kernel", TOPK=k)((m,), (256,), (stat, lse, thresh, needed, cp.int32(parts),
                                                                        cp.int32(rows)))
-    part_val = cp.empty((m, parts, k), dtype=F32)
-    part_idx = cp.empty((m, parts, k), dtype=cp.int32)
+    part_val = take("topk part_val", (m, parts, k), F32)
+    part_idx = take("topk part_idx", (m, parts, k), cp.int32)
     gemm_launch(select_tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_TOPK, thresh=thresh,
                 needed=needed, TOPK=k)
     function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
@@ -459,8 +478,7 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     aligned = aligned16(q, k, v)
     name = f"attention_prefill_{e}_kernel" if e in (64, 128) and aligned else "attention_prefill_kernel"
     kernel = function("attention.cu", name)
-    if smem > 48 * 1024:
-        kernel.max_dynamic_shared_size_bytes = smem
+    allow_smem(kernel, smem)
     kernel((b, heads), (256,), (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), seq_start, seq_len,
                                 cp.int32(rows_per_seq), out, cp.int32(d), cp.int32(e), cp.float32(e**-0.5),
                                 cp.int32(max_len)), shared_mem=smem)
@@ -481,3 +499,20 @@ def copy_rows(src: cp.ndarray, src_rows: cp.ndarray, dst: cp.ndarray, dst_rows: 
         function("cache.cu", "copy_rows_kernel")((r,), (128,), (
             src, cp.int64(src.strides[0] // 2), src_rows, dst, cp.int64(dst.strides[0] // 2), dst_rows, cp.int32(width),
         ))
+
+
+def step_prep(tokens: cp.ndarray, row_t: cp.ndarray, slot_base: cp.ndarray, table: cp.ndarray, pos: cp.ndarray,
+              new_rows: cp.ndarray, self_len: cp.ndarray, pad: int) -> None:
+    """A decoder step's per-row bookkeeping on the device (step.cu): each row's embedding position, the cache
+    row its K/V go to (entered in its table), its key count; then its position advances. tokens, row_t,
+    slot_base, pos, new_rows, self_len (N,) int32; table (N, cache_rows) int32 with contiguous rows."""
+    (n,) = tokens.shape
+    for name, a in (("tokens", tokens), ("row_t", row_t), ("slot_base", slot_base), ("pos", pos), ("new_rows", new_rows),
+                    ("self_len", self_len)):
+        check_array(name, a, cp.int32, (n,))
+    check(table.dtype == cp.int32 and table.ndim == 2 and table.shape[0] == n and table.strides[1] == 4,
+          "table must be (N, cache_rows) int32 with contiguous rows")
+    if n:
+        function("step.cu", "step_prep_kernel")((-(-n // 256),), (256,), (
+            tokens, row_t, slot_base, table, cp.int32(table.strides[0] // 4), pos, new_rows, self_len, cp.int32(n),
+            cp.int32(table.shape[1]), cp.int32(pad)))

@@ -8,6 +8,7 @@ Preallocated once and never grown:
   decoder layer in one row (layer l's K at columns 2lD.., its V at 2lD+D..), written once at prefill
   because they depend only on the encoder output. Each source claims a contiguous run of rows, as long
   as the source, instead of a fixed `max_source_len` run: short sources then cost no padding.
+- one more slot and cross row, for the padding rows of a decoder step (scratch_slot, scratch_cross).
 
 Running out is an error that names the option to change, never a crash.
 """
@@ -103,10 +104,17 @@ class KVPool:
     def __init__(self, layers: int, d_model: int, plan: PoolPlan):
         self.plan = plan
         self.d = d_model
-        rows = plan.slots * plan.cache_rows
+        # Past the last slot and the last cross row, zeroed and never handed out: a scratch slot and cross row,
+        # for the padding rows of a decoder step rounded up to a bucket of rows (engine.cuda), so they need
+        # nothing of their own, read finite values and corrupt nothing.
+        self.scratch_slot, self.scratch_cross = plan.slots, plan.cross_rows
+        rows = (plan.slots + 1) * plan.cache_rows
         self.self_k = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
         self.self_v = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
-        self.cross = cp.empty((plan.cross_rows, 2 * layers * d_model), dtype=BF16)
+        self.cross = cp.empty((plan.cross_rows + 1, 2 * layers * d_model), dtype=BF16)
+        for a in self.self_k + self.self_v:
+            a[plan.slots * plan.cache_rows :] = 0
+        self.cross[plan.cross_rows :] = 0
         self.slots = SlotAllocator(plan.slots)
         self.cross_runs = RunAllocator(plan.cross_rows)
 

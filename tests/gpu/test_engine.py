@@ -104,3 +104,62 @@ def test_cli_translates_on_the_gpu(tmp_path):
         assert result.exit_code == 0, result.output
         got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
         assert got == sample("cpu").translate(texts, "eng_Latn", "ita_Latn", DecodeOptions())
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_cuda_graphs_change_no_translation(beam_size):
+    """The decoder step replayed from CUDA graphs (rows rounded up to buckets, padding rows in the scratch slot)
+    against the same step launched kernel by kernel over the live rows alone: the same translations, and the
+    graphs were used (several buckets, as sentences end)."""
+    texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:150]
+    options = DecodeOptions(beam_size=beam_size, max_length=64)
+    tr = load_translator(str(SAMPLE), "cuda")
+    tr.engine.use_graphs = False
+    eager = tr.translate(texts, "eng_Latn", "fra_Latn", options)
+    assert tr.engine.ws is None
+    tr.engine.use_graphs = True
+    first = tr.translate(texts, "eng_Latn", "fra_Latn", options)  # each bucket's first step runs eagerly
+    graphs = dict(tr.engine.ws.graphs)
+    again = tr.translate(texts, "eng_Latn", "fra_Latn", options)  # now from the graphs
+    assert len(graphs) >= 2 and len(tr.engine.ws.graphs) >= len(graphs)
+    assert first == again == eager
+
+
+def test_a_graph_capture_that_allocates_fails():
+    tr = sample("cuda")
+    with pytest.raises(RuntimeError, match="allocated device memory"):
+        tr.engine.capture(lambda: cp.empty(1000, dtype=cp.float32))
+    out = cp.zeros(4, dtype=cp.float32)
+    graph = tr.engine.capture(lambda: out.fill(3))  # recorded, not run
+    assert (out.get() == 0).all()
+    graph.launch(cp.cuda.get_current_stream())
+    assert (out.get() == 3).all()
+
+
+def test_two_states_at_once_step_alike():
+    """A state started while another holds the engine's workspace steps without graphs, in a workspace of its
+    own; both give the ids each gives alone."""
+    tr = sample("cuda")
+    engine, tok = tr.engine, tr.tokenizer
+    texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:5]
+    sources = [tok.encode(t, "eng_Latn") for t in texts]
+    lang = tok.lang_id("fra_Latn")
+    engine.capacity(20)
+
+    def run(states_at_once: int):
+        encoded = engine.encode(sources)
+        states = [engine.start(encoded, np.arange(len(sources)), 20) for _ in range(states_at_once)]
+        ids = []
+        for state in states:
+            engine.step(encoded, state, np.full(len(sources), 2), want_logits=False)
+        tokens = [np.full(len(sources), lang)] * len(states)
+        for _ in range(6):
+            tokens = [engine.step_argmax(encoded, s, t) for s, t in zip(states, tokens)]
+            ids.append(tokens)
+        for state in states:
+            engine.release(state)
+        engine.release_sources(encoded)
+        return ids
+
+    alone, together = run(1), run(2)
+    assert [a[0].tolist() for a in alone] == [t[0].tolist() for t in together] == [t[1].tolist() for t in together]

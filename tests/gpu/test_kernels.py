@@ -303,3 +303,22 @@ def test_copy_rows_places_rows():
     want = np.zeros((24, 16), np.float32)
     want[17], want[0], want[3] = src[:, 16:32]
     np.testing.assert_array_equal(cp.asnumpy(pool.astype(cp.float32)), want)
+
+
+def test_step_prep_does_a_steps_bookkeeping():
+    n, cache_rows, pad = 300, 9, 1
+    tokens = rng.integers(0, 50, n).astype(np.int32)
+    tokens[::7] = pad
+    row_t = rng.integers(0, cache_rows + 3, n).astype(np.int32)  # past the end: padding rows, clamped
+    slot_base = (rng.permutation(n) * cache_rows).astype(np.int32)
+    table = rng.integers(0, 1000, (n, cache_rows)).astype(np.int32)
+    d_row_t, d_table = cp.asarray(row_t), cp.asarray(table)
+    pos, new_rows, self_len = (poisoned((n,), cp.int32) for _ in range(3))
+    kernels.step_prep(cp.asarray(tokens), d_row_t, cp.asarray(slot_base), d_table, pos, new_rows, self_len, pad)
+    t = np.minimum(row_t, cache_rows - 1)
+    want_table = table.copy()
+    want_table[np.arange(n), t] = slot_base + t
+    assert (pos.get() == np.where(tokens == pad, pad, t + pad + 1)).all()
+    assert (new_rows.get() == slot_base + t).all()
+    assert (self_len.get() == t + 1).all() and (d_row_t.get() == t + 1).all()
+    assert (d_table.get() == want_table).all()
