@@ -29,14 +29,32 @@ NLLB_600M = ModelConfig(vocab_size=256206, d_model=1024, encoder_layers=12, deco
                         decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)
 
 
+_spin = None
+
+
+def hold_gpu(seconds: float) -> None:
+    """Keep the GPU busy for about `seconds` (one thread spinning on the clock), so that the launches the host
+    queues meanwhile run back to back after it."""
+    global _spin
+    if _spin is None:
+        _spin = cp.RawKernel(r"""extern "C" __global__ void spin(long long cycles) {
+            const long long start = clock64();
+            while (clock64() - start < cycles) { }
+        }""", "spin")
+    hz = cp.cuda.Device().attributes.get("ClockRate", 2e6) * 1e3  # the attribute is in kHz
+    _spin((1,), (1,), (np.int64(seconds * hz),))
+
+
 def timed(fn, repeat=20, inner=1) -> float:
-    """Median seconds of fn() over `repeat` runs after two warm-up runs, timed with CUDA events. inner > 1:
-    each timing covers that many calls back to back (and is divided by it), so that the GPU, queued ahead,
-    does not wait for the host's launch of a short kernel between the events."""
+    """Median seconds of fn() over `repeat` runs after two warm-up runs, timed with CUDA events: the GPU's time
+    alone. Each run's calls are queued behind a spin kernel (hold_gpu), so the host's launch latency (Python's,
+    CuPy's or cuBLAS's) neither delays the first call after the start event nor leaves the GPU waiting between
+    calls. inner > 1: each timing covers that many calls back to back (and is divided by it)."""
     fn(), fn()
     times = []
     for _ in range(repeat):
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        hold_gpu(1e-3 + 2e-4 * inner)
         start.record()
         for _ in range(inner):
             fn()

@@ -5,7 +5,11 @@
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
 bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers). Timed over
-10 launches back to back (bench/engine_bench.py's timed). cuBLAS (`cupy.matmul`): bf16 out, no bias.
+10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
+latency). "default": the tile kernels.gemm_tile picks, as the engine runs it (every shape; the named variants
+from 1,024 rows). cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
+one elementwise kernel doing what ours fuses (bias, ReLU for FFN1, the add onto the f32 residual for FFN2 and
+attention out), the cheapest way to the layer's result through cuBLAS from CuPy.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 import cupy as cp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
@@ -24,6 +30,32 @@ from nllbcli.engine import kernels  # noqa: E402
 EXTRA_TILES = {
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 keeps beside TMA_STORE's buffers
 }
+_EPILOGUES = r"""
+#include <cuda_bf16.h>
+extern "C" __global__ void bias_relu(const __nv_bfloat16* y, const float* bias, __nv_bfloat16* out, long long total,
+                                     int n, int relu) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        float v = __bfloat162float(y[i]) + bias[i % n];
+        out[i] = __float2bfloat16_rn(relu && v < 0.f ? 0.f : v);
+    }
+}
+extern "C" __global__ void onto_residual(const __nv_bfloat16* y, const float* bias, float* out, long long total, int n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x)
+        out[i] += __bfloat162float(y[i]) + bias[i % n];
+}
+"""
+
+
+@lru_cache(maxsize=None)
+def epilogue_kernel(name: str):
+    return cp.RawModule(code=_EPILOGUES, options=("-std=c++17",)).get_function(name)
+
+
+def epilogue(name: str, y, bias, out, *extra) -> None:
+    """One elementwise pass after cuBLAS: what our GEMM's epilogue does inside it."""
+    epilogue_kernel(name)((132 * 8,), (256,), (y, bias, out, np.int64(y.size), np.int32(y.shape[1])) + extra)
+
+
 VARIANTS = ["wg256 reg", "wg256s3 reg", "wg256", "wg128 reg", "wg128", "pp128"]
 
 
@@ -35,8 +67,6 @@ def main() -> int:
     rng = cp.random.default_rng(0)
     lines = []
     for m, k, n, what in GEMM_SHAPES:
-        if m < 1024:
-            continue
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         bias = rng.standard_normal(n, dtype=cp.float32)
@@ -45,9 +75,20 @@ def main() -> int:
         residual = out if f32 else None  # in place, as the engine adds onto its residual stream
         flops = 2 * m * n * k
         wt = w.T
+        relu = "FFN1" in what
+
+        def cublas_layer():
+            y = cp.matmul(a, wt)
+            if f32:
+                epilogue("onto_residual", y, bias, out)
+            else:
+                epilogue("bias_relu", y, bias, out, np.int32(relu))
+
         row = {"what": what, "shape": [m, k, n], "out": "f32+residual" if f32 else "bf16",
-               "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12}
-        for variant in VARIANTS:
+               "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12,
+               "cublas+epilogue": flops / timed(cublas_layer, inner=10) / 1e12,
+               "default": flops / timed(lambda: kernels.gemm(a, w, bias, residual, relu=relu, out=out), inner=10) / 1e12}
+        for variant in VARIANTS if m >= 1024 else ():
             tile = variant.split()[0]
             kernels.TMA_STORE = not variant.endswith(" reg")
             seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, residual, out, None, None, None,
