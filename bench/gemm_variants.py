@@ -6,8 +6,8 @@ Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline dep
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
 bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers). Timed over
 10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
-latency). "default": the tile kernels.gemm_tile picks, as the engine runs it (every shape; the named variants
-from 1,024 rows). cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
+latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
+packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
 one elementwise kernel doing what ours fuses (bias, ReLU for FFN1, the add onto the f32 residual for FFN2 and
 attention out), the cheapest way to the layer's result through cuBLAS from CuPy.
 """
@@ -56,7 +56,7 @@ def epilogue(name: str, y, bias, out, *extra) -> None:
     epilogue_kernel(name)((132 * 8,), (256,), (y, bias, out, np.int64(y.size), np.int32(y.shape[1])) + extra)
 
 
-VARIANTS = ["wg256 reg", "wg256s3 reg", "wg256", "wg128 reg", "wg128", "pp128"]
+VARIANTS = ["wg256", "wg192", "wg128", "wg64", "wg64n"]  # the register-store and ping-pong ones: the fifth session
 
 
 def main() -> int:
@@ -66,7 +66,10 @@ def main() -> int:
     kernels.GEMM_TILES.update(EXTRA_TILES)
     rng = cp.random.default_rng(0)
     lines = []
-    for m, k, n, what in GEMM_SHAPES:
+    shapes = [s for s in GEMM_SHAPES if s[3].startswith("encoder")] + [
+        (m, k, n, f"decode {what}, {m:,} rows") for m in (64, 256, 1024, 4096)
+        for k, n, what in ((1024, 3072, "QKV"), (1024, 1024, "attention out"), (1024, 4096, "FFN1"), (4096, 1024, "FFN2"))]
+    for m, k, n, what in shapes:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
         bias = rng.standard_normal(n, dtype=cp.float32)
@@ -88,7 +91,7 @@ def main() -> int:
                "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12,
                "cublas+epilogue": flops / timed(cublas_layer, inner=10) / 1e12,
                "default": flops / timed(lambda: kernels.gemm(a, w, bias, residual, relu=relu, out=out), inner=10) / 1e12}
-        for variant in VARIANTS if m >= 1024 else ():
+        for variant in VARIANTS:
             tile = variant.split()[0]
             kernels.TMA_STORE = not variant.endswith(" reg")
             seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, residual, out, None, None, None,

@@ -4,7 +4,7 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing 64
-// rows x BN columns with wgmma m64nBNk16; BM = 64 * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
+// rows x BN columns with wgmma m64nBNk16 (BN 64, 128, 192 or 256); BM = 64 * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
 // shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
@@ -138,6 +138,12 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
     "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, " \
     "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define REGS_0_31 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
+    "%24, %25, %26, %27, %28, %29, %30, %31"
+#define REGS_64_95 \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
+    "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define REGS_64_127 \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, " \
     "%86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, " \
@@ -157,10 +163,29 @@ __device__ __forceinline__ void wgmma_n256(float (&d)[1][32][4], unsigned long l
                  : "l"(desc_a), "l"(desc_b));
 }
 
-#if BN == 128
+__device__ __forceinline__ void wgmma_n64(float (&d)[1][8][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS_0_31 "}, %32, %33, 1, 1, 1, 0, 0;\n}\n"
+                 : ACC16(0), ACC16(4)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_95 "}, %96, "
+                 "%97, 1, 1, 1, 0, 0;\n}\n"
+                 : ACC64(0), ACC16(16), ACC16(20)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+#if BN == 64
+#define WGMMA wgmma_n64
+#elif BN == 128
 #define WGMMA wgmma_n128
+#elif BN == 192
+#define WGMMA wgmma_n192
 #elif BN == 256
 #define WGMMA wgmma_n256
+#else
+#error "BN must be 64, 128, 192 or 256"
 #endif
 
 // The producer's registers handed to the consumers (setmaxnreg): 65,536 a block, multiples of 8.

@@ -101,6 +101,8 @@ GEMM_TILES = {
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
+    "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
+    "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
     # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)

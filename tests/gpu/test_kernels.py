@@ -140,7 +140,9 @@ def test_logits_argmax_breaks_ties_towards_the_lower_id():
     assert cp.asnumpy(ids).tolist() == [17, 17, 17]
 
 
-@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if t != "large"])
+# (the first pass's tile gives statistics per 128 columns on Hopper, 64 elsewhere: its width a multiple of that)
+@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if t != "large" and (
+    kernels.GEMM_TILES[t]["kind"] == "mma" or kernels.GEMM_TILES[t]["BN"] % 128 == 0)])
 @pytest.mark.parametrize("k", [1, 8, 32])
 @pytest.mark.parametrize("m,v,d", [(1, 606, 64), (70, 5000, 96), (9, 3208, 256), (200, 3000, 64)])
 def test_logits_topk_matches_reference(tile, k, m, v, d):
