@@ -58,8 +58,8 @@ GRAPHS = os.environ.get("NLLB_CUDA_GRAPHS", "1") == "1"  # the decoder step as C
 
 def bucket(n: int) -> int:
     """The rows a step over n live rows runs, in a CUDA graph: n rounded up so that few graphs serve every n and
-    the padding costs no GEMM tile (64-row tiles up to 256 rows, 128-row tiles above: kernels.gemm_tile; the
-    output projection takes 64 rows a tile up to 64)."""
+    the padding costs at most one more row of GEMM tiles (their rows: 64 or 128, kernels.gemm_tile; the output
+    projection takes 64 rows a tile up to 64 rows, 128 above)."""
     if n <= 64:
         return 64
     return -(-n // 64) * 64 if n <= 256 else -(-n // 128) * 128

@@ -131,16 +131,31 @@ def multiprocessors() -> int:
 TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call: for measuring tiles inside generate
 
 
+# The wgmma tiles' speed at large M, in flops per microsecond per SM (with a bias, the engine's stores; from the
+# encoder's GEMMs on the H200, docs/PERF.md, sixth session): a larger tile computes faster once there are tiles
+# enough for every SM, a smaller one makes more tiles where there are not.
+TILE_RATES = {"wg256": 5.3e6, "wg192": 5.1e6, "wg128": 4.6e6, "wg64": 2.9e6, "wg64n": 1.55e6}
+
+
+@lru_cache(maxsize=4096)
 def gemm_tile(m: int, n: int) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
-    On Hopper, wgmma tiles, measured on the H200 with each epilogue compiled alone and a bias (docs/PERF.md):
-    128 x 256 from 1,024 rows (1.1-1.25x 128 x 128 at 1,024 and 4,096 rows, every decode shape), 64 x 128
-    up to 256 rows (1.2x 128 x 128 at 256 rows), 128 x 128 between. Elsewhere mma.sync: large tiles once
-    they make a full wave of blocks, else small ones (measured on the H200: large is 1.05-1.4x small at
-    1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x 1,024 columns)."""
+    On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each as long
+    as one tile takes at its TILE_RATES speed (k is the same for every tile, so it does not enter). Measured on
+    the H200 at each decode GEMM with 64 to 4,096 rows and the encoder's, this picks a tile within 4% of the
+    fastest of the five (docs/PERF.md). Every tile sums each output in the same order (the same bits), so the
+    choice changes no result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small
+    ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x
+    large at 256 rows x 1,024 columns)."""
     if wgmma_available():
-        return "wg64" if m <= 256 else "wg128" if m < 1024 else "wg256"
+        sms = multiprocessors()
+
+        def time(tile: str) -> float:
+            bm, bn = tile_rows(tile), GEMM_TILES[tile]["BN"]
+            return -(-(-(-m // bm) * -(-n // bn)) // sms) * bm * bn / TILE_RATES[tile]
+
+        return min(TILE_RATES, key=time)
     return "large" if -(-m // 128) * -(-n // 128) >= multiprocessors() else "small"
 
 
