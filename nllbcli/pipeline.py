@@ -4,10 +4,10 @@ Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split int
 --no-split), the sentences are grouped by target language and sorted by length so each batch pads little,
 batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
 the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
-none of this changes the output. Reading, tokenizing and cutting a chunk into batches run one chunk ahead
-on a thread (ChunkReader), so they overlap the model's work on the chunk before; decoding, writing and
-committing stay on the main thread. (Decoding and committing on a thread of their own behind the GPU was
-measured slower: the main thread launches the GPU's work and needs the GIL for it. docs/PERF.md.)
+none of this changes the output. Reading and tokenizing a file run one chunk ahead on a thread
+(ChunkReader), so they overlap the model's work on the chunk before. Decoding each batch's ids, joining,
+writing and committing a chunk run behind the model on another thread (Finisher), in order, while the main
+thread drives the GPU on the next batches: the main thread's GPU waits let them run.
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
@@ -142,6 +142,16 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         stack.callback(errors.close)
     committed = saved is not None and saved.position.rows > 0
 
+    commits = []  # the finisher's commits (chunks written and their state saved)
+
+    def commit(chunk: list[Record], outcomes: list[Outcome], position: Position) -> None:
+        with critical():
+            write_chunk(chunk, outcomes, sink, errors, job, reporter)
+            if output is not None:
+                save_state(state_path, Saved(identity, position, output.sync(), errors.sync() if errors else 0,
+                                             vars(counters).copy()))
+                commits.append(position)
+
     try:
         end = source.position
         if not (saved and saved.done):
@@ -150,16 +160,15 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                 return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
 
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
-                             first=first_chunk_rows(translator, batching)) as reader:
+                             first=first_chunk_rows(translator, batching)) as reader, \
+                    (Finisher() if FINISHER else Inline()) as finisher:
                 for chunk, position, (outcomes, sentences, batches) in reader:
+                    finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                       reporter.advance, batches)
-                    with critical():
-                        write_chunk(chunk, outcomes, sink, errors, job, reporter)
-                        if output is not None:
-                            save_state(state_path, Saved(identity, position, output.sync(),
-                                                         errors.sync() if errors else 0, vars(counters).copy()))
-                            committed = True
+                                       reporter.advance, finisher, batches)
+                    finisher.submit(lambda chunk=chunk, outcomes=outcomes, position=position:
+                                    commit(chunk, outcomes, position), chunk_end=True)
+            committed = committed or bool(commits)
             end = reader.position
         with critical():
             sink.close()
@@ -174,6 +183,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                 remove_state(state_path)
     except BaseException:
         sink.abort()
+        committed = committed or bool(commits)
         if output is not None and not committed:
             output.discard()  # nothing worth resuming: leave nothing behind
             if errors is not None:
@@ -360,6 +370,83 @@ class ChunkReader:
             yield chunk, position, prepared
 
 
+FINISHER = os.environ.get("NLLB_FINISHER", "1") == "1"  # 0: decode, write and commit on the main thread (Inline)
+
+
+class Inline:
+    """Finisher's calls, each task run at once on the calling thread (NLLB_FINISHER=0)."""
+
+    def submit(self, task: Callable[[], None], chunk_end: bool = False) -> None:
+        task()
+
+    def wait(self, behind: int = 0) -> None:
+        pass
+
+    def __enter__(self) -> "Inline":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        pass
+
+
+class Finisher:
+    """Tasks run in order on one thread behind the main one (decoding batches, joining and committing chunks),
+    so that the main thread goes on driving the GPU. The first error stops it: no task after it runs, and the
+    main thread gets the error at its next submit() or wait(), or at the end of the `with` block. Leaving the
+    block runs every task submitted before it (what was translated is committed), then ends the thread; where
+    an error leaves the block, that error goes on. The wait is a critical section: no stop signal interrupts
+    it while the finisher may be writing."""
+
+    def __init__(self):
+        self.tasks: queue.Queue = queue.Queue()
+        self.error: BaseException | None = None  # the first error; no task runs after it
+        self.reported = False
+        self.chunk_ends = threading.Semaphore(0)  # released as each chunk-end task has run (or been skipped)
+        self.submitted = self.seen = 0  # chunk-end tasks submitted, and seen run by wait()
+        self.thread = threading.Thread(target=self.loop, name="nllb-finisher", daemon=True)
+        self.thread.start()
+
+    def loop(self) -> None:
+        while True:
+            task, chunk_end = self.tasks.get()
+            if task is None:
+                return
+            if self.error is None:
+                try:
+                    task()
+                except BaseException as error:  # noqa: BLE001 - every error goes to the main thread
+                    self.error = error
+            if chunk_end:
+                self.chunk_ends.release()
+
+    def check(self) -> None:
+        if self.error is not None and not self.reported:
+            self.reported = True
+            raise self.error
+
+    def submit(self, task: Callable[[], None], chunk_end: bool = False) -> None:
+        self.check()
+        self.submitted += chunk_end
+        self.tasks.put((task, chunk_end))
+
+    def wait(self, behind: int = 0) -> None:
+        """Until at most `behind` chunk-end tasks wait to run."""
+        while self.submitted - self.seen > behind:
+            self.chunk_ends.acquire()
+            self.seen += 1
+        self.check()
+
+    def __enter__(self) -> "Finisher":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        with critical():
+            self.tasks.put((None, False))
+            self.thread.join()
+        if kind is None:
+            self.check()
+
+
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
     """The row's source and target language: its own fields where it has them, else --src and --tgt."""
     languages = []
@@ -447,9 +534,12 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
-                       advance: Advance = lambda rows, tokens: None, batches: list[Batch] | None = None) -> list[Outcome]:
+                       advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
+                       batches: list[Batch] | None = None) -> list[Outcome]:
     """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
-    unless given), decoded and joined back into `outcomes` (returned), rows in input order."""
+    unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
+    each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
+    complete once the finisher has run them)."""
     tokenizer = translator.tokenizer
     pending = [0] * len(records)
     for sentence in sentences:
@@ -461,12 +551,11 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     decode_many = getattr(tokenizer, "decode_many", None) or (lambda outputs: [tokenizer.decode(i) for i in outputs])
     longest = decode.max_length - 1
 
-    for batch in plan_chunk(sentences, max_batch_tokens) if batches is None else batches:
-        outputs = generate_batch(translator, batch, decode, records, outcomes, job)
-        done = [(n, ids) for n, ids in zip(batch.positions, outputs) if ids is not None]
+    def finish_batch(batch: list[int], outputs: list) -> None:  # decoded, and the rows it finished counted
+        done = [(n, ids) for n, ids in zip(batch, outputs) if ids is not None]
         texts.update(zip([n for n, _ in done], decode_many([ids for _, ids in done])))
         finished = tokens = 0
-        for n, ids in zip(batch.positions, outputs):
+        for n, ids in zip(batch, outputs):
             row = sentences[n].row
             if ids is not None:
                 tokens += len(ids)
@@ -475,7 +564,12 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
             pending[row] -= 1
             finished += pending[row] == 0
         advance(finished, tokens)
-    join_outcomes(outcomes, sentences, texts)
+
+    run = finisher.submit if finisher is not None else lambda task: task()
+    for batch in plan_chunk(sentences, max_batch_tokens) if batches is None else batches:
+        outputs = generate_batch(translator, batch, decode, records, outcomes, job)
+        run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
+    run(lambda: join_outcomes(outcomes, sentences, texts))
     return outcomes
 
 

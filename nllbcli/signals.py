@@ -24,8 +24,9 @@ class Stopped(BaseException):
         self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
 
 
-_shielded = 0  # depth of critical() sections
+_shielded = 0  # depth of critical() sections (of every thread: the pipeline commits on its finisher thread)
 _pending: int | None = None  # a signal that arrived inside one
+_lock = threading.Lock()
 
 
 def _handle(signum, frame) -> None:
@@ -56,11 +57,15 @@ def stop_on_signals() -> Iterator[None]:
 def critical() -> Iterator[None]:
     """A section no stop signal interrupts; one that arrived meanwhile stops the job when it ends."""
     global _shielded, _pending
-    _shielded += 1
+    with _lock:
+        _shielded += 1
     try:
         yield
     finally:
-        _shielded -= 1
-    if not _shielded and _pending is not None:
-        signum, _pending = _pending, None
+        with _lock:
+            _shielded -= 1
+            signum = _pending if not _shielded else None
+            if signum is not None:
+                _pending = None
+    if signum is not None:
         raise Stopped(signum)

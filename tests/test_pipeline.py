@@ -255,8 +255,45 @@ def test_chunk_reader_raises_an_error_in_its_chunks_turn():
     assert taken == [0, 10]  # the chunks before the bad one come first
 
 
+def test_finisher_runs_tasks_in_order_and_stops_at_the_first_error():
+    """Commits run in order behind the main thread; after a failed task none runs (a later chunk is never
+    written after an earlier one failed), and the main thread gets the error once, at its next call."""
+    from nllbcli.pipeline import Finisher
+
+    ran = []
+
+    def fail():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"), Finisher() as finisher:
+        finisher.submit(lambda: ran.append(1))
+        finisher.submit(lambda: ran.append(2), chunk_end=True)
+        finisher.submit(fail, chunk_end=True)
+        finisher.submit(lambda: ran.append(3), chunk_end=True)
+        finisher.wait()  # raises the error, once every chunk end has run or been passed over
+    assert ran == [1, 2]
+
+
+def test_finisher_runs_what_was_submitted_when_the_main_thread_fails():
+    """An error on the main thread (a bad row, a stop signal) leaves the block after the finisher has run what
+    was submitted before it: the chunks already translated are committed."""
+    import threading
+
+    from nllbcli.pipeline import Finisher
+
+    ran, gate = [], threading.Event()
+    with pytest.raises(NllbError, match="bad row"), Finisher() as finisher:
+        finisher.submit(lambda: (gate.wait(5), ran.append("commit 1")), chunk_end=True)
+        finisher.submit(lambda: ran.append("commit 2"), chunk_end=True)
+        gate.set()
+        raise NllbError("bad row")
+    assert ran == ["commit 1", "commit 2"]
+    assert not finisher.thread.is_alive()
+
+
 def test_a_failed_commit_leaves_the_chunks_before_it(fake, tmp_path, monkeypatch):
-    """When writing chunk 2 fails, chunk 1 stays committed (for --resume), and no later chunk is written."""
+    """Chunks are written and committed on the finisher thread: when writing chunk 2 fails, chunk 1 stays
+    committed (for --resume), and neither chunk 2 nor any later chunk is written."""
     from click.testing import CliRunner
 
     from nllbcli import pipeline
