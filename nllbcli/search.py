@@ -15,6 +15,7 @@ added to every token of that beam alike. So the engine can choose them where the
 
 from __future__ import annotations
 
+from collections import deque
 from contextlib import contextmanager
 
 import numpy as np
@@ -86,6 +87,9 @@ class Ready:
         return Ready(self.device[rows])
 
 
+AHEAD = 2  # greedy steps queued past the one whose ids the host waits for
+
+
 def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
     eos = config.eos_token_id
     steps = options.max_length - 1  # the language token was the first generated token
@@ -94,41 +98,46 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
         generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
         lengths = np.zeros(batch, dtype=np.int64)
         alive = np.arange(batch)  # which sentence each decoder row belongs to
-        # One step ahead: step t + 1 is queued on step t's ids while they are on their way to the host, so the
-        # GPU never waits for the host to look at them. Rows that ended at step t ran step t + 1 for nothing
-        # and leave before step t + 2; a step's ids (first maximum on ties, as torch.argmax) never depend on
-        # the other rows, so the outputs are those of waiting at every step. Not with the repetition penalty
-        # or the n-gram ban: they need step t's ids on the host before step t + 1.
-        ahead = not options.processes_scores
-        if ahead:
-            queue = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
 
-            def step(tokens, t: int):
-                return queue(encoded, state, tokens)
-        else:
-
-            def step(tokens, t: int):  # step t's ids, from the logits after the processors
-                prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
-                sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
-                return Ready(process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options).argmax(axis=-1))
-
-        pending = step(langs.copy(), 0) if steps > 0 else None
-        for t in range(steps):
-            following = step(pending.device, t + 1) if ahead and t + 1 < steps else None
-            tokens = pending.fetch()  # (N,) step t's ids
+        def record(t: int, tokens: np.ndarray) -> np.ndarray | None:
+            """Step t's ids (N,) into the outputs; the rows that go on when some ended (none: all did), else None."""
             generated[alive, t] = tokens
             lengths[alive] = t + 1
             ended = tokens == eos
-            if ended.any():
-                keep = np.flatnonzero(~ended)
-                if not len(keep):
-                    break
-                engine.select(state, keep)
-                alive, tokens = alive[keep], tokens[keep]
-                following = following.subset(keep) if following is not None else None
-            if not ahead and t + 1 < steps:
-                following = step(tokens, t + 1)
-            pending = following
+            return np.flatnonzero(~ended) if ended.any() else None
+
+        if not options.processes_scores:
+            # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the
+            # device, while step t's are on their way to the host, so the GPU never waits for the host to look
+            # at them (nor for a host thread held up a few milliseconds). Rows that ended at step t ran the
+            # steps after it for nothing and leave before the next is queued; a step's ids (first maximum on
+            # ties, as torch.argmax) never depend on the other rows, so the outputs are those of waiting at
+            # every step.
+            queue = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
+            pending = deque()
+            for t in range(steps):
+                while len(pending) <= AHEAD and t + len(pending) < steps:
+                    pending.append(queue(encoded, state, pending[-1].device if pending else langs.copy()))
+                keep = record(t, pending.popleft().fetch())
+                if keep is not None:
+                    if not len(keep):
+                        break
+                    engine.select(state, keep)
+                    alive = alive[keep]
+                    pending = deque(p.subset(keep) for p in pending)
+        else:  # the repetition penalty and the n-gram ban need step t's ids on the host before step t + 1
+            tokens = langs.copy()
+            for t in range(steps):
+                prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
+                sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
+                logits = to_host(engine.step(encoded, state, tokens))
+                tokens = process_scores(logits, sequences, options).argmax(axis=-1)
+                keep = record(t, tokens)
+                if keep is not None:
+                    if not len(keep):
+                        break
+                    engine.select(state, keep)
+                    alive, tokens = alive[keep], tokens[keep]
     return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
 
 
@@ -173,7 +182,7 @@ def beam_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelCon
     sentences = np.arange(batch)  # which input sentence each active sentence is
     results: dict[int, list[int]] = {}
 
-    # One step ahead, as greedy search: the next step is queued on the device's beams before the host looks at
+    # One step ahead (greedy search runs AHEAD steps ahead): the next step is queued on the device's beams before the host looks at
     # which sentences are done; a done sentence's beams ran that step for nothing and leave before the next.
     later = getattr(engine, "fetch_later", None) or (lambda a: Ready(to_host(a)))
     with decoder(engine, encoded, np.repeat(np.arange(batch), k), max_len) as state:

@@ -98,9 +98,11 @@ class Logged(Ready):
         return Logged(self.device[rows], self.step, self.log)
 
 
-def test_greedy_queues_the_next_step_before_it_looks_at_this_one():
-    """Step t + 1 is queued before step t's ids are fetched, and the outputs are the goldens' (sentences that
-    end early leave the batch one step late)."""
+def test_greedy_queues_the_next_steps_before_it_looks_at_this_one():
+    """Steps t + 1 .. t + AHEAD are queued before step t's ids are fetched, and the outputs are the goldens'
+    (sentences that end early leave the batch AHEAD steps late)."""
+    from nllbcli.search import AHEAD
+
     tr = translator("tiny-a")
     case = next(c for c in golden("tiny-a")["generate"] if c["beam_size"] == 1 and len(set(map(len, c["output_ids"]))) > 1)
     engine = AheadEngine(tr.engine)
@@ -110,8 +112,12 @@ def test_greedy_queues_the_next_step_before_it_looks_at_this_one():
     at = {(kind, step): i for i, (kind, step, _) in reversed(list(enumerate(engine.log)))}  # first occurrence
     fetched = sorted(step for kind, step in at if kind == "fetch")
     assert fetched == list(range(fetched[0], fetched[0] + len(fetched)))
-    for step in fetched[:-1]:  # the next step went in before this one came out
-        assert at["queue", step + 1] < at["fetch", step]
+    assert AHEAD >= 1
+    for step in fetched:  # the next AHEAD steps (those there were) went in before this one came out
+        for later in range(step + 1, step + AHEAD + 1):
+            if ("queue", later) in at:
+                assert at["queue", later] < at["fetch", step]
+    assert ("queue", fetched[0] + AHEAD) in at
     assert len({n for _, _, n in engine.log}) > 1  # the batch shrank as sentences ended
 
 
