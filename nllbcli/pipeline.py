@@ -4,10 +4,12 @@ Rows are read `read_chunk_rows` at a time. Within a chunk, each row is split int
 --no-split), the sentences are grouped by target language and sorted by length so each batch pads little,
 batches are cut at `max_batch_tokens`, and the translations are joined back into rows in input order before
 the chunk is written and committed (resume.py). A sentence's translation does not depend on its batch, so
-none of this changes the output. Reading and tokenizing a file run one chunk ahead on a thread
-(ChunkReader), so they overlap the model's work on the chunk before. Decoding each batch's ids, joining,
-writing and committing a chunk run behind the model on another thread (Finisher), in order, while the main
-thread drives the GPU on the next batches: the main thread's GPU waits let them run.
+none of this changes the output. Reading, tokenizing and cutting a chunk into batches run one chunk ahead on
+a thread (ChunkReader), so they overlap the model's work on the chunk before. Decoding each batch's ids,
+joining, writing and committing a chunk run behind the model on another thread (Finisher), in order, while the
+main thread drives the GPU on the next batches (NLLB_FINISHER=0: on the main thread, between batches). With
+each decoder step one CUDA graph launch, the main thread needs little of the GIL, so the two threads' Python
+costs the GPU little (docs/PERF.md, sixth session).
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
