@@ -318,18 +318,25 @@ class CudaEngine:
         if max_positions > pool.plan.cache_rows:
             raise PoolFull(f"{max_positions} decoder positions needed, the pool's slots hold {pool.plan.cache_rows}")
         source_rows = np.asarray(source_rows)
-        slots = np.array(pool.slots.claim(len(source_rows)))
+        n = len(source_rows)
+        if n > pool.slots.available:
+            raise PoolFull(f"{n} cache slots needed, {pool.slots.available} of {pool.slots.size} free")
         graphs = self.use_graphs and self.bound is None
-        rows = bucket(len(slots)) if graphs else max(len(slots), 1)
+        rows = bucket(n) if graphs else max(n, 1)
+        # the workspace first: running out of memory there (the caller retries with fewer rows) claims no slot
         if graphs and (self.ws is None or self.ws.capacity < rows):
             self.ws = None  # its arrays and graphs go back before the larger ones are made
             self.ws = Workspace(rows, pool, c.pad_token_id)
         ws = self.ws if graphs else Workspace(rows, pool, c.pad_token_id)
-        n = len(slots)
         ws.pad_rows(0, ws.capacity)
-        ws.rows("slot_base", n)[:] = i32(slots * pool.plan.cache_rows)
         ws.rows("cross_start", n)[:] = i32(encoded.start[source_rows])
         ws.rows("cross_len", n)[:] = i32(encoded.length[source_rows])
+        slots = np.array(pool.slots.claim(n))
+        try:
+            ws.rows("slot_base", n)[:] = i32(slots * pool.plan.cache_rows)
+        except BaseException:
+            pool.slots.release(slots)
+            raise
         state = CudaState(slots, ws, graphs, int(encoded.length[source_rows].max(initial=1)))
         if graphs:
             self.bound = state
