@@ -90,6 +90,19 @@ def test_readers_continue_from_a_position(tmp_path, fmt):
         assert rest[0].where == f"{path}:{1235 if fmt == 'text' else 2 * 1234 + 1}"
 
 
+def test_jsonl_blank_lines_are_json_whitespace_only(tmp_path):
+    """A line of other characters Python calls space (\x1c, U+2028, a form feed) is a bad row in its place, never
+    dropped as blank (found by test_hostile: such a row was lost); the count agrees, a byte-order mark included."""
+    (tmp_path / "in.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "a"}\n \t\r\n\x1c\n\xe2\x80\xa8\n\x0c\n\n{"text": "b"}\n')
+    total, records = read(tmp_path / "in.jsonl", "jsonl", errors=True)
+    assert total == len(records) == 5
+    assert [(i, t) for i, t, _, _ in records] == [(0, "a"), (1, ""), (2, ""), (3, ""), (4, "b")]
+    assert [e is None for *_, e in records] == [True, False, False, False, True]
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf\n{\"text\": \"a\"}\n")
+    total, records = read(tmp_path / "bom.jsonl", "jsonl")
+    assert total == len(records) == 1
+
+
 def test_read_jsonl_skips_blank_lines_and_counts_rows(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n\n  \n{"text": "b", "k": [1]}')
     total, records = read(tmp_path / "in.jsonl", "jsonl")

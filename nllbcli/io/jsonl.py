@@ -10,6 +10,9 @@ from typing import BinaryIO, Iterator
 from . import Position, Record, record_of
 
 
+JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
+
+
 def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:
     """One Record per non-blank line, from `position` on (which it keeps up to date); a line that is not a JSON
     object with a string field is a Record with an error naming the file and line."""
@@ -24,7 +27,7 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
             continue
         if position.lines == 1:
             line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the JSON
-        if not line.strip():
+        if not line.strip(JSON_SPACE):
             continue  # blank lines (a trailing one, say) hold no row
         try:
             fields = json.loads(line.rstrip("\r\n"))
@@ -48,8 +51,9 @@ def bad_row(position: Position, error: str, where: str) -> Record:
 
 def count_rows(path: str) -> int:
     """Non-blank lines in a file: the rows read_jsonl will yield."""
+    blank = JSON_SPACE.encode()
     with open(path, "rb") as stream:
-        return sum(1 for line in stream if line.strip())
+        return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
 
 
 def encode_jsonl_row(record: Record, translation: str, output_field: str) -> tuple[bytes, str | None]:
