@@ -4,7 +4,9 @@ Same calls as the reference engine, so the search code runs on either. Numbers: 
 bf16, accumulation, LayerNorm statistics, softmax and the residual stream in f32. The encoder runs once per
 sentence and writes its cross K/V into the pool; each decoder step feeds one token per live sequence and
 reads its slot's cache. The output projection is fused with the argmax for greedy search. The GEMMs that end
-a sublayer add onto the residual stream in place.
+a sublayer add onto the residual stream in place. A decoder step runs as a CUDA graph replayed over arrays of
+fixed addresses (Workspace), its per-row bookkeeping done on the device, so the host launches one graph a
+step instead of ~250 kernels.
 
 Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
