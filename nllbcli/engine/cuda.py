@@ -321,8 +321,6 @@ class CudaEngine:
             raise PoolFull(f"{max_positions} decoder positions needed, the pool's slots hold {pool.plan.cache_rows}")
         source_rows = np.asarray(source_rows)
         n = len(source_rows)
-        if n > pool.slots.available:
-            raise PoolFull(f"{n} cache slots needed, {pool.slots.available} of {pool.slots.size} free")
         graphs = self.use_graphs and self.bound is None
         rows = bucket(n) if graphs else max(n, 1)
         # the workspace first: running out of memory there (the caller retries with fewer rows) claims no slot
@@ -421,11 +419,10 @@ class CudaEngine:
             kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f)
             kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
-        if head == "argmax":
-            kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("argmax values", (b,), F32), take=take)
-        elif head == "topk":
-            kernels.logits_topk(final, self.lm_head, k, logprob=take("topk logprob", (b, k), F32),
-                                ids=take("topk ids", (b, k), cp.int32), take=take)
+        if head == "argmax":  # the ids into the token array, where the next step reads them
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
+        elif head == "topk":  # into the workspace's "topk logprob" and "topk ids" (step_topk reads them there)
+            kernels.logits_topk(final, self.lm_head, k, take=take)
 
     def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
         """Feed one token per row at position state.length; return the final hidden states (N, D) bf16, a view
