@@ -3,8 +3,9 @@
 // Operands and epilogues as gemm.cu's gemm_kernel (A (M, K) and W (N, K) bf16, K-contiguous; gemm_epilogue.cuh),
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
-// Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing 64
-// rows x BN columns with wgmma m64nBNk16 (BN 64, 128, 192 or 256); BM = 64 * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
+// Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
+// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 64, 128, 192 or
+// 256); BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
 // shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
@@ -49,9 +50,15 @@
 #endif
 #define BM PP_ROWS
 #define HALVES (PP_ROWS / 64)  // 64-row halves of a consumer's tile, an accumulator set each
-#else  // the consumer warpgroups share a tile, 64 rows each; named barrier 1: their epilogue
-#define BM (64 * CONSUMERS)
-#define HALVES 1
+#else  // the consumer warpgroups share a tile, CONSUMER_ROWS (64 or 128) rows each; named barrier 1: their epilogue
+#ifndef CONSUMER_ROWS
+#define CONSUMER_ROWS 64
+#endif
+#if CONSUMER_ROWS != 64 && (!defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0)
+#error "128-row consumers have the store epilogue only (the others reduce rows across the block's warps)"
+#endif
+#define BM (CONSUMER_ROWS * CONSUMERS)
+#define HALVES (CONSUMER_ROWS / 64)  // 64-row halves of a consumer's rows, an accumulator set each
 #endif
 #define BK 64
 #define THREADS (128 * (CONSUMERS + 1))
@@ -311,7 +318,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK + (PINGPONG ? 0 : consumer * 64 * BK);
+            const __nv_bfloat16* a = As + s * BM * BK + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
             const __nv_bfloat16* w = Ws + s * BN * BK;
             wgmma_fence();
 #pragma unroll
@@ -333,13 +340,20 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
 #if TMA_STORE
-        store_through_smem(acc[0], base + STAGES * (BM + BN) * BK * 2 + consumer * 64 * BN * 2, &map_out, tid % 128,
-                           consumer, TILE_M(t) * BM + consumer * 64, tile_n * BN, bias, relu, N);
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
+            store_through_smem(acc[h], base + STAGES * (BM + BN) * BK * 2 + (consumer * HALVES + h) * 64 * BN * 2,
+                               &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
+                               bias, relu, N);
 #else
+        // warp w of consumer c (warp_m = tid / 32 = 4c + w, rows 64c + 16w from block_m) holds, in half h, tile rows
+        // 64 (c * HALVES + h) + 16w (pingpong: c = 0, one consumer's warps a tile)
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)
-            gemm_epilogue(acc[h], base, tid, tid / 32, 0, TILE_M(t) * BM + h * 64, tile_n * BN, tile_n, tiles_n, bias,
-                          residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
+            gemm_epilogue(acc[h], base, tid, tid / 32, 0,
+                          TILE_M(t) * BM + h * 64 + (PINGPONG ? 0 : consumer * (HALVES - 1) * 64), tile_n * BN, tile_n,
+                          tiles_n, bias, residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue,
+                          out_f32);
 #endif
     }
 #if TMA_STORE

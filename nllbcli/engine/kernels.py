@@ -103,6 +103,9 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
+    # 256 x 128, two consumers of 128 rows each (two 64-row halves), as cuBLAS's kernels at the decode shapes
+    # (docs/PERF.md, sixth session); the store epilogue only (stores_only)
+    "wg256r": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4, CONSUMER_ROWS=128),
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
     # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)
@@ -207,7 +210,12 @@ def tile_rows(name: str) -> int:
     tile = GEMM_TILES[name]
     if tile["kind"] == "mma":
         return tile["BM"]
-    return tile["PP_ROWS"] if tile.get("PINGPONG") else 64 * tile["CONSUMERS"]
+    return tile["PP_ROWS"] if tile.get("PINGPONG") else tile.get("CONSUMER_ROWS", 64) * tile["CONSUMERS"]
+
+
+def stores_only(name: str) -> bool:
+    """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
+    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -249,6 +257,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
     tail = (ptr(bias), ptr(residual), ptr(out), ptr(part_val), ptr(part_idx), cp.int32(m), cp.int32(n), cp.int32(k),
             cp.int32(1 if relu else 0), cp.int32(epilogue), cp.int32(1 if out_f32 else 0), ptr(part_stat))
     skips = (ptr(thresh), ptr(needed))
+    check(epilogue == EPILOGUE_STORE or not stores_only(name), f"the {name} tile computes plain products only")
     if needed is not None:
         check(needed.dtype == cp.uint8 and needed.shape == (-(-m // tile_rows(name)), -(-n // tile["BN"])),
               "needed must be a uint8 byte per tile")
@@ -268,7 +277,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
-                staging = tile["CONSUMERS"] * 64 * bn * 2  # bf16 tile; f32 in two passes
+                staging = bm * bn * 2  # bf16 tile; f32 in two passes
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
                 out_map = tensor_map(out, 64)
