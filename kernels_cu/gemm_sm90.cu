@@ -4,8 +4,7 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
-// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 64, 128, 192 or
-// 256); BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
+// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
 // shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
@@ -41,8 +40,8 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0
 #endif
-#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0)
-#error "TMA_STORE is for the store epilogue of cooperative consumers"
+#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN < 64)
+#error "TMA_STORE is for the store epilogue of cooperative consumers, 64 columns or more"
 #endif
 #if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
 #ifndef PP_ROWS
@@ -183,7 +182,34 @@ __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long l
                  : "l"(desc_a), "l"(desc_b));
 }
 
-#if BN == 64
+// Narrow tiles for few rows (64 x 8 .. 32, as cuBLAS's at 64 rows): many blocks share the work of one row tile.
+__device__ __forceinline__ void wgmma_n8(float (&d)[1][1][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\n}\n"
+                 : ACC4(0)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_n16(float (&d)[1][2][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, "
+                 "1, 0, 0;\n}\n"
+                 : ACC4(0), ACC4(1)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+__device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+                 "%11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;\n}\n"
+                 : ACC4(0), ACC4(1), ACC4(2), ACC4(3)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
+#if BN == 8
+#define WGMMA wgmma_n8
+#elif BN == 16
+#define WGMMA wgmma_n16
+#elif BN == 32
+#define WGMMA wgmma_n32
+#elif BN == 64
 #define WGMMA wgmma_n64
 #elif BN == 128
 #define WGMMA wgmma_n128
@@ -192,7 +218,7 @@ __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long l
 #elif BN == 256
 #define WGMMA wgmma_n256
 #else
-#error "BN must be 64, 128, 192 or 256"
+#error "BN must be 8, 16, 32, 64, 128, 192 or 256"
 #endif
 
 // The producer's registers handed to the consumers (setmaxnreg): 65,536 a block, multiples of 8.

@@ -103,6 +103,12 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
+    # 64 x 32 .. 8, as cuBLAS's at 64 rows (docs/PERF.md, seventh session): a block per few columns, so that
+    # more SMs stream the weights; all of a K of 1,024 in flight at once; the store epilogue only, from the
+    # registers (stores_only)
+    "wg64n32": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=16),
+    "wg64n16": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=16),
+    "wg64n8": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=16),
     # 256 x 128, two consumers of 128 rows each (two 64-row halves), as cuBLAS's kernels at the decode shapes
     # (docs/PERF.md, sixth session); the store epilogue only (stores_only)
     "wg256r": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4, CONSUMER_ROWS=128),
@@ -215,7 +221,7 @@ def tile_rows(name: str) -> int:
 
 def stores_only(name: str) -> bool:
     """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
-    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64
+    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] < 64
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -274,7 +280,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         stage_bytes = (bm + bn) * 64 * 2
         map_a = tensor_map(a, bm)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
-        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and out is not None:
+        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn >= 64 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 staging = bm * bn * 2  # bf16 tile; f32 in two passes
