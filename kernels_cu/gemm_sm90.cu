@@ -232,9 +232,12 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 // 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's writes fall in 32 different banks), then out to rows
 // row0.., columns col0.. of map_out. The copy before must have read the buffer first. bias: 8-byte aligned, N
 // even (the launcher's).
+// bias_lane: the tile's bias, column col0 + lane + 32 i in element i of each lane (0 past N, or with no bias),
+// loaded before the main loop: read here from global memory, the bias was half of the epilogue's stalls
+// (docs/PERF.md, seventh session); each quad's columns come by shuffles.
 __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4], unsigned char* stage,
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
-                                                   int col0, const float* __restrict__ bias, int relu, int N) {
+                                                   int col0, const float (&bias_lane)[BN / 32], int relu) {
     const int lane = tid & 31, warp = tid >> 5;
     constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
 #pragma unroll
@@ -244,8 +247,8 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 #pragma unroll
         for (int j = pass * NT / PASSES; j < (pass + 1) * NT / PASSES; ++j) {
             const int col = j * 8 + (lane & 3) * 2;  // in the tile
-            float2 b = make_float2(0.f, 0.f);
-            if (bias && col0 + col < N) b = *reinterpret_cast<const float2*>(bias + col0 + col);
+            const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
+                                         __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
             const int at = col - pass * PASS_COLS, box = at / BOX_COLS, chunk = (at % BOX_COLS) * (TMA_STORE == 2 ? 4 : 2) / 16;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
@@ -336,6 +339,14 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         // wait for the other consumer's main loop to finish its waits (its arrival below), except on the first tile
         if (turn > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + consumer));
 #endif
+#if TMA_STORE
+        float bias_lane[BN / 32];  // for the epilogue, loaded while the main loop runs
+#pragma unroll
+        for (int i = 0; i < BN / 32; ++i) {
+            const int col = TILE_N(t) * BN + tid % 32 + 32 * i;
+            bias_lane[i] = bias && col < N ? bias[col] : 0.f;
+        }
+#endif
         float acc[HALVES][MT][NT][4];
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)
@@ -370,7 +381,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
             store_through_smem(acc[h], base + STAGES * (BM + BN) * BK * 2 + (consumer * HALVES + h) * 64 * BN * 2,
                                &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
-                               bias, relu, N);
+                               bias_lane, relu);
 #else
         // warp w of consumer c (warp_m = tid / 32 = 4c + w, rows 64c + 16w from block_m) holds, in half h, tile rows
         // 64 (c * HALVES + h) + 16w (pingpong: c = 0, one consumer's warps a tile)
