@@ -11,7 +11,7 @@
 // in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
 // run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
 // Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)), or (tiles); dynamic shared memory
-// STAGES * (BM + BN) * BK * 2 + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
+// STAGES * (BM + BN) * BK * 2 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
 // PINGPONG (2 consumers): each consumer warpgroup takes every other tile of the block's (PP_ROWS-row tiles: 64,
@@ -36,6 +36,9 @@
 #endif
 #ifndef PINGPONG
 #define PINGPONG 0
+#endif
+#ifndef KSTEPS
+#define KSTEPS 1
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
@@ -73,7 +76,8 @@
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
 #endif
-#define EPI_SMEM_BYTES (STAGES * (BM + BN) * BK * 2)
+#define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each), then of W (BN x BK)
+#define EPI_SMEM_BYTES (STAGES * STAGE_ELEMS * 2)
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
 
@@ -105,6 +109,16 @@ __device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsig
 }
 
 // Copy the box at (column x, row y) of a 2-D tensor map into shared memory; completes on `bar`.
+// KSTEPS > 1: a 3-D map of the array seen as (K / 64, rows, 64), box KSTEPS x rows x 64: KSTEPS k-steps of the
+// 2-D box, one after another, in one copy. A stage's cost is mostly per copy and per stage, hardly per byte
+// (bench/tma_throughput.py: ~220 ns a stage of two 2-D boxes of any size; 4 k-steps in 3-D boxes 65 ns a
+// k-step), so a tile of few rows loads several k-steps a stage.
+__device__ __forceinline__ void tma_load3(void* dst, const TensorMap* map, int y, int z, unsigned long long* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+        ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(0), "r"(y), "r"(z), "r"(smem_addr(bar)) : "memory");
+}
+
 __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x, int y, unsigned long long* bar) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
@@ -286,9 +300,9 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
-    __nv_bfloat16* Ws = As + STAGES * BM * BK;                    // STAGES x BN x BK, swizzled
+    __nv_bfloat16* Ws = As + BM * BK * KSTEPS;                     // each stage's W after its A
     const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
-    const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK);
+    const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK * KSTEPS);  // stages a tile
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
 #define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
@@ -311,9 +325,14 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
-                    mbar_expect_bytes(&full[s], (BM + BN) * BK * 2);  // whole boxes count, zero-filled parts too
-                    tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
-                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
+                    mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
+#if KSTEPS > 1
+                    tma_load3(As + s * STAGE_ELEMS, &map_a, TILE_M(t) * BM, kt * KSTEPS, &full[s]);
+                    tma_load3(Ws + s * STAGE_ELEMS, &map_w, TILE_N(t) * BN, kt * KSTEPS, &full[s]);
+#else
+                    tma_load(As + s * STAGE_ELEMS, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
+                    tma_load(Ws + s * STAGE_ELEMS, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
+#endif
                 }
             }
         }
@@ -355,13 +374,16 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
-            const __nv_bfloat16* w = Ws + s * BN * BK;
+            const __nv_bfloat16* a = As + s * STAGE_ELEMS + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
+            const __nv_bfloat16* w = Ws + s * STAGE_ELEMS;
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16)
+            for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-                for (int h = 0; h < HALVES; ++h) WGMMA(acc[h], smem_desc(a + h * 64 * BK + kk), smem_desc(w + kk));
+                for (int kk = 0; kk < BK; kk += 16)
+#pragma unroll
+                    for (int h = 0; h < HALVES; ++h)
+                        WGMMA(acc[h], smem_desc(a + ks * BM * BK + h * 64 * BK + kk), smem_desc(w + ks * BN * BK + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
             if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
@@ -379,7 +401,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #if TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
-            store_through_smem(acc[h], base + STAGES * (BM + BN) * BK * 2 + (consumer * HALVES + h) * 64 * BN * 2,
+            store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * 64 * BN * 2,
                                &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
                                bias_lane, relu);
 #else

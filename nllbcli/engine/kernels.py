@@ -109,6 +109,13 @@ GEMM_TILES = {
     "wg64n32": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=16),
     "wg64n16": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=16),
     "wg64n8": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=16),
+    # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K): a one-consumer tile's pace is its stages',
+    # ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session)
+    "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
+    "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
+    "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
+    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4),
+    "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
     # 256 x 128, two consumers of 128 rows each (two 64-row halves), as cuBLAS's kernels at the decode shapes
     # (docs/PERF.md, sixth session); the store epilogue only (stores_only)
     "wg256r": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4, CONSUMER_ROWS=128),
@@ -185,11 +192,12 @@ def _encode_tiled():
     return fn
 
 
-def tensor_map(a: cp.ndarray, box_rows: int):
+def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
     """The TMA map of a 2-D bf16 or f32 array whose rows are contiguous (a row slice of a wider array will do):
-    boxes of 128 bytes (64 bf16, 32 f32) x box_rows."""
+    boxes of 128 bytes (64 bf16, 32 f32) x box_rows. steps > 1 (bf16, 64 columns | K): a 3-D map of the array
+    seen as (K / 64, rows, 64), boxes of `steps` such 2-D boxes, one after another (gemm_sm90.cu's KSTEPS)."""
     rows, cols = a.shape
-    key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char)
+    key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char, steps)
     found = _maps.get(key)
     if found is not None:
         _maps.move_to_end(key)
@@ -199,9 +207,15 @@ def tensor_map(a: cp.ndarray, box_rows: int):
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
     data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
-    rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 2, a.data.ptr, (u64 * 2)(cols, rows),
-                         (u64 * 1)(a.strides[0]), (u32 * 2)(128 // a.itemsize, box_rows), (u32 * 2)(1, 1), 0, SWIZZLE_128B,
-                         L2_PROMOTE_128B, 0)
+    if steps > 1:
+        check(a.dtype == BF16 and cols % 64 == 0, "a 3-D tensor map needs bf16 rows of whole 64-column steps")
+        rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 3, a.data.ptr, (u64 * 3)(64, rows, cols // 64),
+                             (u64 * 2)(a.strides[0], 128), (u32 * 3)(64, box_rows, steps), (u32 * 3)(1, 1, 1), 0,
+                             SWIZZLE_128B, L2_PROMOTE_128B, 0)
+    else:
+        rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 2, a.data.ptr, (u64 * 2)(cols, rows),
+                             (u64 * 1)(a.strides[0]), (u32 * 2)(128 // a.itemsize, box_rows), (u32 * 2)(1, 1), 0,
+                             SWIZZLE_128B, L2_PROMOTE_128B, 0)
     if rc:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {cols} array")
     made = raw[offset:offset + TENSOR_MAP.itemsize].view(TENSOR_MAP)[0]  # a kernel parameter, passed by value
@@ -277,8 +291,13 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
-        stage_bytes = (bm + bn) * 64 * 2
-        map_a = tensor_map(a, bm)
+        steps = tile.pop("KSTEPS", 1) if k % 64 == 0 else 1  # k-steps a stage: 3-D boxes need whole steps
+        if steps > 1:
+            tile["KSTEPS"] = steps
+        else:
+            tile.pop("KSTEPS", None)
+        stage_bytes = (bm + bn) * 64 * 2 * steps
+        map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn >= 64 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
@@ -292,7 +311,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (map_a, tensor_map(w, bn), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     allow_smem(kernel, smem)
     kernel(grid, (threads,), args, shared_mem=smem)
 
