@@ -83,7 +83,7 @@ def bench_gemm(results: list) -> None:
         cublas = timed(lambda: cp.matmul(a, wt), inner=10)
         flops = 2 * m * n * k
         row = {"what": f"gemm {what}", "shape": [m, k, n], "cublas_ms": cublas * 1e3, "cublas_tflops": flops / cublas / 1e12,
-               "default_tile": kernels.gemm_tile(m, n)}
+               "default_tile": kernels.gemm_tile(m, n, k)}
         for tile in kernels.available_tiles():
             ours = timed(lambda: kernels.gemm(a, w, tile=tile), inner=10)
             row[f"{tile}_ms"], row[f"{tile}_tflops"] = ours * 1e3, flops / ours / 1e12

@@ -33,7 +33,7 @@ def main() -> int:
     bias = rng.standard_normal(n, dtype=cp.float32)
     onto_residual = k > 1024
     out = rng.standard_normal((m, n), dtype=cp.float32) if onto_residual else cp.empty((m, n), dtype="bfloat16")
-    tile = args.tile or kernels.gemm_tile(m, n)
+    tile = args.tile or kernels.gemm_tile(m, n, k)
     print(f"{m} x {k} x {n}: ours on {tile}, {'f32 onto the residual' if onto_residual else 'bf16 out'}", flush=True)
     for _ in range(args.runs):
         kernels.gemm(a, w, bias, out if onto_residual else None, out=out, tile=tile)

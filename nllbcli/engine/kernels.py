@@ -103,22 +103,17 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
-    # 64 x 32 .. 8, as cuBLAS's at 64 rows (docs/PERF.md, seventh session): a block per few columns, so that
-    # more SMs stream the weights; all of a K of 1,024 in flight at once; the store epilogue only, from the
-    # registers (stores_only)
-    "wg64n32": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=16),
-    "wg64n16": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=16),
-    "wg64n8": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=16),
-    # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K): a one-consumer tile's pace is its stages',
-    # ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session)
+    # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K, else one): a one-consumer tile's pace is its
+    # stages', ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session). The
+    # narrow ones (64 x 32, 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers
+    # (stores_only); with one k-step a stage they were no faster than wg64n.
     "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
     "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
     "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
     "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
-    # 256 x 128, two consumers of 128 rows each (two 64-row halves), as cuBLAS's kernels at the decode shapes
-    # (docs/PERF.md, sixth session); the store epilogue only (stores_only)
-    "wg256r": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=4, CONSUMER_ROWS=128),
+    # (256 x 128 with two 128-row consumers, CONSUMER_ROWS=128 as cuBLAS's tiles at the decode shapes, was never
+    # the fastest by more than 2%: docs/PERF.md, seventh session)
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
     # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)
@@ -147,31 +142,35 @@ def multiprocessors() -> int:
 TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call: for measuring tiles inside generate
 
 
-# The wgmma tiles' speed at large M, in flops per microsecond per SM (with a bias, the engine's stores; from the
-# encoder's GEMMs on the H200, docs/PERF.md, sixth session): a larger tile computes faster once there are tiles
-# enough for every SM, a smaller one makes more tiles where there are not.
-TILE_RATES = {"wg256": 5.3e6, "wg192": 5.1e6, "wg128": 4.6e6, "wg64": 2.9e6, "wg64n": 1.55e6}
+# The wgmma tiles' cost a wave: a fixed part in microseconds (loads in flight, epilogue) and a rate in flops per
+# microsecond per SM (with a bias, the engine's stores), fitted to every tile at every decode GEMM (64 to 4,096
+# rows) and the encoder's on the H200 (docs/PERF.md, seventh session). A larger tile computes faster once there
+# are tiles enough for every SM; a smaller one makes more tiles where there are not, and several k-steps a stage
+# (KSTEPS) make its loads cheaper.
+TILE_COSTS = {"wg256": (4.34, 6.18e6), "wg192": (3.70, 6.22e6), "wg128k2": (3.05, 5.63e6), "wg64k2": (2.47, 4.31e6),
+              "wg64nk4": (1.42, 2.75e6), "wg64n32k4": (2.52, 1.83e6), "wg64n8k4": (0.96, 0.56e6)}
 
 
 @lru_cache(maxsize=4096)
-def gemm_tile(m: int, n: int) -> str:
+def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     """The default tile for an (m x k) @ (k x n) product.
 
-    On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each as long
-    as one tile takes at its TILE_RATES speed (k is the same for every tile, so it does not enter). Measured on
-    the H200 at each decode GEMM with 64 to 4,096 rows and the encoder's, this picks a tile within 4% of the
-    fastest of the five (docs/PERF.md). Every tile sums each output in the same order (the same bits), so the
-    choice changes no result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small
-    ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x
-    large at 256 rows x 1,024 columns)."""
+    On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each costing
+    TILE_COSTS's fixed part plus the tile's flops at its rate. Fitted to and checked against the H200's times
+    at each decode GEMM with 64 to 4,096 rows and the encoder's, it picks the fastest of ten tiles at every one
+    (docs/PERF.md). Every tile sums each output in the same order (the same bits), so the choice changes no
+    result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small ones (measured on
+    the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x
+    1,024 columns)."""
     if wgmma_available():
         sms = multiprocessors()
 
         def time(tile: str) -> float:
             bm, bn = tile_rows(tile), GEMM_TILES[tile]["BN"]
-            return -(-(-(-m // bm) * -(-n // bn)) // sms) * bm * bn / TILE_RATES[tile]
+            fixed, rate = TILE_COSTS[tile]
+            return -(-(-(-m // bm) * -(-n // bn)) // sms) * (fixed + 2 * k * bm * bn / rate)
 
-        return min(TILE_RATES, key=time)
+        return min(TILE_COSTS, key=time)
     return "large" if -(-m // 128) * -(-n // 128) >= multiprocessors() else "small"
 
 
@@ -335,7 +334,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
+        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
                     out_f32=out.dtype == F32)
     return out
 
