@@ -76,7 +76,7 @@
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
 #endif
-#define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each), then of W (BN x BK)
+#define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each) and of W (BN x BK)
 #define EPI_SMEM_BYTES (STAGES * STAGE_ELEMS * 2)
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
@@ -300,7 +300,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
-    __nv_bfloat16* Ws = As + BM * BK * KSTEPS;                     // each stage's W after its A
+    __nv_bfloat16* Ws = As + STAGES * BM * BK * KSTEPS;            // STAGES x KSTEPS x BN x BK, swizzled
     const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK * KSTEPS);  // stages a tile
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
@@ -327,11 +327,11 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
                     mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
 #if KSTEPS > 1
-                    tma_load3(As + s * STAGE_ELEMS, &map_a, TILE_M(t) * BM, kt * KSTEPS, &full[s]);
-                    tma_load3(Ws + s * STAGE_ELEMS, &map_w, TILE_N(t) * BN, kt * KSTEPS, &full[s]);
+                    tma_load3(As + s * BM * BK * KSTEPS, &map_a, TILE_M(t) * BM, kt * KSTEPS, &full[s]);
+                    tma_load3(Ws + s * BN * BK * KSTEPS, &map_w, TILE_N(t) * BN, kt * KSTEPS, &full[s]);
 #else
-                    tma_load(As + s * STAGE_ELEMS, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
-                    tma_load(Ws + s * STAGE_ELEMS, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
+                    tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
+                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
 #endif
                 }
             }
@@ -374,8 +374,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * STAGE_ELEMS + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
-            const __nv_bfloat16* w = Ws + s * STAGE_ELEMS;
+            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
+            const __nv_bfloat16* w = Ws + s * BN * BK * KSTEPS;
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
