@@ -4,8 +4,10 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
-// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages of A and W tiles in
-// shared memory, a full and an empty mbarrier per stage. Tile sizes are -D defines set by the loader.
+// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256);
+// BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
+// (KSTEPS > 1: one 3-D copy an operand a stage, see tma_load3), a full and an empty mbarrier per stage. Tile
+// sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
 // in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
@@ -19,7 +21,7 @@
 // overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
 // other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
 // barrier is more than one phase ahead of a waiting consumer.
-// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers): each consumer writes its 64 x BN
+// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers; BN >= 64): each consumer writes its 64 x BN
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
