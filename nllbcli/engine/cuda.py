@@ -83,6 +83,7 @@ class Workspace:
         self.arrays: dict[tuple, cp.ndarray] = {}
         self.graphs: dict[tuple, cp.cuda.graph.Graph] = {}
         self.seen: set[tuple] = set()  # graph keys run once eagerly: captured on their second use
+        self.failed: set[tuple] = set()  # graph keys whose capture the driver refused: launched one by one
         self.every = cp.arange(capacity, dtype=cp.int32)
         self.pad_rows(0, capacity)
 
@@ -200,6 +201,7 @@ class CudaEngine:
         self.bound: CudaState | None = None  # the state whose steps use self.ws
         self.capture_stream = cp.cuda.Stream(non_blocking=True)
         self.use_graphs = GRAPHS
+        self.capture_error: str | None = None  # why a step's graph capture failed, if one did
         c, w, d = config, weights, config.d_model
         self.embed_table = to_bf16(w["encoder.embed_tokens.weight"])
         same = lambda a, b: w[a] is w[b] or np.array_equal(w[a], w[b])  # noqa: E731
@@ -348,7 +350,8 @@ class CudaEngine:
         states, in the workspace's "final"), "argmax" (the ids into the token array) or "topk" (k per row,
         into "topk logprob" and "topk ids"). A state of the engine's own workspace runs the step as a CUDA
         graph, one per (head, k, rows, cross kernel), captured the second time that key comes: the first runs
-        the same launches one by one, which also compiles them."""
+        the same launches one by one, which also compiles them. A key whose capture the driver refuses runs one
+        by one from then on (capture_error says why): slower, the same results."""
         if state.length >= self.pool.plan.cache_rows:
             raise PoolFull(f"step {state.length + 1} asked of slots of {self.pool.plan.cache_rows} positions")
         ws, n, b = state.ws, state.n, state.run_rows
@@ -362,8 +365,12 @@ class CudaEngine:
 
         key = (head, k, b, cross_fast)
         graph = ws.graphs.get(key) if state.graphs else None
-        if graph is None and state.graphs and key in ws.seen:
-            graph = ws.graphs[key] = self.capture(launches)
+        if graph is None and state.graphs and key in ws.seen and key not in ws.failed:
+            try:
+                graph = ws.graphs[key] = self.capture(launches)
+            except cp.cuda.runtime.CUDARuntimeError as error:  # a GPU or driver that cannot capture this step:
+                ws.failed.add(key)  # the same launches one by one from now on (slower, the same results)
+                self.capture_error = f"CUDA graph capture failed ({error}): decoder steps launch kernel by kernel"
         if graph is not None:
             graph.launch(cp.cuda.get_current_stream())
         else:

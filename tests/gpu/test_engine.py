@@ -163,3 +163,21 @@ def test_two_states_at_once_step_alike():
 
     alone, together = run(1), run(2)
     assert [a[0].tolist() for a in alone] == [t[0].tolist() for t in together] == [t[1].tolist() for t in together]
+
+
+def test_a_refused_graph_capture_falls_back_to_launches(monkeypatch):
+    """A GPU or driver that cannot capture a step: the step's kernels are launched one by one instead, the
+    translations the same, and the engine says why."""
+    texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:20]
+    options = DecodeOptions(beam_size=1, max_length=32)
+    tr = load_translator(str(SAMPLE), "cuda")
+    want = tr.translate(texts, "eng_Latn", "fra_Latn", options)
+
+    def refuse(launches):
+        raise cp.cuda.runtime.CUDARuntimeError(900)  # cudaErrorStreamCaptureUnsupported
+
+    tr = load_translator(str(SAMPLE), "cuda")
+    monkeypatch.setattr(tr.engine, "capture", refuse)
+    assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
+    assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
+    assert tr.engine.capture_error and not tr.engine.ws.graphs and tr.engine.ws.failed
