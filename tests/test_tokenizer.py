@@ -143,3 +143,18 @@ def test_decode_many_is_decode_of_each(name):
     want = [one_by_one(ids) for ids in outputs]
     assert tok.decode_many(outputs) == want
     assert [tok.decode(ids) for ids in outputs] == want  # the table made once, reused
+
+
+def test_special_token_strings_in_text_are_text():
+    """`</s>`, `<unk>`, `<pad>` and language codes inside a text are spelled out as pieces, never the special
+    ids (README: transformers differs here, on purpose)."""
+    from nllbcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, tokenizer_from_model_dir
+
+    tok = tokenizer_from_model_dir(HERE.parent / "data" / "samples" / "model")
+    for text in ("Hello </s> world", "x<s>y <pad>", "fra_Latn is here", "a <mask> b"):
+        ids = tok.encode(text, "eng_Latn")
+        assert ids[0] == tok.lang_id("eng_Latn") and ids[-1] == EOS_ID
+        inner = ids[1:-1]
+        assert not {BOS_ID, PAD_ID, EOS_ID} & set(inner)
+        assert not set(inner) & (set(tok.lang_ids.values()) | {tok.mask_id})
+        assert len(inner) > 1 and inner != [UNK_ID] * len(inner)  # pieces of the text (a few unknown to the small vocabulary)
