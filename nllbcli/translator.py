@@ -136,7 +136,8 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
     adapter directory merged into its weights when one is given."""
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
-    config, weights = load_checkpoint(model_dir)
+    # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32)
+    config, weights = load_checkpoint(model_dir, bf16_bits=where != "cpu" and adapter is None)
     if adapter is not None:
         from pathlib import Path
 

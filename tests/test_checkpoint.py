@@ -71,6 +71,42 @@ def test_float32_float16_and_bfloat16_checkpoints_load_the_same_values(tmp_path,
             np.testing.assert_array_equal(loaded[name], reference[name])
 
 
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+def test_bf16_bits_for_the_gpu_from_a_bf16_checkpoint_only(tmp_path, dtype):
+    """load_checkpoint(bf16_bits=True): a bf16 checkpoint's weights as their bits (uint16), the values of the
+    float32 load exactly, the tied embedding still one array; any other checkpoint as float32, as without."""
+    from nllbcli.checkpoint import bf16_to_float32
+
+    _, reference = load_checkpoint(TINY_B)
+    model = copy_model(TINY_B, tmp_path / dtype, stored_weights(TINY_B), dtype)
+    _, loaded = load_checkpoint(model, bf16_bits=True)
+    _, floats = load_checkpoint(model)
+    assert loaded.keys() == reference.keys()
+    for name, array in loaded.items():
+        assert array.dtype == (np.uint16 if dtype == "BF16" else np.float32), name
+        np.testing.assert_array_equal(bf16_to_float32(array) if dtype == "BF16" else array, floats[name])
+    if dtype == "BF16":
+        _, tied = load_checkpoint(TINY_A, bf16_bits=True)  # F32 on disk: floats
+        assert tied["lm_head.weight"].dtype == np.float32
+
+
+def test_bf16_bits_of_a_mixed_checkpoint_are_floats(tmp_path):
+    """A checkpoint holding bf16 and float32 tensors comes as float32 throughout, even asked for bits."""
+    from nllbcli.checkpoint import read_safetensors_header
+
+    model = copy_model(TINY_B, tmp_path / "m", stored_weights(TINY_B), "BF16")
+    names = sorted(read_safetensors_header(model / "model.safetensors")[0])
+    (model / "model.safetensors").unlink()
+    weights = stored_weights(TINY_B)
+    shards = {"a.safetensors": ("F32", names[: len(names) // 2]), "b.safetensors": ("BF16", names[len(names) // 2 :])}
+    for file, (dtype, part) in shards.items():
+        write_safetensors(model / file, {n: weights[n] for n in part}, dtype)
+    index = {"weight_map": {n: file for file, (_, part) in shards.items() for n in part}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    _, loaded = load_checkpoint(model, bf16_bits=True)
+    assert {a.dtype for a in loaded.values()} == {np.dtype(np.float32)}
+
+
 def test_tied_embedding_stored_once_or_under_every_name():
     _, once = load_checkpoint(TINY_A)
     assert "model.shared.weight" in json.dumps(list(stored_weights(TINY_A)))

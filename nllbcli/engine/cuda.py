@@ -21,7 +21,7 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from ..checkpoint import ModelConfig
+from ..checkpoint import ModelConfig, bf16_to_float32
 from ..errors import NllbError
 from . import kernels
 from .kvpool import KVPool, PoolFull, plan_pool
@@ -34,10 +34,16 @@ MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, gree
 
 
 def to_bf16(a: np.ndarray) -> cp.ndarray:
+    """A weight on the device in bf16, from float32 values or from bf16 bits (uint16: load_checkpoint's
+    bf16_bits, uploaded as they are)."""
+    if a.dtype == np.uint16:
+        return cp.asarray(a).view(BF16)
     return cp.asarray(a, dtype=cp.float32).astype(BF16)
 
 
 def to_f32(a: np.ndarray) -> cp.ndarray:
+    if a.dtype == np.uint16:  # bf16 bits (biases and LayerNorms: small, widened here)
+        a = bf16_to_float32(a)
     return cp.asarray(a, dtype=cp.float32)
 
 

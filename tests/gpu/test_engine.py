@@ -181,3 +181,16 @@ def test_a_refused_graph_capture_falls_back_to_launches(monkeypatch):
     assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
     assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
     assert tr.engine.capture_error and not tr.engine.ws.graphs and tr.engine.ws.failed
+
+
+def test_bf16_bits_load_the_same_engine():
+    """The sample model (bf16 on disk) loaded as its bits and as float32: the same weights on the GPU, bit for bit."""
+    config, floats = load_checkpoint(SAMPLE)
+    _, bits = load_checkpoint(SAMPLE, bf16_bits=True)
+    assert {a.dtype for a in bits.values()} == {np.dtype(np.uint16)}
+    a, b = CudaEngine(config, floats), CudaEngine(config, bits)
+    same = lambda x, y: x.dtype == y.dtype and x.shape == y.shape and bool(cp.all(x.view(cp.uint8) == y.view(cp.uint8)))  # noqa: E731
+    assert same(a.embed_table, b.embed_table) and same(a.lm_head, b.lm_head) and same(a.cross_w, b.cross_w)
+    assert same(a.cross_b, b.cross_b) and all(same(x, y) for x, y in zip(a.enc_ln + a.dec_ln, b.enc_ln + b.dec_ln))
+    for la, lb in zip(a.encoder + a.decoder, b.encoder + b.decoder):
+        assert la.keys() == lb.keys() and all(same(la[k], lb[k]) for k in la)
