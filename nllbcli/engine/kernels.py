@@ -290,11 +290,10 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
-        steps = tile.pop("KSTEPS", 1) if k % 64 == 0 else 1  # k-steps a stage: 3-D boxes need whole steps
-        if steps > 1:
+        steps = tile.pop("KSTEPS", 1) if k % 64 == 0 else 1  # k-steps a stage (3-D boxes: whole 64-column steps)
+        tile.pop("KSTEPS", None)
+        if steps > 1:  # compiled in only then: the one-k-step kernels stay as they were
             tile["KSTEPS"] = steps
-        else:
-            tile.pop("KSTEPS", None)
         stage_bytes = (bm + bn) * 64 * 2 * steps
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
