@@ -15,6 +15,7 @@ added to every token of that beam alike. So the engine can choose them where the
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from contextlib import contextmanager
 
@@ -87,7 +88,10 @@ class Ready:
         return Ready(self.device[rows])
 
 
-AHEAD = 2  # greedy steps queued past the one whose ids the host waits for
+# Greedy steps queued past the one whose ids the host waits for. More hide longer holds of the GIL by the reader
+# and finisher threads; each costs every sentence one more step of decoding after its </s> (the steps queued
+# before the host saw it): ~AHEAD / output length of the work, where sentences end early. NLLB_AHEAD: for measuring.
+AHEAD = int(os.environ["NLLB_AHEAD"]) if os.environ.get("NLLB_AHEAD", "").isdigit() else 2
 
 
 def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
@@ -114,16 +118,17 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
             # ties, as torch.argmax) never depend on the other rows, so the outputs are those of waiting at
             # every step.
             queue = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
-            pending = deque()
+            pending, tokens = deque(), langs.copy()  # tokens: the next step's, where none is queued (AHEAD 0)
             for t in range(steps):
                 while len(pending) <= AHEAD and t + len(pending) < steps:
-                    pending.append(queue(encoded, state, pending[-1].device if pending else langs.copy()))
-                keep = record(t, pending.popleft().fetch())
+                    pending.append(queue(encoded, state, pending[-1].device if pending else tokens))
+                tokens = pending.popleft().fetch()
+                keep = record(t, tokens)
                 if keep is not None:
                     if not len(keep):
                         break
                     engine.select(state, keep)
-                    alive = alive[keep]
+                    alive, tokens = alive[keep], tokens[keep]
                     pending = deque(p.subset(keep) for p in pending)
         else:  # the repetition penalty and the n-gram ban need step t's ids on the host before step t + 1
             tokens = langs.copy()

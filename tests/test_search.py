@@ -171,3 +171,19 @@ def test_processor_goldens_change_the_output():
                     seq = [2, tr.tokenizer.lang_id(case["tgt_lang"]), *out]
                     grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
                     assert len(grams) == len(set(grams))
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_greedy_gives_the_goldens_however_far_ahead_it_queues(ahead, monkeypatch):
+    """NLLB_AHEAD (search.AHEAD) changes when the host looks at each step's ids, never the ids; with 0 nothing
+    is queued ahead and each step is fed the ids the host fetched."""
+    import nllbcli.search as search
+
+    monkeypatch.setattr(search, "AHEAD", ahead)
+    for name in MODELS:
+        tr = translator(name)
+        for case in golden(name)["generate"]:
+            if case["beam_size"] == 1:
+                langs = [tr.tokenizer.lang_id(case["tgt_lang"])] * len(case["input_ids"])
+                options = DecodeOptions(beam_size=1, max_length=case["max_length"])
+                assert generate(AheadEngine(tr.engine), case["input_ids"], langs, tr.config, options) == case["output_ids"]
