@@ -62,12 +62,17 @@ VARIANTS = ["wg256", "wg192", "wg128", "wg128k2", "wg64", "wg64k2", "wg64n", "wg
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--variants", help="comma-separated tiles (default: VARIANTS)")
+    parser.add_argument("--rows", default="64,256,1024,4096", help="decode rows, comma-separated")
+    parser.add_argument("--no-encoder", action="store_true", help="leave out the encoder's shapes")
+    parser.add_argument("--no-logits", action="store_true", help="leave out the output projection's argmax passes")
     args = parser.parse_args()
+    variants = args.variants.split(",") if args.variants else VARIANTS
     kernels.GEMM_TILES.update(EXTRA_TILES)
     rng = cp.random.default_rng(0)
     lines = []
-    shapes = [s for s in GEMM_SHAPES if s[3].startswith("encoder")] + [
-        (m, k, n, f"decode {what}, {m:,} rows") for m in (64, 256, 1024, 4096)
+    shapes = [s for s in GEMM_SHAPES if s[3].startswith("encoder") and not args.no_encoder] + [
+        (m, k, n, f"decode {what}, {m:,} rows") for m in map(int, args.rows.split(","))
         for k, n, what in ((1024, 3072, "QKV"), (1024, 1024, "attention out"), (1024, 4096, "FFN1"), (4096, 1024, "FFN2"))]
     for m, k, n, what in shapes:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
@@ -91,7 +96,7 @@ def main() -> int:
                "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12,
                "cublas+epilogue": flops / timed(cublas_layer, inner=10) / 1e12,
                "default": flops / timed(lambda: kernels.gemm(a, w, bias, residual, relu=relu, out=out), inner=10) / 1e12}
-        for variant in VARIANTS:
+        for variant in variants:
             tile = variant.split()[0]
             kernels.TMA_STORE = not variant.endswith(" reg")
             seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, residual, out, None, None, None,
@@ -100,7 +105,7 @@ def main() -> int:
         kernels.TMA_STORE = True
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))
         print(lines[-1], flush=True)
-    for m in (16, 64, 256, 4096):  # the output projection's GEMM with its argmax epilogue
+    for m in () if args.no_logits else (16, 64, 256, 4096):  # the output projection's GEMM with its argmax epilogue
         h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
         w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
         row = {"what": f"logits argmax pass {m} rows"}
