@@ -104,11 +104,19 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
         alive = np.arange(batch)  # which sentence each decoder row belongs to
 
         def record(t: int, tokens: np.ndarray) -> np.ndarray | None:
-            """Step t's ids (N,) into the outputs; the rows that go on when some ended (none: all did), else None."""
+            """Step t's ids (N,) into the outputs. When some rows ended: the rows that go on (none: all ended),
+            the others gone from the state; else None."""
+            nonlocal alive
             generated[alive, t] = tokens
             lengths[alive] = t + 1
             ended = tokens == eos
-            return np.flatnonzero(~ended) if ended.any() else None
+            if not ended.any():
+                return None
+            keep = np.flatnonzero(~ended)
+            if len(keep):
+                engine.select(state, keep)
+                alive = alive[keep]
+            return keep
 
         if not options.processes_scores:
             # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the
@@ -127,8 +135,7 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
                 if keep is not None:
                     if not len(keep):
                         break
-                    engine.select(state, keep)
-                    alive, tokens = alive[keep], tokens[keep]
+                    tokens = tokens[keep]
                     pending = deque(p.subset(keep) for p in pending)
         else:  # the repetition penalty and the n-gram ban need step t's ids on the host before step t + 1
             tokens = langs.copy()
@@ -141,8 +148,7 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
                 if keep is not None:
                     if not len(keep):
                         break
-                    engine.select(state, keep)
-                    alive, tokens = alive[keep], tokens[keep]
+                    tokens = tokens[keep]
     return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
 
 
