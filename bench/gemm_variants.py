@@ -56,7 +56,8 @@ def epilogue(name: str, y, bias, out, *extra) -> None:
     epilogue_kernel(name)((132 * 8,), (256,), (y, bias, out, np.int64(y.size), np.int32(y.shape[1])) + extra)
 
 
-VARIANTS = ["wg256", "wg192", "wg128", "wg128k2", "wg64", "wg64k2", "wg64n", "wg64nk4", "wg64n32k4", "wg64n8k4"]
+VARIANTS = ["wg256", "wg192", "wg128", "wg128k2", "wg64", "wg64k2", "wg64n", "wg64nk4", "wg64n32k4", "wg64n8k4",
+            "wc256", "wc128", "wc64k2", "wc64nk4", "wc64n32k4", "wc64n8k4"]
 
 
 def main() -> int:
