@@ -175,13 +175,25 @@ __device__ __forceinline__ unsigned cluster_rank() {
 }
 
 // Arrive on the barrier at bar's offset in block `rank` of the cluster (this block's own too).
+#ifndef ARRIVE
+#define ARRIVE 1
+#endif
 __device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
+#if ARRIVE == 0
     asm volatile(
         "{\n"
         ".reg .b32 remote;\n"
         "mapa.shared::cluster.u32 remote, %0, %1;\n"
         "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
         "}\n" ::"r"(smem_addr(bar)), "r"(rank) : "memory");
+#else  // CUTLASS's ClusterBarrier::arrive(cta_id): the default semantics (release, CTA scope)
+    asm volatile(
+        "{\n"
+        ".reg .b32 remote;\n"
+        "mapa.shared::cluster.u32 remote, %0, %1;\n"
+        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+        "}\n" ::"r"(smem_addr(bar)), "r"(rank) : "memory");
+#endif
 }
 
 // Every thread of every block of the cluster: the barriers' initialisation seen by all before any block uses
@@ -434,6 +446,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
             }
         }
 #if CLUSTER > 1
+        __syncwarp();  // the first warp's other lanes wait for the issuing lane here, not at the cluster barrier
         cluster_sync();
 #endif
         return;
@@ -448,7 +461,9 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     const int tid = threadIdx.x - 128;
 #endif
     // a consumer hands a stage back to every block whose producer writes into it (its own alone without clusters)
-#if CLUSTER > 1
+#if CLUSTER > 1 && ARRIVE == 2  // lane r of the first warp signals block r, all at once (CUTLASS's signalling threads)
+#define RELEASE(s) do { if (tid % 128 < CLUSTER) mbar_arrive_cluster(&empty[s], tid % 128); } while (0)
+#elif CLUSTER > 1
 #define RELEASE(s) do { if (tid % 128 == 0) for (int r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(&empty[s], r); } while (0)
 #else
 #define RELEASE(s) do { if (tid % 128 == 0) mbar_arrive(&empty[s]); } while (0)

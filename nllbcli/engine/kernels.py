@@ -121,9 +121,10 @@ GEMM_TILES = {
     # the fifth session, with the epilogue's bias stalls still in, 20-50% slower), and along N for few rows (A
     # shared by k-steps: a 64-row tile's blocks all read the same A).
     "wc256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, CLUSTER_M=2),
+    "wc192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4, CLUSTER_M=2),
     "wc128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, CLUSTER_M=2),
-    "wc64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4, CLUSTER_N=4),
-    "wc64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4, CLUSTER_N=4),
+    "wc64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4, CLUSTER_N=2),
+    "wc64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4, CLUSTER_N=2),
     "wc64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4, CLUSTER_N=2),
     "wc64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2, CLUSTER_N=2),
 }
@@ -258,7 +259,8 @@ def active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
     """How many clusters of `kernel` (its cluster size compiled in) the GPU runs at once: the persistent grid's
     clusters. cuOccupancyMaxActiveClusters through ctypes, once per kernel and shared memory; where the driver
     does not answer, one cluster a `cluster` SMs (a GPC's SMs not a multiple of it would run a second wave)."""
-    key = (kernel.ptr, smem)
+    ptr = kernel.kernel.ptr  # a RawKernel's CUfunction
+    key = (ptr, smem)
     if key not in _clusters:
         class LaunchConfig(ctypes.Structure):
             _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
@@ -268,7 +270,7 @@ def active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
         config = LaunchConfig((ctypes.c_uint * 3)(cluster * multiprocessors(), 1, 1), (ctypes.c_uint * 3)(threads, 1, 1),
                               smem, None, None, 0)
         try:
-            rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(found), ctypes.c_void_p(kernel.ptr),
+            rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(found), ctypes.c_void_p(ptr),
                                                                            ctypes.byref(config))
         except (OSError, AttributeError):
             rc = -1
@@ -334,7 +336,9 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         if steps > 1:  # compiled in only then: the one-k-step kernels stay as they were
             tile["KSTEPS"] = steps
         cm = tile.get("CLUSTER_M", 1)
-        cn = tile.pop("CLUSTER_N", 1) if steps > 1 else 1  # blocks along N share A's k-steps: none to share
+        cn = tile.pop("CLUSTER_N", 1)
+        if steps == 1:  # blocks along N share A's k-steps: none to share
+            cn = 1
         if cn > 1:
             tile["CLUSTER_N"] = cn
         check(needed is None or cm * cn == 1, f"the {name} tile's clusters compute every tile")
