@@ -29,6 +29,10 @@ from nllbcli.engine import kernels  # noqa: E402
 
 EXTRA_TILES = {
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 keeps beside TMA_STORE's buffers
+    # few rows, long K (FFN2 at 64 rows): fewer blocks each reading the whole of A, more bytes a stage (neither
+    # faster than wg64n8k4: docs/PERF.md, eighth session)
+    "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
+    "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
 }
 _EPILOGUES = r"""
 #include <cuda_bf16.h>
@@ -56,8 +60,7 @@ def epilogue(name: str, y, bias, out, *extra) -> None:
     epilogue_kernel(name)((132 * 8,), (256,), (y, bias, out, np.int64(y.size), np.int32(y.shape[1])) + extra)
 
 
-VARIANTS = ["wg256", "wg192", "wg128", "wg128k2", "wg64", "wg64k2", "wg64n", "wg64nk4", "wg64n32k4", "wg64n8k4",
-            "wc256", "wc128", "wc64k2", "wc64nk4", "wc64n32k4", "wc64n8k4"]
+VARIANTS = ["wg256", "wg192", "wg128", "wg128k2", "wg64", "wg64k2", "wg64n", "wg64nk4", "wg64n32k4", "wg64n8k4"]
 
 
 def main() -> int:

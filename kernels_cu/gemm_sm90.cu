@@ -30,15 +30,6 @@
 // in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
 // (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
 // order, rounded to nearest, subnormals flushed as --use_fast_math flushes them there.
-// CLUSTER_M / CLUSTER_N (one of them > 1, cooperative consumers, store epilogue, `needed` null): clusters of that
-// many blocks side by side along M or N, a cluster tile of (BM * CLUSTER_M) x (BN * CLUSTER_N), the blocks' own
-// tiles at rank * BM rows or rank * BN columns into it. Blocks side by side along M share the W tile: each loads
-// BN / CLUSTER_M of its rows into every block of the cluster at once (TMA multicast; map_w's box BN / CLUSTER_M
-// rows; KSTEPS 1). Blocks along N share the A tile: each loads KSTEPS / CLUSTER_N of a stage's k-steps of it into
-// every block (map_a's box that many k-steps: 3-D, or 2-D for one). So L2 sends each shared byte once a cluster,
-// not once a block (132 blocks together read L2 at ~9.2 TB/s, the bound of the largest tiles: docs/PERF.md).
-// A stage's empty barrier then waits for the consumers of every block of the cluster (each arrives on all), as
-// every block's producer writes into every block's stage; the blocks start and end together (cluster barriers).
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -53,22 +44,6 @@
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
-#endif
-#ifndef CLUSTER_M
-#define CLUSTER_M 1
-#endif
-#ifndef CLUSTER_N
-#define CLUSTER_N 1
-#endif
-#define CLUSTER (CLUSTER_M * CLUSTER_N)
-#if CLUSTER > 1 && (CLUSTER_M > 1 && CLUSTER_N > 1 || PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0)
-#error "clusters are along M or N, of cooperative consumers, with the store epilogue"
-#endif
-#if CLUSTER_M > 1 && (KSTEPS != 1 || BN % (8 * CLUSTER_M) != 0)
-#error "blocks along M share W's tile by rows: one k-step a stage, BN / CLUSTER_M a multiple of 8"
-#endif
-#if CLUSTER_N > 1 && KSTEPS % CLUSTER_N != 0
-#error "blocks along N share A's tile by k-steps: CLUSTER_N must divide KSTEPS"
 #endif
 #if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN < 64)
 #error "TMA_STORE is for the store epilogue of cooperative consumers, 64 columns or more"
@@ -150,56 +125,6 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x,
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
         ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
-}
-
-// The multicast forms: the box lands at dst's offset in every block of `mask` (bits: ranks in the cluster), and
-// completes its bytes on the barrier at bar's offset in each.
-__device__ __forceinline__ void tma_load_mc(void* dst, const TensorMap* map, int x, int y, unsigned long long* bar,
-                                            unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(x), "r"(y), "r"(smem_addr(bar)), "h"(mask) : "memory");
-}
-
-__device__ __forceinline__ void tma_load3_mc(void* dst, const TensorMap* map, int y, int z, unsigned long long* bar,
-                                             unsigned short mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n"
-        ::"r"(smem_addr(dst)), "l"((unsigned long long)map), "r"(0), "r"(y), "r"(z), "r"(smem_addr(bar)), "h"(mask) : "memory");
-}
-
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-
-// Arrive on the barrier at bar's offset in block `rank` of the cluster (this block's own too).
-#ifndef ARRIVE
-#define ARRIVE 1
-#endif
-__device__ __forceinline__ void mbar_arrive_cluster(unsigned long long* bar, unsigned rank) {
-#if ARRIVE == 0
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(smem_addr(bar)), "r"(rank) : "memory");
-#else  // CUTLASS's ClusterBarrier::arrive(cta_id): the default semantics (release, CTA scope)
-    asm volatile(
-        "{\n"
-        ".reg .b32 remote;\n"
-        "mapa.shared::cluster.u32 remote, %0, %1;\n"
-        "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
-        "}\n" ::"r"(smem_addr(bar)), "r"(rank) : "memory");
-#endif
-}
-
-// Every thread of every block of the cluster: the barriers' initialisation seen by all before any block uses
-// another's; at the end, no block leaves while another may still arrive on its barriers.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written),
@@ -366,12 +291,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 }
 #endif
 
-#if CLUSTER > 1
-#define CLUSTER_DIMS __cluster_dims__(CLUSTER, 1, 1)
-#else
-#define CLUSTER_DIMS
-#endif
-extern "C" __global__ void __launch_bounds__(THREADS, 1) CLUSTER_DIMS
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
                  const __grid_constant__ TensorMap map_out,
                  const float* __restrict__ bias, const float* __restrict__ residual,
@@ -383,72 +303,41 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
     __nv_bfloat16* Ws = As + STAGES * BM * BK * KSTEPS;            // STAGES x KSTEPS x BN x BK, swizzled
-    // tiles of the cluster (a block's own without clusters): rows TILE_M(t) * TBM, columns TILE_N(t) * TBN
-    constexpr int TBM = BM * CLUSTER_M, TBN = BN * CLUSTER_N;
-    const int tiles_m = CEIL_DIV(M, TBM), tiles_n = CEIL_DIV(N, TBN), tiles = tiles_m * tiles_n;
+    const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK * KSTEPS);  // stages a tile
-#if CLUSTER > 1
-    const int rank = cluster_rank(), first = blockIdx.x / CLUSTER, step = gridDim.x / CLUSTER;
-#else
-    const int rank = 0, first = blockIdx.x, step = gridDim.x;
-#endif
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
-#define ROW0(t) (TILE_M(t) * TBM + (CLUSTER_M > 1 ? rank * BM : 0))  // this block's tile
-#define COL0(t) (TILE_N(t) * TBN + (CLUSTER_N > 1 ? rank * BN : 0))
-#define SKIPPED(t) (CLUSTER == 1 && needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
+#define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
-            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS * CLUSTER);  // one arrival per consumer warpgroup using it
+            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS);  // one arrival per consumer warpgroup using it
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-#if CLUSTER > 1
-    cluster_sync();
-#else
     __syncthreads();
-#endif
 
     if (warpgroup == 0) {  // producer
         SET_MAX_REGISTERS(dec, PRODUCER_REGISTERS);
         if (threadIdx.x == 0) {
             int it = 0;  // k-steps issued over all of this block's tiles
-            for (int t = first; t < tiles; t += step) {
+            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
                 if (SKIPPED(t)) continue;
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
                     mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
-#if CLUSTER_M > 1  // own A; W's rows rank * BN / CLUSTER_M.. to every block
-                    tma_load(As + s * BM * BK, &map_a, kt * BK, ROW0(t), &full[s]);
-                    tma_load_mc(Ws + s * BN * BK + rank * (BN / CLUSTER_M) * BK, &map_w, kt * BK,
-                                TILE_N(t) * BN + rank * (BN / CLUSTER_M), &full[s], (1 << CLUSTER) - 1);
-#elif CLUSTER_N > 1  // A's k-steps rank * KSTEPS / CLUSTER_N.. to every block; own W
-#if KSTEPS / CLUSTER_N > 1
-#define SHARE (KSTEPS / CLUSTER_N)
-                    tma_load3_mc(As + (s * KSTEPS + rank * SHARE) * BM * BK, &map_a, ROW0(t), kt * KSTEPS + rank * SHARE,
-                                 &full[s], (1 << CLUSTER) - 1);
+#if KSTEPS > 1
+                    tma_load3(As + s * BM * BK * KSTEPS, &map_a, TILE_M(t) * BM, kt * KSTEPS, &full[s]);
+                    tma_load3(Ws + s * BN * BK * KSTEPS, &map_w, TILE_N(t) * BN, kt * KSTEPS, &full[s]);
 #else
-                    tma_load_mc(As + (s * KSTEPS + rank) * BM * BK, &map_a, (kt * KSTEPS + rank) * BK, ROW0(t), &full[s],
-                                (1 << CLUSTER) - 1);
-#endif
-                    tma_load3(Ws + s * BN * BK * KSTEPS, &map_w, COL0(t), kt * KSTEPS, &full[s]);
-#elif KSTEPS > 1
-                    tma_load3(As + s * BM * BK * KSTEPS, &map_a, ROW0(t), kt * KSTEPS, &full[s]);
-                    tma_load3(Ws + s * BN * BK * KSTEPS, &map_w, COL0(t), kt * KSTEPS, &full[s]);
-#else
-                    tma_load(As + s * BM * BK, &map_a, kt * BK, ROW0(t), &full[s]);
-                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, COL0(t), &full[s]);
+                    tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
+                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
 #endif
                 }
             }
         }
-#if CLUSTER > 1
-        __syncwarp();  // the first warp's other lanes wait for the issuing lane here, not at the cluster barrier
-        cluster_sync();
-#endif
         return;
     }
 
@@ -460,16 +349,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #else
     const int tid = threadIdx.x - 128;
 #endif
-    // a consumer hands a stage back to every block whose producer writes into it (its own alone without clusters)
-#if CLUSTER > 1 && ARRIVE == 2  // lane r of the first warp signals block r, all at once (CUTLASS's signalling threads)
-#define RELEASE(s) do { if (tid % 128 < CLUSTER) mbar_arrive_cluster(&empty[s], tid % 128); } while (0)
-#elif CLUSTER > 1
-#define RELEASE(s) do { if (tid % 128 == 0) for (int r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(&empty[s], r); } while (0)
-#else
-#define RELEASE(s) do { if (tid % 128 == 0) mbar_arrive(&empty[s]); } while (0)
-#endif
     int it = 0;
-    for (int t = first; t < tiles; t += step) {
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         if (SKIPPED(t)) continue;
 #if PINGPONG
         if (turn++ % 2 != consumer) {  // the other consumer's tile
@@ -483,7 +364,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         float bias_lane[BN / 32];  // for the epilogue, loaded while the main loop runs
 #pragma unroll
         for (int i = 0; i < BN / 32; ++i) {
-            const int col = COL0(t) + tid % 32 + 32 * i;
+            const int col = TILE_N(t) * BN + tid % 32 + 32 * i;
             bias_lane[i] = bias && col < N ? bias[col] : 0.f;
         }
 #endif
@@ -507,23 +388,23 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                         WGMMA(acc[h], smem_desc(a + ks * BM * BK + h * 64 * BK + kk), smem_desc(w + ks * BN * BK + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
-            if (kt > 0) RELEASE((it - 1) % STAGES);
+            if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
 #if PINGPONG
         {  // the other consumer's turn, if the block has another tile for it
-            int next = t + step;
-            while (next < tiles && SKIPPED(next)) next += step;
+            int next = t + gridDim.x;
+            while (next < tiles && SKIPPED(next)) next += gridDim.x;
             if (next < tiles) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - consumer)));
         }
 #endif
         wgmma_wait<0>();
-        RELEASE((it - 1) % STAGES);  // the tile's last stage too
-        const int col0 = COL0(t);
+        if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
+        const int tile_n = TILE_N(t);
 #if TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
             store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * 64 * BN * 2,
-                               &map_out, tid % 128, consumer, ROW0(t) + (consumer * HALVES + h) * 64, col0,
+                               &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
                                bias_lane, relu);
 #else
         // warp w of consumer c (warp_m = tid / 32 = 4c + w, rows 64c + 16w from block_m) holds, in half h, tile rows
@@ -531,15 +412,12 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)
             gemm_epilogue(acc[h], base, tid, tid / 32, 0,
-                          ROW0(t) + h * 64 + (PINGPONG ? 0 : consumer * (HALVES - 1) * 64), col0, col0 / BN,
-                          CEIL_DIV(N, BN), bias, residual, out, part_val, part_idx, part_stat, thresh, M, N, relu,
-                          epilogue, out_f32);
+                          TILE_M(t) * BM + h * 64 + (PINGPONG ? 0 : consumer * (HALVES - 1) * 64), tile_n * BN, tile_n,
+                          tiles_n, bias, residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue,
+                          out_f32);
 #endif
     }
 #if TMA_STORE
     if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last copies are out
-#endif
-#if CLUSTER > 1
-    cluster_sync();
 #endif
 }

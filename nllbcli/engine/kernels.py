@@ -110,23 +110,13 @@ GEMM_TILES = {
     "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
     "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
     "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
-    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4),
+    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% over 5 (PERF.md, eighth session)
     "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
     # (256 x 128 with two 128-row consumers, CONSUMER_ROWS=128 as cuBLAS's tiles at the decode shapes, was never
     # the fastest by more than 2%: docs/PERF.md, seventh session)
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
-    # clusters (gemm_sm90.cu's CLUSTER_M, CLUSTER_N; the store epilogue only): blocks side by side share an operand's
-    # tile by TMA multicast, so L2, the bound of the largest tiles, sends it once a cluster. Along M (W shared; in
-    # the fifth session, with the epilogue's bias stalls still in, 20-50% slower), and along N for few rows (A
-    # shared by k-steps: a 64-row tile's blocks all read the same A).
-    "wc256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, CLUSTER_M=2),
-    "wc192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4, CLUSTER_M=2),
-    "wc128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, CLUSTER_M=2),
-    "wc64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=5, KSTEPS=4, CLUSTER_N=2),
-    "wc64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4, CLUSTER_N=2),
-    "wc64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4, CLUSTER_N=2),
-    "wc64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2, CLUSTER_N=2),
+    # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -244,38 +234,7 @@ def tile_rows(name: str) -> int:
 
 def stores_only(name: str) -> bool:
     """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
-    tile = GEMM_TILES[name]
-    return tile.get("CONSUMER_ROWS", 64) != 64 or tile["BN"] < 64 or cluster_size(name) > 1
-
-
-def cluster_size(name: str) -> int:
-    return GEMM_TILES[name].get("CLUSTER_M", 1) * GEMM_TILES[name].get("CLUSTER_N", 1)
-
-
-_clusters: dict = {}
-
-
-def active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
-    """How many clusters of `kernel` (its cluster size compiled in) the GPU runs at once: the persistent grid's
-    clusters. cuOccupancyMaxActiveClusters through ctypes, once per kernel and shared memory; where the driver
-    does not answer, one cluster a `cluster` SMs (a GPC's SMs not a multiple of it would run a second wave)."""
-    ptr = kernel.kernel.ptr  # a RawKernel's CUfunction
-    key = (ptr, smem)
-    if key not in _clusters:
-        class LaunchConfig(ctypes.Structure):
-            _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("smem", ctypes.c_uint),
-                        ("stream", ctypes.c_void_p), ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
-
-        found = ctypes.c_int(0)
-        config = LaunchConfig((ctypes.c_uint * 3)(cluster * multiprocessors(), 1, 1), (ctypes.c_uint * 3)(threads, 1, 1),
-                              smem, None, None, 0)
-        try:
-            rc = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters(ctypes.byref(found), ctypes.c_void_p(ptr),
-                                                                           ctypes.byref(config))
-        except (OSError, AttributeError):
-            rc = -1
-        _clusters[key] = found.value if rc == 0 and found.value > 0 else multiprocessors() // cluster
-    return _clusters[key]
+    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] < 64
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -335,15 +294,8 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         tile.pop("KSTEPS", None)
         if steps > 1:  # compiled in only then: the one-k-step kernels stay as they were
             tile["KSTEPS"] = steps
-        cm = tile.get("CLUSTER_M", 1)
-        cn = tile.pop("CLUSTER_N", 1)
-        if steps == 1:  # blocks along N share A's k-steps: none to share
-            cn = 1
-        if cn > 1:
-            tile["CLUSTER_N"] = cn
-        check(needed is None or cm * cn == 1, f"the {name} tile's clusters compute every tile")
         stage_bytes = (bm + bn) * 64 * 2 * steps
-        map_a = tensor_map(a, bm, steps // cn)
+        map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn >= 64 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
@@ -355,14 +307,9 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         smem = tile["STAGES"] * stage_bytes + 1024 + staging
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
-        tiles = -(-m // (bm * cm)) * -(-n // (bn * cn))  # the clusters' tiles
-        if cm * cn > 1:
-            allow_smem(kernel, smem)  # before the occupancy query, which counts it
-            clusters = active_clusters(kernel, cm * cn, threads, smem)
-            grid = ((min(tiles, clusters) if PERSISTENT else tiles) * cm * cn,)
-        else:
-            grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (map_a, tensor_map(w, bn // cm, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        tiles = -(-m // bm) * -(-n // bn)
+        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
+        args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     allow_smem(kernel, smem)
     kernel(grid, (threads,), args, shared_mem=smem)
 
