@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from itertools import islice
 
 import numpy as np
 
 from .checkpoint import ModelConfig
+from .errors import PoolFull
 from .options import DecodeOptions
 
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
@@ -150,6 +153,217 @@ def greedy_search(engine, encoded, batch: int, langs: np.ndarray, config: ModelC
                         break
                     tokens = tokens[keep]
     return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
+
+
+# greedy_continuous admits a group when its live rows fall below this fraction of live_rows: groups of at least a
+# quarter of live_rows (one encoder run, one join each), while the rows never fall far below live_rows
+REFILL = 0.75
+
+
+@dataclass
+class LiveRows:
+    """The host's record of greedy_continuous's decoder rows, in the order of the engine's state."""
+
+    sentence: np.ndarray  # (N,) the input sentence each row decodes
+    group: np.ndarray  # (N,) the admission group (one encoding) it came in
+    skip: np.ndarray  # (N,) outputs to come that are not the sentence's: 1 until its </s> step's ids are seen
+    room: np.ndarray  # (N,) steps that may still be queued for it: its </s> step, then max_length - 1 at most
+    force: np.ndarray  # (N,) written into its input after the next step queued (its language, after its </s>); -1 none
+
+    @classmethod
+    def fresh(cls, sentences: np.ndarray, group: int, langs: np.ndarray, steps: int) -> "LiveRows":
+        n = len(sentences)
+        return cls(sentences, np.full(n, group), np.ones(n, np.int64), np.full(n, steps + 1), langs.copy())
+
+    def take(self, rows: np.ndarray) -> "LiveRows":
+        return LiveRows(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    def joined(self, other: "LiveRows") -> "LiveRows":
+        return LiveRows(*(np.concatenate([getattr(self, f.name), getattr(other, f.name)]) for f in fields(self)))
+
+
+def greedy_continuous(engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig, options: DecodeOptions,
+                      live_rows: int, max_group_tokens: int | None = None, stats: dict | None = None) -> list[list[int]]:
+    """Greedy search with continuous batching. Token ids of each translation, after the language token and
+    without </s>, in the order of `sources`: for every sentence those that `generate` gives it (greedy).
+
+    At most `live_rows` decoder rows are alive at once (fewer if engine.capacity holds fewer). Sentences are
+    admitted longest first (the long ones do not trail at the end), in groups: whenever the live rows fall below
+    REFILL * live_rows, the next group (enough sentences to fill back to live_rows; at most `max_group_tokens`
+    source tokens, counted as rows x longest, where given) is encoded together (engine.encode), started
+    (engine.start) and joined to the running decoder state (engine.join). Its rows start at position 0 beside
+    rows at later positions: a row's first step feeds </s> (the decoder start), its second its language, and its
+    ids are recorded from the second on, as greedy_search's are. A finished row leaves the state as soon as the
+    host sees its </s> (after the search.AHEAD steps queued meanwhile, as in greedy_search); no step is spent
+    on it after that. Each step's argmax is each row's own, so a sentence's ids do not depend on the rows
+    beside it. A group's encoder output is released (engine.release_sources) once its last row has ended.
+
+    When the engine's pool cannot take a group (PoolFull from encode or start), admission waits until a group
+    is released; with no row alive, it tries half as many sentences, down to one (whose PoolFull is raised).
+    With the repetition penalty or the n-gram ban, each step needs the ids before it on the host: no step is
+    queued ahead then. Every engine call gets None for `encoded`: the rows' sources are in the state.
+
+    tgt_lang_id: one id for all sentences or one per sentence. stats: a dict, filled with counts: groups,
+    joins, waits (admissions refused for want of room), steps (decoder steps), row_steps (rows over all steps).
+    """
+    if options.beam_size != 1:
+        raise ValueError(f"continuous batching runs greedy search (beam size 1), not beam size {options.beam_size}")
+    if live_rows < 1:
+        raise ValueError(f"live rows must be at least 1, not {live_rows}")
+    stats = {} if stats is None else stats
+    stats.update(groups=0, joins=0, waits=0, steps=0, row_steps=0)
+    total, steps = len(sources), options.max_length - 1  # the language token was the first generated token
+    if not total or steps <= 0:
+        return [[] for _ in sources]
+    eos, start_id = config.eos_token_id, config.decoder_start_token_id
+    langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (total,)).copy()
+    live_rows = min(live_rows, engine.capacity(options.max_length)[0])
+    xp = getattr(engine, "xp", np)
+    waiting = deque(sorted(range(total), key=lambda i: -len(sources[i])))
+    generated = np.zeros((total, steps), dtype=np.int64)  # sentence s's t-th token (after the language)
+    lengths = np.zeros(total, dtype=np.int64)
+    groups: dict[int, list] = {}  # admission group -> [its encoding, its rows still decoding]
+    state, rows, feed = None, None, None  # the decoder state, its rows' record, its next step's input (N,)
+    pending: deque = deque()  # steps queued: (ids on their way, the rows they cover: the state's first ones then)
+    blocked = False  # admission refused for want of room: tried again once a group is released
+
+    if options.processes_scores:  # the processors need step t's ids on the host before step t + 1
+        ahead = 0
+
+        def queue(state, feed):
+            logits = to_host(engine.step(None, state, feed))
+            ids = logits.argmax(axis=-1)  # a row's </s> step: not recorded
+            real = np.flatnonzero(rows.skip == 0)
+            done = lengths[rows.sentence[real]]
+            for length in np.unique(done):  # rows of one length together, as greedy_search's rows are
+                at = real[done == length]
+                sentences = rows.sentence[at]
+                prefix = np.stack([np.full(len(at), start_id), langs[sentences]], axis=1)
+                sequences = np.concatenate([prefix, generated[sentences, :length]], axis=1)  # (N, T)
+                ids[at] = process_scores(logits[at], sequences, options).argmax(axis=-1)
+            return Ready(ids)
+    else:  # steps ahead, as greedy_search's
+        ahead = AHEAD
+        step_ahead = getattr(engine, "step_argmax_ahead", None) or (lambda *args: Ready(engine.step_argmax(*args)))
+
+        def queue(state, feed):
+            return step_ahead(None, state, feed)
+
+    def admit(size: int) -> PoolFull | None:
+        """The next `size` waiting sentences (fewer under max_group_tokens) into the state; the pool's refusal."""
+        nonlocal state, rows, feed
+        picked, longest = [], 0
+        for i in islice(waiting, size):
+            if picked and max_group_tokens and (len(picked) + 1) * max(longest, len(sources[i])) > max_group_tokens:
+                break
+            picked.append(i)
+            longest = max(longest, len(sources[i]))
+        try:
+            encoded = engine.encode([sources[i] for i in picked])
+        except PoolFull as error:
+            return error
+        try:
+            new = engine.start(encoded, np.arange(len(picked)), options.max_length + 1)
+        except PoolFull as error:
+            engine.release_sources(encoded)
+            return error
+        group = stats["groups"]
+        stats["groups"] += 1
+        groups[group] = [encoded, len(picked)]
+        for _ in picked:
+            waiting.popleft()
+        picked = np.array(picked)
+        fresh = LiveRows.fresh(picked, group, langs[picked], steps)
+        starts = np.full(len(picked), start_id)
+        if state is None:
+            state, rows, feed = new, fresh, starts
+            return None
+        try:
+            engine.join(state, new)
+        except BaseException:
+            engine.release(new)
+            raise
+        stats["joins"] += 1
+        rows = rows.joined(fresh)
+        feed = xp.concatenate([xp.asarray(feed), xp.asarray(starts, dtype=feed.dtype)])
+        return None
+
+    def queue_step() -> None:
+        nonlocal feed
+        entry = queue(state, feed)
+        pending.append((entry, state.n))
+        stats["steps"] += 1
+        stats["row_steps"] += state.n
+        rows.room -= 1
+        feed = entry.device  # the next step reads these ids where this one left them (the GPU's own array)
+        due = np.flatnonzero(rows.force >= 0)
+        if len(due):  # rows whose </s> step this was: their language next, written where the next step reads
+            feed[xp.asarray(due)] = xp.asarray(rows.force[due], dtype=feed.dtype)
+            rows.force[due] = -1
+
+    def record(entry, width: int) -> np.ndarray:
+        """A step's ids into the outputs; the rows that ended there."""
+        ids = np.asarray(entry.fetch())  # (width,): the state's first rows when the step was queued
+        warm = rows.skip[:width] > 0
+        real = np.flatnonzero(~warm)
+        rows.skip[:width][warm] -= 1
+        sentences = rows.sentence[real]
+        generated[sentences, lengths[sentences]] = ids[real]
+        lengths[sentences] += 1
+        return real[(ids[real] == eos) | (lengths[sentences] >= steps)]
+
+    def drop(ended: np.ndarray) -> None:
+        """Ended rows leave the state (steps queued after theirs follow), and their groups' sources go once empty."""
+        nonlocal state, rows, feed, pending, blocked
+        n = state.n
+        going = np.zeros(n, dtype=bool)
+        going[ended] = True
+        keep = np.flatnonzero(~going)
+        gone = rows.group[ended]
+        if not len(keep):
+            engine.release(state)
+            state = rows = feed = None
+            pending.clear()  # their rows ended too: every row ended in the popped step, so it was n rows wide, as those after it
+        else:
+            last_full = bool(pending) and pending[-1][1] == n
+            if not last_full:  # the input lies in no queued step's ids (a join since): its rows, before select moves them
+                feed = xp.asarray(feed)[xp.asarray(keep)]
+            engine.select(state, keep)
+            pending = deque((entry.subset(keep[keep < width]), int(np.count_nonzero(keep < width))) for entry, width in pending)
+            if last_full:
+                feed = pending[-1][0].device
+            rows = rows.take(keep)
+        for group, count in zip(*np.unique(gone, return_counts=True)):
+            groups[group][1] -= count
+            if not groups[group][1]:
+                engine.release_sources(groups.pop(group)[0])
+                blocked = False
+
+    try:
+        while waiting or state is not None:
+            live = state.n if state is not None else 0
+            if waiting and not blocked and live < REFILL * live_rows:
+                size = min(live_rows - live, len(waiting))
+                while (refused := admit(size)) is not None:
+                    stats["waits"] += 1
+                    if live:  # wait for a group to end and free its room
+                        blocked = True
+                        break
+                    if size == 1:
+                        raise refused
+                    size //= 2  # nothing alive to wait for: fewer sentences
+            while len(pending) <= ahead and rows.room.min() > 0:
+                queue_step()
+            entry, width = pending.popleft()
+            ended = record(entry, width)
+            if len(ended):
+                drop(ended)
+    finally:
+        if state is not None:
+            engine.release(state)
+        for encoded, _ in groups.values():
+            engine.release_sources(encoded)
+    return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(total)]
 
 
 def topk_desc(x, k: int):

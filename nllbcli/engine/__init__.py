@@ -15,6 +15,9 @@ Both answer the same calls, so search.py runs on either:
     fetch_later(array)                             (optional) a device array on its way to the host: .fetch()
     reorder(state, parents)                        beams follow their parents (repeats allowed)
     select(state, rows)                            keep these rows; the others' cache goes back
+    join(state, other)                             append other's rows (another encoding's, perhaps, at other
+                                                   positions: each row keeps its own, state.t) to state's;
+                                                   other is left empty (search.greedy_continuous)
     release(state), release_sources(encoded)       give the pool back
     xp                                             numpy or cupy: where the search keeps its beam arrays
 """

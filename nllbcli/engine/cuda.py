@@ -25,7 +25,7 @@ from ..checkpoint import ModelConfig, bf16_to_float32
 from ..errors import NllbError
 from . import kernels
 from .kvpool import KVPool, PoolFull, plan_pool
-from .reference import sinusoidal_positions
+from .reference import RowPositions, sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -123,23 +123,24 @@ class Workspace:
 
 
 @dataclass
-class CudaState:
-    """Decoder rows advancing in lockstep. Row i writes its K/V for position t into cache row
-    slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through its
+class CudaState(RowPositions):
+    """Decoder rows, each at its own position t (RowPositions). Row i writes its K/V for position t into cache
+    row slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through its
     table row: after a beam reorder, a beam's history lies in its parent's rows, and only the table row is
     copied (re-pointing, not moving, the cache). The rows' state lies in the first `n` rows of the workspace
-    `ws`: the engine's own, whose steps run as CUDA graphs (`graphs`), or, for a state started while another
-    holds that one, a workspace of its own, its steps launched one by one."""
+    `ws` (the device's copy of each row's position is its row_t there; `t` is the host's): the engine's own,
+    whose steps run as CUDA graphs (`graphs`), or, for a state started while another holds that one, a
+    workspace of its own, its steps launched one by one."""
 
     slots: np.ndarray  # (N,) self-attention cache slot, where the row writes
     ws: Workspace
     graphs: bool
     cross_keys: int  # the longest source's length: picks the cross-attention kernel
-    length: int = 0  # positions filled
+    t: np.ndarray | None = None  # (N,) positions filled, per row (None: all 0)
 
-    @property
-    def n(self) -> int:
-        return len(self.slots)
+    def __post_init__(self) -> None:
+        if self.t is None:
+            self.t = np.zeros(len(self.slots), np.int64)
 
     @property
     def run_rows(self) -> int:
@@ -382,7 +383,7 @@ class CudaEngine:
         else:
             ws.seen.add(key)
             launches()
-        state.length += 1
+        state.t = state.t + 1
 
     def capture(self, launches) -> cp.cuda.graph.Graph:
         """`launches` recorded into a CUDA graph (not run). Any allocation meanwhile is an error: an array
@@ -438,8 +439,9 @@ class CudaEngine:
             kernels.logits_topk(final, self.lm_head, k, take=take)
 
     def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
-        """Feed one token per row at position state.length; return the final hidden states (N, D) bf16, a view
-        of the workspace that the next step overwrites. `tokens` may be on the host or the device."""
+        """Feed one token per row, each at its own position; return the final hidden states (N, D) bf16, a view
+        of the workspace that the next step overwrites. `tokens` may be on the host or the device. (`encoded`
+        is not read: each row's cross K/V rows are in the workspace.)"""
         self.run_step(state, tokens, "none")
         return state.ws.take("final", (state.n, self.config.d_model), BF16)
 
@@ -476,6 +478,8 @@ class CudaEngine:
         """Beams follow their parents: row i continues row parents[i]'s history (parents on the host or the
         device, repeats allowed). Only the table rows move; each row keeps writing into its own slot."""
         state.ws.gather(state.n, cp.asarray(parents).astype(cp.int32), ("row_t", "table", "cross_start", "cross_len"))
+        if state.n and state.t.min() != state.t.max():  # rows at several positions (joined): the host's follow
+            state.t = state.t[cp.asnumpy(parents).astype(np.int64)]
 
     def select(self, state: CudaState, rows: np.ndarray) -> None:
         """Keep decoder rows `rows` (host indices, each at most once), in that order, their state (the next
@@ -489,10 +493,41 @@ class CudaEngine:
         state.ws.gather(n, i32(rows))
         state.ws.pad_rows(len(rows), n)
         state.slots = state.slots[rows]
+        state.t = state.t[rows]
+
+    def join(self, state: CudaState, other: CudaState) -> None:
+        """Append the rows of `other` (a state started on another encoding, perhaps) after those of `state`,
+        each with its own position, slot, cache table and cross K/V rows (its source's run in the pool), so that
+        it steps as in its own state: step_prep reads each row's position, and attention each row's key count
+        and source rows, from the row's own entries. `other` is left empty, holding nothing (its slots are
+        `state`'s now). The workspace grows when the rows outgrow it (graphs are captured again for it)."""
+        if state is other:
+            raise ValueError("a state cannot join itself")
+        n, m = state.n, other.n
+        if n + m > state.ws.capacity:
+            self.grow(state, n + m)
+        for name in ROW_ARRAYS:  # rows n .. n + m were padding (start and select leave them so)
+            state.ws.rows(name, n + m)[n:] = other.ws.rows(name, m)
+        state.slots = np.concatenate([state.slots, other.slots])
+        state.t = np.concatenate([state.t, other.t])
+        state.cross_keys = max(state.cross_keys, other.cross_keys)
+        other.slots, other.t = other.slots[:0], other.t[:0]
+        if self.bound is other:
+            self.bound = None
+
+    def grow(self, state: CudaState, rows: int) -> None:
+        """A workspace of room for `rows` rows for `state`, its rows' state copied there (the engine's own
+        workspace is replaced, with its graphs, when the state steps as graphs)."""
+        ws = Workspace(bucket(rows) if state.graphs else rows, self.pool, self.config.pad_token_id)
+        for name in ROW_ARRAYS:
+            ws.rows(name, state.n)[:] = state.ws.rows(name, state.n)
+        if state.graphs:
+            self.ws = ws
+        state.ws = ws
 
     def release(self, state: CudaState) -> None:
         self.pool.slots.release(state.slots)
-        state.slots = state.slots[:0]
+        state.slots, state.t = state.slots[:0], state.t[:0]
         if self.bound is state:
             self.bound = None
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import cupy as cp
 
-from ..errors import NllbError
+from ..errors import PoolFull  # defined in errors.py, where the search (no CuPy) catches it
 
 BF16 = cp.dtype("bfloat16")
 
@@ -73,10 +73,6 @@ class RunAllocator:
             else:
                 merged.append((s, length))
         self.free = merged
-
-
-class PoolFull(NllbError):
-    """The pool cannot hold a request; the caller turns this into advice on which option to change."""
 
 
 @dataclass(frozen=True)

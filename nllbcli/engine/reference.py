@@ -116,17 +116,33 @@ class EncoderOutput:
     cross_v: list[np.ndarray]
 
 
-@dataclass
-class DecoderState:
-    """The decoder's cache for N rows, each reading one source."""
+class RowPositions:
+    """Decoder rows each at its own position: `t` (N,) on the host, the positions each row has filled. Rows
+    started together advance in lockstep; rows joined from another state (engine.join) keep their own."""
 
-    source_rows: np.ndarray  # (N,) index into EncoderOutput's B
+    t: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.t)
+
+    @property
+    def length(self) -> int:
+        """Positions filled by the row furthest on (every row's, for rows in lockstep): what a cache must hold."""
+        return int(self.t.max(initial=0))
+
+
+@dataclass
+class DecoderState(RowPositions):
+    """The decoder's cache for N rows, each reading one source, each at its own position (RowPositions)."""
+
+    source_rows: np.ndarray  # (N,) which source each row reads: rows with equal values read the same cross K/V
     self_k: list[np.ndarray]  # per layer (N, T_max, D)
     self_v: list[np.ndarray]
     cross_k: list[np.ndarray]  # per layer (N, S, D): each row's source K/V, gathered when the rows change
     cross_v: list[np.ndarray]
     src_mask: np.ndarray  # (N, S)
-    length: int = 0  # positions filled (the same for every row: rows advance in lockstep)
+    t: np.ndarray  # (N,) positions filled, per row
 
 
 class ReferenceEngine:
@@ -209,35 +225,44 @@ class ReferenceEngine:
         return DecoderState(
             rows, [zeros() for _ in layers], [zeros() for _ in layers],
             [k[rows] for k in encoded.cross_k], [v[rows] for v in encoded.cross_v], encoded.mask[rows],
+            np.zeros(n, np.int64),
         )
 
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
-        """Feed one token per row at position state.length; return the next-token logits (N, V) float32."""
+        """Feed one token per row, each at its own position state.t; return the next-token logits (N, V) float32.
+        (`encoded` is not read: each row's source K/V are in the state.)"""
         c, w = self.config, self.w
-        t = state.length
+        t, heads = state.t, c.decoder_attention_heads
+        n = len(t)
         tokens = np.asarray(tokens, dtype=np.int64)
         # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
         positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
-        h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(t + 1))[:, None, :]
+        h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(state.length + 1))[:, None, :]
+        every, keys = np.arange(n), state.length + 1
+        # each row attends to its own positions 0..t, the others' later ones masked (None: rows in lockstep, all see all)
+        own = None if (t == keys - 1).all() else np.arange(keys)[None, :] <= t[:, None]  # (N, T)
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             a = p + "self_attn."
             q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
-            state.self_k[i][:, t] = self.r(linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
-            state.self_v[i][:, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
-            out = self.r(attention(q, state.self_k[i][:, : t + 1], state.self_v[i][:, : t + 1], None, c.decoder_attention_heads))
+            state.self_k[i][every, t] = self.r(linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
+            state.self_v[i][every, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
+            if own is not None:  # past a row's own positions lies whatever its cache row held (np.empty's, gather_rows'):
+                k_keys, v_keys = (np.where(own[:, :, None], x, np.float32(0)) for x in (k_keys, v_keys))  # zeros: no NaN * 0
+            out = self.r(attention(q, k_keys, v_keys, own, heads))
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
             q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
-            out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, c.decoder_attention_heads))
+            out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
             h = h + self.ffn(p, x)
-        state.length = t + 1
+        state.t = t + 1
         if not want_logits:
             return None
         h = self.r(layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"]))  # (N, D)
@@ -269,6 +294,28 @@ class ReferenceEngine:
         state.source_rows = sources
         state.self_k = [gather_rows(k, rows, state.length) for k in state.self_k]
         state.self_v = [gather_rows(v, rows, state.length) for v in state.self_v]
+        state.t = state.t[rows]
+
+    def join(self, state: DecoderState, other: DecoderState) -> None:
+        """Append the rows of `other` (a state started on another encoding, perhaps) after those of `state`. Each
+        row keeps its own position, cache and source: its self-attention masks the positions past its own, its
+        cross-attention the source positions past its own source's (as in a batch padded to its longest source),
+        so it steps as in a state of its own, up to float32 rounding. The caches and sources are padded to the
+        wider of the two; `other` is left empty (nothing to release)."""
+        def stack(a: np.ndarray, b: np.ndarray, fill=0) -> np.ndarray:  # rows of a then of b, axis 1 padded
+            width = max(a.shape[1], b.shape[1])
+            pad = lambda x: np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2), constant_values=fill)  # noqa: E731
+            return np.concatenate([pad(a), pad(b)])
+
+        state.self_k = [stack(a, b) for a, b in zip(state.self_k, other.self_k)]
+        state.self_v = [stack(a, b) for a, b in zip(state.self_v, other.self_v)]
+        state.cross_k = [stack(a, b) for a, b in zip(state.cross_k, other.cross_k)]
+        state.cross_v = [stack(a, b) for a, b in zip(state.cross_v, other.cross_v)]
+        state.src_mask = stack(state.src_mask, other.src_mask, False)
+        # other's sources numbered past this state's, so that no two rows of different sources compare equal (select)
+        state.source_rows = np.concatenate([state.source_rows, other.source_rows + state.source_rows.max(initial=-1) + 1])
+        state.t = np.concatenate([state.t, other.t])
+        self.select(other, np.arange(0))
 
 
 def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:
