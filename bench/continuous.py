@@ -1,14 +1,14 @@
 """Continuous batching against static batching, greedy search, on sentences that end at drawn lengths.
 
     python bench/continuous.py [--preset nllb-200-distilled-600M] [--live-rows 4096] [--sentences 16384]
-                               [--repeats 2] [--out results.jsonl]
+                               [--ends 5,60] [--repeats 2] [--pool-gib 40] [--out results.jsonl]
     python bench/continuous.py --smoke          # a tiny shape on the CPU's reference engine, in seconds
 
 Workload: the harness's (bench/harness.py) model shape with random bf16 weights (bench/shapes.py) and its
-sources (10 to 60 tokens, sorted by length); sentence i ends at a length L_i drawn evenly from 5 to 60: its
-L_i-th generated token (the language token the first) is forced to </s> by EndAt, a wrapper around the engine,
-since random weights never end a sentence on their own (</s> is moved to the last id of the vocabulary, as in
-the harness, so none ends earlier either). max_length 60 leaves every end in reach.
+sources (10 to 60 tokens, sorted by length); sentence i ends at a length L_i drawn evenly from 5 to 60 (--ends):
+its L_i-th generated token (the language token the first) is forced to </s> by EndAt, a wrapper around the
+engine, since random weights never end a sentence on their own (</s> is moved to the last id of the vocabulary,
+as in the harness, so none ends earlier either). max_length is the largest end, so every end is in reach.
 
 Static: search.generate over batches of --live-rows sentences in the sorted order (rows leave a batch as they
 end; the batch's last steps run with few rows). Continuous: search.greedy_continuous with --live-rows rows at
@@ -36,7 +36,6 @@ from nllbcli import search  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.search import Ready, generate, greedy_continuous  # noqa: E402
 
-MAX_LENGTH = 60  # generated tokens, the language token included: the longest drawn end
 SMOKE = Preset("smoke", model_config(vocab_size=1024, d_model=64, layers=2, ffn=128, heads=4), 1000, 1001, 1000)
 
 
@@ -157,6 +156,7 @@ def main() -> int:
     parser.add_argument("--preset", choices=list(PRESETS), default=DEFAULT, help=f"model shape, random weights (default {DEFAULT})")
     parser.add_argument("--live-rows", type=int, default=4096, help="static batch size; continuous: rows alive at most")
     parser.add_argument("--sentences", type=int, default=16384)
+    parser.add_argument("--ends", default="5,60", help="each sentence's length, drawn evenly from LOW,HIGH (max_length HIGH)")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs of each mode, after a warm-up")
     parser.add_argument("--pool-gib", type=float, default=40.0, help="the GPU engine's KV pool (room for 4,096 rows)")
     parser.add_argument("--smoke", action="store_true", help="a tiny shape on the CPU's reference engine (8 rows, 64 sentences by default)")
@@ -171,16 +171,17 @@ def main() -> int:
 
     sources = workload(count, preset)
     rng = np.random.default_rng(2)
-    ends = dict(zip(map(tuple, sources), rng.integers(5, MAX_LENGTH + 1, count).tolist()))
+    low, high = (int(x) for x in args.ends.split(","))
+    ends = dict(zip(map(tuple, sources), rng.integers(low, high + 1, count).tolist()))
     config, inner = make_engine(preset, args.smoke, args.pool_gib)
     engine = EndAt(inner, ends, config.eos_token_id)
-    options = DecodeOptions(beam_size=1, max_length=MAX_LENGTH)
+    options = DecodeOptions(beam_size=1, max_length=high)
     lang = preset.tgt_lang_id
     rows, _ = engine.capacity(options.max_length)
     if rows < live_rows:
         raise SystemExit(f"the KV pool holds {rows} rows, fewer than --live-rows {live_rows}: raise --pool-gib")
     common = {"preset": preset.name, "device": "cpu" if args.smoke else "cuda", "live_rows": live_rows, "sentences": count,
-              "ahead": search.AHEAD, "refill": search.REFILL}
+              "ends": [low, high], "ahead": search.AHEAD, "refill": search.REFILL}
 
     warm = sources[:live_rows]  # every kernel compiled, each mode's first buckets seen
     run_static(engine, warm, lang, config, options, live_rows)

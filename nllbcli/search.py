@@ -167,13 +167,15 @@ class LiveRows:
     sentence: np.ndarray  # (N,) the input sentence each row decodes
     group: np.ndarray  # (N,) the admission group (one encoding) it came in
     skip: np.ndarray  # (N,) outputs to come that are not the sentence's: 1 until its </s> step's ids are seen
-    room: np.ndarray  # (N,) steps that may still be queued for it: its </s> step, then max_length - 1 at most
+    room: np.ndarray  # (N,) steps that may still be queued for it (its </s> step, max_length - 1, one spare)
     force: np.ndarray  # (N,) written into its input after the next step queued (its language, after its </s>); -1 none
 
     @classmethod
     def fresh(cls, sentences: np.ndarray, group: int, langs: np.ndarray, steps: int) -> "LiveRows":
         n = len(sentences)
-        return cls(sentences, np.full(n, group), np.ones(n, np.int64), np.full(n, steps + 1), langs.copy())
+        # room: the </s> step, `steps` more, and one into the slot's last position (max_length), which no
+        # sentence needs: a row queued up to its last step then holds the queue one step short, not empty
+        return cls(sentences, np.full(n, group), np.ones(n, np.int64), np.full(n, steps + 2), langs.copy())
 
     def take(self, rows: np.ndarray) -> "LiveRows":
         return LiveRows(*(getattr(self, f.name)[rows] for f in fields(self)))
@@ -323,7 +325,7 @@ def greedy_continuous(engine, sources: list[list[int]], tgt_lang_id, config: Mod
         if not len(keep):
             engine.release(state)
             state = rows = feed = None
-            pending.clear()  # their rows ended too: every row ended in the popped step, so it was n rows wide, as those after it
+            pending.clear()  # every row ended in the popped step, so it and those after it were n rows wide
         else:
             last_full = bool(pending) and pending[-1][1] == n
             if not last_full:  # the input lies in no queued step's ids (a join since): its rows, before select moves them
