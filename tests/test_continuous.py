@@ -252,14 +252,12 @@ def test_join_steps_as_the_states_apart(name):
 def test_bench_end_at_forces_the_drawn_ends_alike_in_both_modes():
     """bench/continuous.py's EndAt: each sentence's L-th generated token (the language the first) is </s>, in
     static and continuous batching alike."""
-    import dataclasses
-
     from bench.continuous import SMOKE, EndAt, make_engine
     from bench.harness import workload
 
     sources = workload(12, SMOKE)
     ends = dict(zip(map(tuple, sources), np.random.default_rng(0).integers(5, 20, len(sources)).tolist()))
-    config, inner = make_engine(dataclasses.replace(SMOKE), smoke=True, pool_gib=0)
+    config, inner = make_engine(SMOKE, smoke=True, pool_gib=0)
     options = DecodeOptions(beam_size=1, max_length=20)
     static = generate(EndAt(inner, ends, config.eos_token_id), sources, SMOKE.tgt_lang_id, config, options)
     continuous = greedy_continuous(EndAt(inner, ends, config.eos_token_id), sources, SMOKE.tgt_lang_id, config, options, 4)
