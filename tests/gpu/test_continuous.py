@@ -55,7 +55,9 @@ def test_continuous_batching_gives_the_static_batchs_ids(live_rows, graphs):
     finally:
         engine.use_graphs = True
     assert continuous == static and again == static
-    assert stats["joins"] >= (3 if live_rows == 8 else 1)
+    # groups joined mid-way (8 rows); 100 rows: the test pool may hold only one group's sources at once, so the
+    # second may wait for the first to end and start a state of its own
+    assert stats["joins"] >= 3 if live_rows == 8 else stats["groups"] >= 2
     assert_pool_free(engine)
     if graphs:
         assert engine.ws.graphs, "the steps ran as CUDA graphs"
