@@ -34,15 +34,15 @@ def assert_pool_free(engine) -> None:
     assert engine.bound is None
 
 
-@pytest.mark.parametrize("live_rows", [8, 100])
+@pytest.mark.parametrize("live_rows", [8, 40])
 @pytest.mark.parametrize("graphs", [True, False])
 def test_continuous_batching_gives_the_static_batchs_ids(live_rows, graphs):
-    """150 held-out sentences of the sample model, greedy, max_length 64: greedy_continuous with 8 or 100 rows
+    """The 100 held-out sentences of the sample model, greedy, max_length 64: greedy_continuous with 8 or 40 rows
     alive (groups joining mid-way, rows at different positions and of different encodings in one step, CUDA
     graphs over buckets of rows on or off) gives the ids of one static batch, and leaves the pool as it found it."""
     tr = gpu("sample")
     engine = tr.engine
-    sources = heldout_sources(tr, 150)
+    sources = heldout_sources(tr, 100)
     lang = tr.tokenizer.lang_id("fra_Latn")
     options = DecodeOptions(beam_size=1, max_length=64)
     engine.capacity(options.max_length)
@@ -55,9 +55,7 @@ def test_continuous_batching_gives_the_static_batchs_ids(live_rows, graphs):
     finally:
         engine.use_graphs = True
     assert continuous == static and again == static
-    # groups joined mid-way (8 rows); 100 rows: the test pool may hold only one group's sources at once, so the
-    # second may wait for the first to end and start a state of its own
-    assert stats["joins"] >= 3 if live_rows == 8 else stats["groups"] >= 2
+    assert stats["joins"] >= 3 and stats["groups"] >= 4
     assert_pool_free(engine)
     if graphs:
         assert engine.ws.graphs, "the steps ran as CUDA graphs"
