@@ -43,14 +43,16 @@ class EndAt:
     """An engine whose greedy ids are </s> (`eos`) at each sentence's drawn end: the sentence of source s ends
     at its ends[tuple(s)]-th generated token (the language token the first). A row at position t (the decoder
     start at 0, the language token at 1) makes its (t + 1)-th generated token, so it is forced where
-    t = end - 1; each state's rows count down their steps left (`left`, on the engine's device) through
-    start, join, select and every step. Counts the steps and the rows they ran (`steps`, `row_steps`)."""
+    t = end - 1; each state's rows count down their steps left (`left`, on the host) through start, join,
+    select and every step queued. The </s> is put into the ids the search fetches, not into the device's copy
+    the next step reads: a row leaves when the search sees its </s>, and what its steps queued after it read
+    is thrown away, as for any row that ends. (Forced on the device, the ends moved with the batch on the GPU:
+    docs/PERF.md, eighth session.) Counts the steps and the rows they ran (`steps`, `row_steps`)."""
 
     def __init__(self, engine, ends: dict[tuple, int], eos: int):
         self.engine, self.ends, self.eos = engine, ends, eos
-        self.xp = getattr(engine, "xp", np)
         self.encoded_ends: dict[int, tuple] = {}  # id(encoded) -> (encoded, each source's end)
-        self.left: dict[int, tuple] = {}  # id(state) -> (state, each row's steps left until its end, on the device)
+        self.left: dict[int, tuple] = {}  # id(state) -> (state, each row's steps left until its end)
         self.steps = self.row_steps = 0
 
     def __getattr__(self, name):
@@ -68,10 +70,10 @@ class EndAt:
     def start(self, encoded, source_rows, max_positions):
         state = self.engine.start(encoded, source_rows, max_positions)
         ends = self.encoded_ends[id(encoded)][1][np.asarray(source_rows)]
-        self.left[id(state)] = (state, self.xp.asarray(ends - state.t))
+        self.left[id(state)] = (state, ends - np.asarray(state.t))
         return state
 
-    def counted(self, state):
+    def counted(self, state) -> np.ndarray:
         """The rows' steps left before this step; one step down after it."""
         left = self.left[id(state)][1]
         self.left[id(state)] = (state, left - 1)
@@ -84,25 +86,26 @@ class EndAt:
         return self.engine.step(encoded, state, tokens, want_logits)
 
     def step_argmax_ahead(self, encoded, state, tokens):
-        left = self.counted(state)
+        ending = self.counted(state) == 1
         inner = getattr(self.engine, "step_argmax_ahead", None)
         if inner is None:
-            return Ready(np.where(left == 1, self.eos, self.engine.step_argmax(encoded, state, tokens)))
+            return Ready(np.where(ending, self.eos, self.engine.step_argmax(encoded, state, tokens)))
         pending = inner(encoded, state, tokens)
-        pending.device[...] = self.xp.where(left == 1, self.eos, pending.device)  # where the next step reads them
-        return type(pending)(pending.device)  # its copy to the host made after the overwrite
+        fetch = pending.fetch  # subset() fetches through the replaced one
+        pending.fetch = lambda: np.where(ending, self.eos, fetch())
+        return pending
 
     def step_argmax(self, encoded, state, tokens):
         return self.step_argmax_ahead(encoded, state, tokens).fetch()
 
     def select(self, state, rows) -> None:
         self.engine.select(state, rows)
-        self.left[id(state)] = (state, self.left[id(state)][1][self.xp.asarray(rows)])
+        self.left[id(state)] = (state, self.left[id(state)][1][np.asarray(rows)])
 
     def join(self, state, other) -> None:
         joined = self.left.pop(id(other))[1]
         self.engine.join(state, other)
-        self.left[id(state)] = (state, self.xp.concatenate([self.left[id(state)][1], joined]))
+        self.left[id(state)] = (state, np.concatenate([self.left[id(state)][1], joined]))
 
     def release(self, state) -> None:
         self.engine.release(state)
