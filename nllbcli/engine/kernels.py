@@ -116,7 +116,8 @@ GEMM_TILES = {
     # the fastest by more than 2%: docs/PERF.md, seventh session)
     # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
     "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
-    # (clusters of 2 blocks sharing the W tile by multicast measured 20-50% slower: docs/PERF.md, fifth session)
+    # (clusters sharing an operand's tile by TMA multicast, along M or N, measured 2-20% slower at every shape that
+    # matters: docs/PERF.md, fifth and eighth sessions; the code is in commit 881d664)
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
