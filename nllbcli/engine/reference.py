@@ -250,7 +250,7 @@ class ReferenceEngine:
             state.self_v[i][every, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
             k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
             if own is not None:  # past a row's own positions lies whatever its cache row held (np.empty's, gather_rows'):
-                k_keys, v_keys = (np.where(own[:, :, None], x, np.float32(0)) for x in (k_keys, v_keys))  # zeros: no NaN * 0
+                k_keys, v_keys = (np.where(own[:, :, None], kv, np.float32(0)) for kv in (k_keys, v_keys))  # zeros: no NaN * 0
             out = self.r(attention(q, k_keys, v_keys, own, heads))
             h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 

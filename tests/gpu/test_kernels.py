@@ -72,11 +72,10 @@ def test_logits_argmax_matches_reference(tile, m, v, d):
 
 
 @pytest.mark.parametrize("tile", kernels.available_tiles())
-@pytest.mark.parametrize("k", [200, 256])  # 256: whole 64-column k-steps, so several a stage and clusters along N
+@pytest.mark.parametrize("k", [200, 256])  # 256: whole 64-column k-steps, so several a stage (KSTEPS)
 def test_gemm_when_each_block_walks_many_tiles(tile, k):
     """Persistent blocks take several tiles each, their stages running on across tiles (the ping-pong tile's
-    two consumers taking turns over them; a cluster's blocks sharing each stage): every tile lands where it
-    should, bias and ReLU included."""
+    two consumers taking turns over them): every tile lands where it should, bias and ReLU included."""
     m, n = 9000, 1000
     a = bf16(rng.normal(size=(m, k)).astype(np.float32))
     w = bf16(rng.normal(size=(n, k)).astype(np.float32) / np.sqrt(k))
