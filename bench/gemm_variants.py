@@ -4,7 +4,8 @@
 
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
-bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers). Timed over
+bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" and
+" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added). Timed over
 10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
 packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
@@ -85,6 +86,7 @@ def main() -> int:
         f32 = "FFN2" in what or "attention out" in what  # onto the residual stream
         out = rng.standard_normal((m, n), dtype=cp.float32) if f32 else cp.empty((m, n), dtype="bfloat16")
         residual = out if f32 else None  # in place, as the engine adds onto its residual stream
+        out16 = cp.empty((m, n), dtype="bfloat16")
         flops = 2 * m * n * k
         wt = w.T
         relu = "FFN1" in what
@@ -101,10 +103,16 @@ def main() -> int:
                "cublas+epilogue": flops / timed(cublas_layer, inner=10) / 1e12,
                "default": flops / timed(lambda: kernels.gemm(a, w, bias, residual, relu=relu, out=out), inner=10) / 1e12}
         for variant in variants:
-            tile = variant.split()[0]
-            kernels.TMA_STORE = not variant.endswith(" reg")
-            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, residual, out, None, None, None,
-                                                        kernels.EPILOGUE_STORE, out_f32=f32), inner=10)
+            tile, how = (variant.split() + [""])[:2]
+            if how in ("bf16", "store") and not f32:
+                continue
+            kernels.TMA_STORE = how != "reg"
+            # "bf16": the f32 shapes stored as bf16 without their residual (cuBLAS's output); "store": in f32, copied
+            # over the residual instead of added to it (TMA_REDUCE 0): what the epilogue's add and width cost
+            o, r = (out16, None) if how == "bf16" else (out, residual)
+            defines = {"TMA_REDUCE": 0} if how == "store" else {}
+            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, r, o, None, None, None, kernels.EPILOGUE_STORE,
+                                                        out_f32=o.dtype == kernels.F32, **defines), inner=10)
             row[variant] = flops / seconds / 1e12
         kernels.TMA_STORE = True
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))

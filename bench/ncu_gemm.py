@@ -25,13 +25,14 @@ def main() -> int:
     parser.add_argument("--shape", default="4096,1024,4096", help="M,K,N")
     parser.add_argument("--tile", help="a tile of kernels.GEMM_TILES (default: kernels.gemm_tile's pick)")
     parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--residual", action="store_true", help="f32 onto a residual whatever K (attention out)")
     args = parser.parse_args()
     m, k, n = map(int, args.shape.split(","))
     rng = cp.random.default_rng(0)
     a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
     w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
     bias = rng.standard_normal(n, dtype=cp.float32)
-    onto_residual = k > 1024
+    onto_residual = k > 1024 or args.residual
     out = rng.standard_normal((m, n), dtype=cp.float32) if onto_residual else cp.empty((m, n), dtype="bfloat16")
     tile = args.tile or kernels.gemm_tile(m, n, k)
     print(f"{m} x {k} x {n}: ours on {tile}, {'f32 onto the residual' if onto_residual else 'bf16 out'}", flush=True)

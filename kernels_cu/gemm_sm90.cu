@@ -45,6 +45,9 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0
 #endif
+#ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
+#define TMA_REDUCE 1
+#endif
 #if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN < 64)
 #error "TMA_STORE is for the store epilogue of cooperative consumers, 64 columns or more"
 #endif
@@ -130,7 +133,7 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x,
 // Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written),
 // or add it there (TMA_STORE 2).
 __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src, int x, int y) {
-#if TMA_STORE == 2
+#if TMA_STORE == 2 && TMA_REDUCE
     asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
 #else
