@@ -43,7 +43,7 @@ def main() -> int:
     ks = [int(k) for k in args.ks.split(",")]
     rng = cp.random.default_rng(0)
     lines = []
-    for grid, (m, n) in (("one tile", None), ("128 tiles", (4096, 1024))):
+    for grid, (m, n) in (("one tile", (0, 0)), ("128 tiles", (4096, 1024))):
         times: dict[str, list[float]] = {t: [] for t in tiles + ["cublas"]}
         for k in ks:
             row = {"grid": grid, "K": k}
