@@ -28,6 +28,9 @@ EXTRA_TILES = {
     # a name ending in "r": timed with register stores (no staging buffer: the stages keep its shared memory)
     "wg256s4r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg256s2r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=2),
+    "wg256pf": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1),  # the fixed cost's parts (TMA stores)
+    "wg256rd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, WAIT_READ=1),
+    "wg256pfrd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1, WAIT_READ=1),
     "wg256k2r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=2, KSTEPS=2),  # 2 stages of 2 k-steps (register stores)
 }
 

@@ -45,6 +45,12 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0
 #endif
+#ifndef PREFETCH_MAPS  // 1: the producer prefetches the tensor maps' descriptors before the barriers' set-up (measuring)
+#define PREFETCH_MAPS 0
+#endif
+#ifndef WAIT_READ  // 1: a block's last TMA stores are waited for until read out of shared memory, not until written
+#define WAIT_READ 0
+#endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -312,6 +318,15 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
 #define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
 
+#if PREFETCH_MAPS
+    if (threadIdx.x == 128) {  // not the thread that sets up the barriers
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_a) : "memory");
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_w) : "memory");
+#if TMA_STORE
+        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_out) : "memory");
+#endif
+    }
+#endif
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
@@ -421,6 +436,10 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #endif
     }
 #if TMA_STORE
+#if WAIT_READ
+    if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffers are read
+#else
     if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last copies are out
+#endif
 #endif
 }
