@@ -31,6 +31,7 @@ EXTRA_TILES = {
     "wg256pf": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1),  # the fixed cost's parts (TMA stores)
     "wg256rd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, WAIT_READ=1),
     "wg256pfrd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1, WAIT_READ=1),
+    "wg256skip": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=1),  # no epilogue
     "wg256k2r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=2, KSTEPS=2),  # 2 stages of 2 k-steps (register stores)
 }
 
@@ -45,19 +46,22 @@ def main() -> int:
     tiles = args.tiles.split(",")
     ks = [int(k) for k in args.ks.split(",")]
     rng = cp.random.default_rng(0)
+    empty = cp.RawKernel('extern "C" __global__ void empty() {}', "empty")
     lines = []
     for grid, (m, n) in (("one tile", (0, 0)), ("128 tiles", (4096, 1024))):
-        times: dict[str, list[float]] = {t: [] for t in tiles + ["cublas"]}
+        times: dict[str, list[float]] = {t: [] for t in tiles + ["cublas", "empty"]}
         for k in ks:
             row = {"grid": grid, "K": k}
-            for tile in tiles + ["cublas"]:
-                mm, nn = (m, n) if m else (128 if tile == "cublas" else kernels.tile_rows(tile),
-                                           256 if tile == "cublas" else kernels.GEMM_TILES[tile]["BN"])
+            for tile in tiles + ["cublas", "empty"]:
+                mm, nn = (m, n) if m else (128 if tile in ("cublas", "empty") else kernels.tile_rows(tile),
+                                           256 if tile in ("cublas", "empty") else kernels.GEMM_TILES[tile]["BN"])
                 a = rng.standard_normal((mm, k), dtype=cp.float32).astype("bfloat16")
                 w = rng.standard_normal((nn, k), dtype=cp.float32).astype("bfloat16")
                 bias = rng.standard_normal(nn, dtype=cp.float32)
                 out = cp.empty((mm, nn), dtype="bfloat16")
-                if tile == "cublas":
+                if tile == "empty":  # a kernel of one block doing nothing: the launches' own cost
+                    fn = lambda: empty((1,), (32,), ())  # noqa: E731
+                elif tile == "cublas":
                     wt = w.T
                     fn = lambda: cp.matmul(a, wt)  # noqa: E731
                 else:

@@ -51,6 +51,9 @@
 #ifndef WAIT_READ  // 1: a block's last TMA stores are waited for until read out of shared memory, not until written
 #define WAIT_READ 0
 #endif
+#ifndef EPI_SKIP
+#define EPI_SKIP 0
+#endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -418,7 +421,9 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-#if TMA_STORE
+#if EPI_SKIP  // (measuring) no epilogue: the products alone
+        (void)tile_n;
+#elif TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
             store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * 64 * BN * 2,
