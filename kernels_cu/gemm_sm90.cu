@@ -421,8 +421,15 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-#if EPI_SKIP  // (measuring) no epilogue: the products alone
-        (void)tile_n;
+#if EPI_SKIP  // (measuring) no epilogue: the products alone (summed, so that ptxas keeps them)
+        {
+            float sum = 0.f;
+#pragma unroll
+            for (int h = 0; h < HALVES; ++h)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) sum += acc[h][0][j][0] + acc[h][0][j][1] + acc[h][0][j][2] + acc[h][0][j][3];
+            if (sum == 1.2345e-30f) reinterpret_cast<float*>(out)[tile_n] = sum;
+        }
 #elif TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
