@@ -32,6 +32,8 @@ EXTRA_TILES = {
     "wg256rd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, WAIT_READ=1),
     "wg256pfrd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1, WAIT_READ=1),
     "wg256skip": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=1),  # no epilogue
+    "wg256smem": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=2),  # into shared memory, not stored
+    "wg256tma": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=3),  # stored, shared memory not written
     "wg256k2r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=2, KSTEPS=2),  # 2 stages of 2 k-steps (register stores)
 }
 

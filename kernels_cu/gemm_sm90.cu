@@ -273,7 +273,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
         if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is free
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
 #pragma unroll
-        for (int j = pass * NT / PASSES; j < (pass + 1) * NT / PASSES; ++j) {
+        for (int j = pass * NT / PASSES; j < (EPI_SKIP == 3 ? pass * NT / PASSES : (pass + 1) * NT / PASSES); ++j) {
             const int col = j * 8 + (lane & 3) * 2;  // in the tile
             const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
                                          __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
@@ -293,7 +293,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
         }
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
         asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
-        if (tid == 0) {
+        if (tid == 0 && EPI_SKIP != 2) {
 #pragma unroll
             for (int box = 0; box < PASS_COLS / BOX_COLS; ++box)
                 tma_store(map_out, stage + box * 8192, col0 + pass * PASS_COLS + box * BOX_COLS, row0);
@@ -421,8 +421,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-#if EPI_SKIP  // (measuring) no epilogue: the products alone (summed, so that ptxas keeps them)
-        {
+#if EPI_SKIP == 1 || EPI_SKIP == 3  // (measuring) 1: no epilogue, the products alone (summed, so that ptxas keeps
+        {                                // them); 2: the tile into shared memory, not stored; 3: stored, not written there
             float sum = 0.f;
 #pragma unroll
             for (int h = 0; h < HALVES; ++h)
@@ -430,6 +430,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                 for (int j = 0; j < NT; ++j) sum += acc[h][0][j][0] + acc[h][0][j][1] + acc[h][0][j][2] + acc[h][0][j][3];
             if (sum == 1.2345e-30f) reinterpret_cast<float*>(out)[tile_n] = sum;
         }
+#endif
+#if EPI_SKIP == 1
 #elif TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
