@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engine_bench import timed  # noqa: E402
+from bench.gemm_variants import EXTRA_TILES as VARIANT_TILES  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 
 EXTRA_TILES = {
@@ -44,6 +45,7 @@ def main() -> int:
     parser.add_argument("--ks", default="512,1024,2048,4096,8192")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    kernels.GEMM_TILES.update(VARIANT_TILES)
     kernels.GEMM_TILES.update(EXTRA_TILES)
     tiles = args.tiles.split(",")
     ks = [int(k) for k in args.ks.split(",")]

@@ -54,6 +54,18 @@
 #ifndef EPI_SKIP
 #define EPI_SKIP 0
 #endif
+#ifndef OUT_3D  // 1: map_out is 3-D, and a chunk's boxes leave in one copy (else a copy a box)
+#define OUT_3D 0
+#endif
+#ifndef EPI_CHUNKS  // TMA_STORE: copies a pass, each out as soon as its part of the tile is in shared memory
+#define EPI_CHUNKS 1
+#endif
+#ifndef STMATRIX  // 1 (bf16 out): the tile into shared memory by stmatrix, 8 x 8 matrices four at a time
+#define STMATRIX 0
+#endif
+#if STMATRIX && TMA_STORE != 1
+#error "STMATRIX is for bf16 out"
+#endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -148,6 +160,16 @@ __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src,
 #else
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src, int y, int z) {
+#if TMA_STORE == 2 && TMA_REDUCE
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(0), "r"(y), "r"(z) : "memory");
+#else
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n"
+                 ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(0), "r"(y), "r"(z) : "memory");
 #endif
 }
 
@@ -268,36 +290,71 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
                                                    int col0, const float (&bias_lane)[BN / 32], int relu) {
     const int lane = tid & 31, warp = tid >> 5;
     constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
+    constexpr int CHUNK_COLS = PASS_COLS / EPI_CHUNKS, CHUNK_J = CHUNK_COLS / 8;  // a chunk: whole boxes
+    static_assert(CHUNK_COLS % BOX_COLS == 0, "EPI_CHUNKS must split a pass into whole boxes");
 #pragma unroll
     for (int pass = 0; pass < PASSES; ++pass) {
-        if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffer is free
-        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
 #pragma unroll
-        for (int j = pass * NT / PASSES; j < (EPI_SKIP == 3 ? pass * NT / PASSES : (pass + 1) * NT / PASSES); ++j) {
-            const int col = j * 8 + (lane & 3) * 2;  // in the tile
-            const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
-                                         __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
-            const int at = col - pass * PASS_COLS, box = at / BOX_COLS, chunk = (at % BOX_COLS) * (TMA_STORE == 2 ? 4 : 2) / 16;
+        for (int chunk_i = 0; chunk_i < EPI_CHUNKS; ++chunk_i) {
+            // this chunk's buffer was last stored EPI_CHUNKS copies ago (every pass, of every tile, makes EPI_CHUNKS)
+            if (tid == 0) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(EPI_CHUNKS - 1) : "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
+            const int j0 = pass * NT / PASSES + chunk_i * CHUNK_J;
+#if STMATRIX  // bf16: 8 x 8 matrices from the fragments, four an instruction (a j pair's two row halves)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = warp * 16 + (lane >> 2) + half * 8;
-                float v0 = acc[0][j][half * 2] + b.x, v1 = acc[0][j][half * 2 + 1] + b.y;
-                if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                unsigned char* p = stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16);
-#if TMA_STORE == 2
-                *reinterpret_cast<float2*>(p + (at % 4) * 4) = make_float2(v0, v1);
-#else
-                *reinterpret_cast<__nv_bfloat162*>(p + (at % 8) * 2) = __floats2bfloat162_rn(v0, v1);
-#endif
+            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); j += 2) {
+                unsigned packed[4];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {  // matrix q: column block j + q / 2, rows + 8 (q % 2)
+                    const int jj = j + q / 2, half = q % 2, col = jj * 8 + (lane & 3) * 2;
+                    const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[jj / 4], col % 32),
+                                                 __shfl_sync(0xffffffffu, bias_lane[jj / 4], col % 32 + 1));
+                    float v0 = acc[0][jj][half * 2] + b.x, v1 = acc[0][jj][half * 2 + 1] + b.y;
+                    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                    const __nv_bfloat162 h2 = __floats2bfloat162_rn(v0, v1);
+                    packed[q] = *reinterpret_cast<const unsigned*>(&h2);
+                }
+                // lane l gives the address of row l % 8 of matrix l / 8
+                const int m = lane >> 3, row = warp * 16 + (m & 1) * 8 + (lane & 7), at = (j + (m >> 1)) * 8 - pass * PASS_COLS;
+                const int box = at / BOX_COLS, chunk = (at % BOX_COLS) / 8;
+                asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                             ::"r"(smem_addr(stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16))),
+                             "r"(packed[0]), "r"(packed[1]), "r"(packed[2]), "r"(packed[3]) : "memory");
             }
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
-        asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
-        if (tid == 0 && EPI_SKIP != 2) {
+#else
 #pragma unroll
-            for (int box = 0; box < PASS_COLS / BOX_COLS; ++box)
-                tma_store(map_out, stage + box * 8192, col0 + pass * PASS_COLS + box * BOX_COLS, row0);
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); ++j) {
+                const int col = j * 8 + (lane & 3) * 2;  // in the tile
+                const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
+                                             __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
+                const int at = col - pass * PASS_COLS, box = at / BOX_COLS, chunk = (at % BOX_COLS) * (TMA_STORE == 2 ? 4 : 2) / 16;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = warp * 16 + (lane >> 2) + half * 8;
+                    float v0 = acc[0][j][half * 2] + b.x, v1 = acc[0][j][half * 2 + 1] + b.y;
+                    if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
+                    unsigned char* p = stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16);
+#if TMA_STORE == 2
+                    *reinterpret_cast<float2*>(p + (at % 4) * 4) = make_float2(v0, v1);
+#else
+                    *reinterpret_cast<__nv_bfloat162*>(p + (at % 8) * 2) = __floats2bfloat162_rn(v0, v1);
+#endif
+                }
+            }
+#endif
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
+            asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
+            if (tid == 0 && EPI_SKIP != 2) {
+                const int first_box = chunk_i * CHUNK_COLS / BOX_COLS, col = col0 + pass * PASS_COLS + chunk_i * CHUNK_COLS;
+#if OUT_3D  // one copy: map_out is the array seen as (N / BOX_COLS, M, BOX_COLS), boxes CHUNK_COLS / BOX_COLS x 64 x BOX_COLS
+                tma_store3(map_out, stage + first_box * 8192, row0, col / BOX_COLS);
+#else
+#pragma unroll
+                for (int box = 0; box < CHUNK_COLS / BOX_COLS; ++box)
+                    tma_store(map_out, stage + (first_box + box) * 8192, col + box * BOX_COLS, row0);
+#endif
+                asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+            }
         }
     }
 }

@@ -194,8 +194,9 @@ def _encode_tiled():
 
 def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
     """The TMA map of a 2-D bf16 or f32 array whose rows are contiguous (a row slice of a wider array will do):
-    boxes of 128 bytes (64 bf16, 32 f32) x box_rows. steps > 1 (bf16, 64 columns | K): a 3-D map of the array
-    seen as (K / 64, rows, 64), boxes of `steps` such 2-D boxes, one after another (gemm_sm90.cu's KSTEPS)."""
+    boxes of 128 bytes (64 bf16, 32 f32) x box_rows. steps > 1 (128 bytes | a row): a 3-D map of the array seen
+    as (cols / (128 bytes), rows, 128 bytes), boxes of `steps` such 2-D boxes, one after another (gemm_sm90.cu's
+    KSTEPS, and its OUT_3D)."""
     rows, cols = a.shape
     key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char, steps)
     found = _maps.get(key)
@@ -208,9 +209,10 @@ def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
     F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
     data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
     if steps > 1:
-        check(a.dtype == BF16 and cols % 64 == 0, "a 3-D tensor map needs bf16 rows of whole 64-column steps")
-        rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 3, a.data.ptr, (u64 * 3)(64, rows, cols // 64),
-                             (u64 * 2)(a.strides[0], 128), (u32 * 3)(64, box_rows, steps), (u32 * 3)(1, 1, 1), 0,
+        inner = 128 // a.itemsize
+        check(cols % inner == 0, "a 3-D tensor map needs rows of whole 128-byte steps")
+        rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 3, a.data.ptr, (u64 * 3)(inner, rows, cols // inner),
+                             (u64 * 2)(a.strides[0], 128), (u32 * 3)(inner, box_rows, steps), (u32 * 3)(1, 1, 1), 0,
                              SWIZZLE_128B, L2_PROMOTE_128B, 0)
     else:
         rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 2, a.data.ptr, (u64 * 2)(cols, rows),
@@ -243,6 +245,11 @@ PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM wal
 # residual), leave through shared memory and the TMA unit (gemm_sm90.cu's TMA_STORE 1 and 2), while the consumers
 # go on with their next tile (0: stored from the registers, for measuring)
 TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
+# How a TMA_STORE epilogue leaves (gemm_sm90.cu; a tile's entry overrides): OUT_3D, one copy a chunk of boxes (a
+# 3-D map of out); EPI_CHUNKS, copies a pass, each out while the next part is written; STMATRIX (bf16), the tile
+# into shared memory by stmatrix
+STORE_OPTIONS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0}
+KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0}  # gemm_sm90.cu's
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
 
@@ -298,13 +305,21 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         stage_bytes = (bm + bn) * 64 * 2 * steps
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
+        store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn >= 64 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 staging = bm * bn * 2  # bf16 tile; f32 in two passes
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
-                out_map = tensor_map(out, 64)
+                box_cols, pass_cols = (64, bn) if store == 1 else (32, bn // 2)
+                chunks = store_options["EPI_CHUNKS"] if pass_cols % (store_options["EPI_CHUNKS"] * box_cols) == 0 else 1
+                boxes = pass_cols // chunks // box_cols  # boxes a copy
+                out_3d = store_options["OUT_3D"] and boxes > 1 and n % box_cols == 0
+                chosen = dict(OUT_3D=int(out_3d), EPI_CHUNKS=chunks, STMATRIX=int(store == 1 and store_options["STMATRIX"]))
+                # the kernel's own defaults stay out of its defines (one compiled kernel for one configuration)
+                tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
+                out_map = tensor_map(out, 64, boxes if out_3d else 1)
         smem = tile["STAGES"] * stage_bytes + 1024 + staging
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2

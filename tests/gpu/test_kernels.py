@@ -133,6 +133,36 @@ def test_gemm_onto_its_residual_in_place(tile, m, n, monkeypatch):
     np.testing.assert_allclose(want, cp.asnumpy(exact), rtol=1e-4, atol=1e-4)
 
 
+STORE_VARIANTS = [dict(OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0), dict(OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
+                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0), dict(OUT_3D=0, EPI_CHUNKS=2, STMATRIX=1),
+                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1)]
+
+
+@pytest.mark.skipif(not kernels.wgmma_available(), reason="the TMA store needs Hopper")
+@pytest.mark.parametrize("tile", ["wg256", "wg192", "wg128", "wg64k2"])
+@pytest.mark.parametrize("store", STORE_VARIANTS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+@pytest.mark.parametrize("m,n", [(1000, 320), (70, 192), (4100, 512), (300, 1000)])  # n % 64: whole boxes a row
+def test_every_tma_store_epilogue_gives_the_same_bits(tile, store, m, n, monkeypatch):
+    """The TMA store epilogue's ways (3-D copies of several boxes, copies in chunks, stmatrix) give the register
+    path's bits, bf16 with bias and ReLU and f32 onto the residual in place, edges of rows and columns included."""
+    a = to_device_bf16(rng.normal(size=(m, 256)).astype(np.float32))
+    w = to_device_bf16(rng.normal(size=(n, 256)).astype(np.float32) / 16)
+    bias = cp.asarray(rng.normal(size=n).astype(np.float32))
+    residual = cp.asarray(rng.normal(size=(m, n)).astype(np.float32))
+    want16, want32 = poisoned((m, n), BF16), residual.copy()
+    monkeypatch.setattr(kernels, "TMA_STORE", False)
+    kernels.gemm(a, w, bias=bias, relu=True, out=want16, tile=tile)
+    kernels.gemm(a, w, bias=bias, residual=want32, out=want32, tile=tile)
+    monkeypatch.setattr(kernels, "TMA_STORE", True)
+    for key, value in store.items():
+        monkeypatch.setitem(kernels.STORE_OPTIONS, key, value)
+    out16, out32 = poisoned((m, n), BF16), residual.copy()
+    kernels.gemm(a, w, bias=bias, relu=True, out=out16, tile=tile)
+    kernels.gemm(a, w, bias=bias, residual=out32, out=out32, tile=tile)
+    np.testing.assert_array_equal(cp.asnumpy(out16.view(cp.uint16)), cp.asnumpy(want16.view(cp.uint16)))
+    np.testing.assert_array_equal(cp.asnumpy(out32), cp.asnumpy(want32))
+
+
 def test_logits_argmax_breaks_ties_towards_the_lower_id():
     h = to_device_bf16(np.ones((3, 16), np.float32))
     w = np.zeros((300, 16), np.float32)
