@@ -34,14 +34,13 @@ EXTRA_TILES = {
     # faster than wg64n8k4: docs/PERF.md, eighth session)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
-    # the TMA store epilogue's ways (kernels.STORE_OPTIONS): 3-D copies of a chunk's boxes (o3), copies in 2 chunks
-    # (c2), stmatrix for bf16 (st)
-    "wg256o3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1),
-    "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2),
-    "wg256c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_CHUNKS=2),
-    "wg256st": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, STMATRIX=1),
+    # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
+    # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
+    "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),
+    "wg256o3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
+    "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0),
+    "wg256st": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=1),
     "wg256stc2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1),
-    "wg256c4": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=4, STMATRIX=1),
 }
 _EPILOGUES = r"""
 #include <cuda_bf16.h>
