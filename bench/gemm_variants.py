@@ -10,12 +10,14 @@ bf16 (through the TMA unit unless the variant's name ends in " reg": stored from
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
 packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
 one elementwise kernel doing what ours fuses (bias, ReLU for FFN1, the add onto the f32 residual for FFN2 and
-attention out), the cheapest way to the layer's result through cuBLAS from CuPy.
+attention out), the cheapest way to the layer's result through cuBLAS from CuPy; "cublas f32+residual" (the f32
+shapes): cublasGemmEx adding onto the f32 residual in place (beta 1; no bias), cuBLAS's own fused way.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import sys
 from functools import lru_cache
@@ -56,6 +58,34 @@ extern "C" __global__ void onto_residual(const __nv_bfloat16* y, const float* bi
         out[i] += __bfloat162float(y[i]) + bias[i % n];
 }
 """
+
+
+@lru_cache(maxsize=None)
+def cublas_library():
+    """libcublas as CuPy loaded it (ctypes finds a loaded library by its soname), or None."""
+    cp.matmul(cp.ones((8, 8), "bfloat16"), cp.ones((8, 8), "bfloat16"))  # loaded by now
+    for name in ("libcublas.so.13", "libcublas.so.12"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def cublas_onto_residual(a, w, out) -> None:
+    """out += a @ w.T by cublasGemmEx with beta 1: bf16 operands, the f32 residual as C and D, f32 accumulation
+    (no bias: cuBLAS's own way to our f32 GEMMs onto the residual, as near as it comes)."""
+    lib = cublas_library()
+    m, k = a.shape
+    n = w.shape[0]
+    one = np.ones(1, np.float32)
+    OP_N, OP_T, R_16BF, R_32F, COMPUTE_32F, ALGO_DEFAULT = 0, 1, 14, 0, 68, -1
+    p = ctypes.c_void_p
+    rc = lib.cublasGemmEx(p(cp.cuda.device.get_cublas_handle()), OP_T, OP_N, n, m, k, p(one.ctypes.data),
+                          p(w.data.ptr), R_16BF, k, p(a.data.ptr), R_16BF, k, p(one.ctypes.data), p(out.data.ptr),
+                          R_32F, n, COMPUTE_32F, ALGO_DEFAULT)
+    if rc:
+        raise RuntimeError(f"cublasGemmEx: status {rc}")
 
 
 @lru_cache(maxsize=None)
@@ -109,6 +139,12 @@ def main() -> int:
                "cublas": flops / timed(lambda: cp.matmul(a, wt), inner=10) / 1e12,
                "cublas+epilogue": flops / timed(cublas_layer, inner=10) / 1e12,
                "default": flops / timed(lambda: kernels.gemm(a, w, bias, residual, relu=relu, out=out), inner=10) / 1e12}
+        if f32 and cublas_library() is not None:  # cuBLAS adding onto the f32 residual itself (beta 1), no bias
+            check = out.copy()
+            cublas_onto_residual(a, w, check)
+            want = out + cp.matmul(a.astype(cp.float32), wt.astype(cp.float32))
+            assert float(cp.abs(check - want).max()) < 1e-2 * float(cp.abs(want).max()), "cublasGemmEx: wrong sums"
+            row["cublas f32+residual"] = flops / timed(lambda: cublas_onto_residual(a, w, out), inner=10) / 1e12
         for variant in variants:
             tile, how = (variant.split() + [""])[:2]
             if how in ("bf16", "store") and not f32:
