@@ -5,7 +5,8 @@
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
 bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" and
-" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added). Timed over
+" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added; " pdl":
+launched as programmatic dependents, bench/pdl.py). "auto" for a tile: kernels.gemm_tile's pick. Timed over
 10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
 packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
@@ -27,6 +28,7 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import pdl  # noqa: E402
 from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 
@@ -81,7 +83,9 @@ def cublas_onto_residual(a, w, out) -> None:
     one = np.ones(1, np.float32)
     OP_N, OP_T, R_16BF, R_32F, COMPUTE_32F, ALGO_DEFAULT = 0, 1, 14, 0, 68, -1
     p = ctypes.c_void_p
-    rc = lib.cublasGemmEx(p(cp.cuda.device.get_cublas_handle()), OP_T, OP_N, n, m, k, p(one.ctypes.data),
+    handle = p(cp.cuda.device.get_cublas_handle())
+    lib.cublasSetStream_v2(handle, p(cp.cuda.get_current_stream().ptr))
+    rc = lib.cublasGemmEx(handle, OP_T, OP_N, n, m, k, p(one.ctypes.data),
                           p(w.data.ptr), R_16BF, k, p(a.data.ptr), R_16BF, k, p(one.ctypes.data), p(out.data.ptr),
                           R_32F, n, COMPUTE_32F, ALGO_DEFAULT)
     if rc:
@@ -109,6 +113,11 @@ def main() -> int:
     parser.add_argument("--no-encoder", action="store_true", help="leave out the encoder's shapes")
     parser.add_argument("--no-logits", action="store_true", help="leave out the output projection's argmax passes")
     args = parser.parse_args()
+    with cp.cuda.Stream(non_blocking=True):  # a stream of its own (programmatic launches want one)
+        return measure(args)
+
+
+def measure(args) -> int:
     variants = args.variants.split(",") if args.variants else VARIANTS
     kernels.GEMM_TILES.update(EXTRA_TILES)
     rng = cp.random.default_rng(0)
@@ -149,13 +158,18 @@ def main() -> int:
             tile, how = (variant.split() + [""])[:2]
             if how in ("bf16", "store") and not f32:
                 continue
+            if tile == "auto":  # the engine's pick
+                tile = kernels.gemm_tile(m, n, k)
             kernels.TMA_STORE = how != "reg"
             # "bf16": the f32 shapes stored as bf16 without their residual (cuBLAS's output); "store": in f32, copied
-            # over the residual instead of added to it (TMA_REDUCE 0): what the epilogue's add and width cost
+            # over the residual instead of added to it (TMA_REDUCE 0): what the epilogue's add and width cost;
+            # "pdl": launched as programmatic dependents (bench/pdl.py), each one's set-up overlapping the last
             o, r = (out16, None) if how == "bf16" else (out, residual)
-            defines = {"TMA_REDUCE": 0} if how == "store" else {}
+            defines = {"TMA_REDUCE": 0} if how == "store" else {"PDL": 1} if how == "pdl" else {}
+            kernels.LAUNCH = pdl.launch if how == "pdl" else None
             seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, r, o, None, None, None, kernels.EPILOGUE_STORE,
                                                         out_f32=o.dtype == kernels.F32, **defines), inner=10)
+            kernels.LAUNCH = None
             row[variant] = flops / seconds / 1e12
         kernels.TMA_STORE = True
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))

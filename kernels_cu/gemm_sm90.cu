@@ -66,6 +66,9 @@
 #if STMATRIX && TMA_STORE != 1
 #error "STMATRIX is for bf16 out"
 #endif
+#ifndef PDL  // (measuring) griddepcontrol: the set-up overlaps the kernel before, when launched as its dependent
+#define PDL 0
+#endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -387,6 +390,9 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #endif
     }
 #endif
+#if PDL  // launched as a programmatic dependent: let the next kernel's launch begin, and wait for the kernel before
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // (no-ops when launched without the attribute)
+#endif
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
@@ -395,6 +401,9 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#if PDL
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the kernel before is done, its writes seen
+#endif
 
     if (warpgroup == 0) {  // producer
         SET_MAX_REGISTERS(dec, PRODUCER_REGISTERS);

@@ -329,7 +329,13 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     allow_smem(kernel, smem)
-    kernel(grid, (threads,), args, shared_mem=smem)
+    if LAUNCH is not None and kind == "sm90":
+        LAUNCH(kernel, grid, (threads,), args, smem)
+    else:
+        kernel(grid, (threads,), args, shared_mem=smem)
+
+
+LAUNCH = None  # (measuring) launches the wgmma GEMMs instead of CuPy: bench/gemm_slope.py's programmatic launches
 
 
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
