@@ -5,8 +5,9 @@
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
 bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" and
-" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added; " pdl":
-launched as programmatic dependents, bench/pdl.py). "auto" for a tile: kernels.gemm_tile's pick. Timed over
+" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added;
+" nopdl": CuPy's launches, not programmatic dependents, nllbcli/engine/launch.py). "auto" for a tile:
+kernels.gemm_tile's pick. Timed over
 10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
 packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
@@ -28,9 +29,8 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import pdl  # noqa: E402
 from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine import kernels, launch  # noqa: E402
 
 EXTRA_TILES = {
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 keeps beside TMA_STORE's buffers
@@ -163,13 +163,13 @@ def measure(args) -> int:
             kernels.TMA_STORE = how != "reg"
             # "bf16": the f32 shapes stored as bf16 without their residual (cuBLAS's output); "store": in f32, copied
             # over the residual instead of added to it (TMA_REDUCE 0): what the epilogue's add and width cost;
-            # "pdl": launched as programmatic dependents (bench/pdl.py), each one's set-up overlapping the last
+            # "nopdl": CuPy's launches, not programmatic dependents (launch.py), each one's set-up after the last
             o, r = (out16, None) if how == "bf16" else (out, residual)
-            defines = {"TMA_REDUCE": 0} if how == "store" else {"PDL": 1} if how == "pdl" else {}
-            kernels.LAUNCH = pdl.launch if how == "pdl" else None
+            defines = {"TMA_REDUCE": 0} if how == "store" else {}
+            launch.ENABLED = how != "nopdl"
             seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, r, o, None, None, None, kernels.EPILOGUE_STORE,
                                                         out_f32=o.dtype == kernels.F32, **defines), inner=10)
-            kernels.LAUNCH = None
+            launch.ENABLED = True
             row[variant] = flops / seconds / 1e12
         kernels.TMA_STORE = True
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))

@@ -66,8 +66,8 @@
 #if STMATRIX && TMA_STORE != 1
 #error "STMATRIX is for bf16 out"
 #endif
-#ifndef PDL  // (measuring) griddepcontrol: the set-up overlaps the kernel before, when launched as its dependent
-#define PDL 0
+#ifndef PDL  // 1: griddepcontrol, so that launched as a programmatic dependent (kernels.py, launch.py) the launch and
+#define PDL 0  // the set-up overlap the kernel before; no-ops in a plain launch
 #endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1

@@ -20,6 +20,8 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
+from . import launch
+
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
 
@@ -323,19 +325,17 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                 tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
                 out_map = tensor_map(out, 64, boxes if out_3d else 1)
         smem = tile["STAGES"] * stage_bytes + 1024 + staging
-        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
+        kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a",
+                          **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
     allow_smem(kernel, smem)
-    if LAUNCH is not None and kind == "sm90":
-        LAUNCH(kernel, grid, (threads,), args, smem)
+    if kind == "sm90":  # compiled with PDL: a programmatic dependent launch (launch.py) where the driver has them
+        launch.launch(kernel, grid, (threads,), args, smem)
     else:
         kernel(grid, (threads,), args, shared_mem=smem)
-
-
-LAUNCH = None  # (measuring) launches the wgmma GEMMs instead of CuPy: bench/gemm_slope.py's programmatic launches
 
 
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,

@@ -163,6 +163,48 @@ def test_every_tma_store_epilogue_gives_the_same_bits(tile, store, m, n, monkeyp
     np.testing.assert_array_equal(cp.asnumpy(out32), cp.asnumpy(want32))
 
 
+def dependent_chain(x, ws, residual, steps: int):
+    """GEMMs each reading what the one before wrote: bf16 out of one the next's input, and the f32 residual
+    added onto in place (a GEMM started before the last one's writes landed would read stale rows or lose adds)."""
+    for i in range(steps):
+        h = kernels.gemm(x, ws[i % len(ws)], relu=True)
+        kernels.gemm(h, ws[(i + 1) % len(ws)], residual=residual, out=residual)
+        x = residual.astype(BF16)
+    return residual
+
+
+@pytest.mark.skipif(not kernels.wgmma_available(), reason="programmatic launches are of the wgmma GEMMs")
+@pytest.mark.parametrize("m", [64, 4100])
+def test_programmatic_launches_give_the_bits_of_plain_ones(m, monkeypatch):
+    """The wgmma GEMMs go out as programmatic dependent launches (launch.py): a chain of GEMMs each reading the
+    last one's output, eagerly and as a CUDA graph, gives the bits of CuPy's launches one after the other; and
+    the driver took them (launch.py gave nothing up)."""
+    from nllbcli.engine import launch
+
+    ws = [to_device_bf16(rng.normal(size=(512, 512)).astype(np.float32) / 24) for _ in range(3)]
+    x = to_device_bf16(rng.normal(size=(m, 512)).astype(np.float32))
+    start = cp.asarray(rng.normal(size=(m, 512)).astype(np.float32))
+    monkeypatch.setattr(launch, "ENABLED", False)
+    want = cp.asnumpy(dependent_chain(x, ws, start.copy(), 12))
+    monkeypatch.setattr(launch, "ENABLED", True)
+    assert launch.available(), launch._failed
+    got = cp.asnumpy(dependent_chain(x, ws, start.copy(), 12))
+    np.testing.assert_array_equal(got, want)
+    stream = cp.cuda.Stream(non_blocking=True)
+    residual = start.copy()
+    x_fixed = x.copy()
+    with stream:
+        dependent_chain(x_fixed, ws, residual, 1)  # compiled and warm before the capture
+        residual[:] = start
+        stream.begin_capture()
+        dependent_chain(x_fixed, ws, residual, 12)
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(residual), want)
+    assert launch._failed is None
+
+
 def test_logits_argmax_breaks_ties_towards_the_lower_id():
     h = to_device_bf16(np.ones((3, 16), np.float32))
     w = np.zeros((300, 16), np.float32)
