@@ -33,15 +33,35 @@ ABBREVIATIONS = frozenset(
 )
 NO_SPACE_LANGUAGES = ("zho", "yue", "jpn")  # written without spaces between sentences
 
-LINE_BREAK = re.compile(r"\s*[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]\s*")
+BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # line breaks
+LINE_BREAK = re.compile(f"\\s*[{BREAKS}]\\s*")
 BOUNDARY = re.compile(
     f"(?:[{re.escape(ANYWHERE)}][{re.escape(ANYWHERE + SPACED)}]*|[{re.escape(SPACED)}]+)[{re.escape(CLOSERS)}]*"
+)
+
+
+# Where a text may split: a line break, a mark that ends a sentence anywhere, or a spaced mark (and closers) before
+# whitespace. A text without any is one sentence (or none), which split_text answers without its walk: most rows
+# (the reader's thread splits every row, holding the GIL the thread driving the GPU waits for).
+MAY_SPLIT = re.compile(
+    f"[{BREAKS}{re.escape(ANYWHERE)}]|[{re.escape(SPACED)}][{re.escape(CLOSERS)}]*\\s"
 )
 
 
 def split_text(text: str) -> tuple[list[str], list[str]]:
     """The sentences of `text` and the whitespace around them: `gaps[0] + s[0] + gaps[1] + ... + s[-1] + gaps[-1]`
     is `text`, with one gap more than sentences. Sentences are never empty and never begin or end with whitespace."""
+    if not MAY_SPLIT.search(text):
+        body = text.strip()
+        if not body:
+            return [], [text]
+        start = text.index(body)
+        return [body], [text[:start], text[start + len(body):]]
+    return split_walk(text)
+
+
+def split_walk(text: str) -> tuple[list[str], list[str]]:
+    """split_text, line by line and mark by mark."""
     sentences: list[str] = []
     gaps: list[str] = []
     pending = ""  # whitespace before the next sentence

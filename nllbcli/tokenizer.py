@@ -61,6 +61,7 @@ class NllbTokenizer(BatchEncode):
     def __init__(self, sp: spm.SentencePieceProcessor, piece_ids: np.ndarray, lang_ids: dict[str, int], mask_id: int):
         self.sp = sp
         self.piece_ids = piece_ids  # sentencepiece id -> NLLB id
+        self.piece_list = piece_ids.tolist()  # the same as a list: a sentence's few ids looked up 3x faster
         self.lang_ids = lang_ids  # FLORES-200 code -> NLLB id, in id order
         self.mask_id = mask_id
         self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
@@ -135,7 +136,8 @@ class NllbTokenizer(BatchEncode):
     def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
         """NLLB ids of the sentencepiece pieces of `text` (sp_ids: sentencepiece's ids of it, where known),
         without language or end tokens."""
-        ids = self.piece_ids[self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids].tolist()
+        lookup = self.piece_list
+        ids = [lookup[i] for i in (self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids)]
         if text and not text[-1].isalnum() and self.normalizer.Normalize(text).endswith(" "):
             ids.append(self.space_id)
         return ids
@@ -180,6 +182,7 @@ class M2M100Tokenizer(BatchEncode):
         unk = vocab["<unk>"]
         # sentencepiece id -> model id: a piece fairseq's dictionary lacks is <unk>, as transformers maps it
         self.piece_ids = np.array([vocab.get(sp.IdToPiece(i), unk) for i in range(sp.GetPieceSize())], dtype=np.int64)
+        self.piece_list = self.piece_ids.tolist()
         self.piece_of_id = {i: piece for piece, i in vocab.items() if piece not in SPECIAL_TOKENS}
         first_lang = len(vocab)
         self.lang_ids = {code: first_lang + i for i, code in enumerate(lang_codes)}  # "en" -> id of "__en__"
@@ -226,7 +229,8 @@ class M2M100Tokenizer(BatchEncode):
         return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
 
     def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
-        return self.piece_ids[self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids].tolist()
+        lookup = self.piece_list
+        return [lookup[i] for i in (self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids)]
 
     def encode(self, text: str, src_lang: str) -> list[int]:
         """`[__src__] pieces </s>`: what the encoder reads."""

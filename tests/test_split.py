@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nllbcli.split import ANYWHERE, SPACED, join_sentences, split_text
+from nllbcli.split import ANYWHERE, SPACED, join_sentences, split_text, split_walk
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,19 @@ def test_split_loses_nothing_and_keeps_order(text):
     for gap in gaps:
         assert not gap.strip()
     assert bool(sentences) == bool(text.strip())
+
+
+@settings(max_examples=1500, deadline=None)
+@given(TEXT)
+def test_the_shortcut_splits_as_the_walk(text):
+    """split_text answers texts with no place to split without walking them: the same sentences and gaps."""
+    assert split_text(text) == split_walk(text)
+
+
+@pytest.mark.parametrize("text", ["Hello world.", "  Hello world.  ", "Hi.There", "3.14 is pi", "x!", "«Oui»", "\t", "",
+                                  "a.\u00a0b", "Done.)", "Done.) ", "Is it?” ", "wait... what", "a;b", "Ναι;"])
+def test_the_shortcut_on_single_sentences(text):
+    assert split_text(text) == split_walk(text)
 
 
 @settings(max_examples=200, deadline=None)
