@@ -45,6 +45,11 @@ EXTRA_TILES = {
     "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0),
     "wg256st": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=1),
     "wg256stc2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1),
+    # the residual into L2 that many stages before a tile's end (PREFETCH_OUT; the f32 shapes only)
+    "wg256pf4": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=4),
+    "wg256pf8": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=8),
+    "wg256pf16": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=16),
+    "wg64k2pf4": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2, PREFETCH_OUT=4),
 }
 _EPILOGUES = r"""
 #include <cuda_bf16.h>

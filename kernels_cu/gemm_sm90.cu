@@ -69,6 +69,12 @@
 #ifndef PDL  // 1: griddepcontrol, so that launched as a programmatic dependent (kernels.py, launch.py) the launch and
 #define PDL 0  // the set-up overlap the kernel before; no-ops in a plain launch
 #endif
+#ifndef PREFETCH_OUT  // TMA_STORE 2: k-steps before a tile's end at which its residual is fetched into L2 (0: not)
+#define PREFETCH_OUT 0
+#endif
+#ifndef OUT_BOXES  // OUT_3D: boxes a copy (map_out's third box dimension)
+#define OUT_BOXES 1
+#endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -175,6 +181,26 @@ __device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(0), "r"(y), "r"(z) : "memory");
 #endif
 }
+
+#if PREFETCH_OUT && TMA_STORE == 2
+// The output tile t's boxes (as the epilogue's copies address them) fetched into L2.
+__device__ __forceinline__ void prefetch_out(const TensorMap* map, int t, int tiles_m, int tiles_n, int m_fastest) {
+    const int row0 = (m_fastest ? t % tiles_m : t / tiles_n) * BM, col0 = (m_fastest ? t / tiles_m : t % tiles_n) * BN;
+#pragma unroll
+    for (int r = 0; r < BM; r += 64)
+#if OUT_3D
+#pragma unroll
+        for (int c = 0; c < BN; c += 32 * OUT_BOXES)
+            asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n"
+                         ::"l"((unsigned long long)map), "r"(0), "r"(row0 + r), "r"((col0 + c) / 32) : "memory");
+#else
+#pragma unroll
+        for (int c = 0; c < BN; c += 32)
+            asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n"
+                         ::"l"((unsigned long long)map), "r"(col0 + c), "r"(row0 + r) : "memory");
+#endif
+}
+#endif
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows, 128-byte swizzled: rows in groups of 8
 // (1,024 bytes apart); the start address moves 32 bytes per 16 columns of k.
@@ -421,6 +447,11 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #else
                     tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
                     tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
+#endif
+#if PREFETCH_OUT && TMA_STORE == 2
+                    // the residual the epilogue adds onto, into L2 a few stages before it is needed (streaming A
+                    // through L2 had pushed it out to DRAM)
+                    if (kt == (k_tiles > PREFETCH_OUT ? k_tiles - PREFETCH_OUT : 0)) prefetch_out(&map_out, t, tiles_m, tiles_n, m_fastest);
 #endif
                 }
             }
