@@ -67,6 +67,34 @@ import sys
 import time
 
 
+def instrument(calls: dict) -> None:
+    """[start, end] of the engine's own parts into `calls`: "encode" (the encoder's launches, host time), "search"
+    (the decoding loop, fetching the ids included) and "fetch" (the host waiting for a step's ids: the GPU's
+    time it did not hide). In a job against the engine alone they show where the job's generate loses time."""
+    import nllbcli.search as search
+    from nllbcli.engine import cuda
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                calls.setdefault(name, []).append([start, time.time()])
+
+        return call
+
+    copy = cuda.copy_to_host_later
+
+    def copy_timed(a):
+        return timed("fetch", copy(a))
+
+    cuda.copy_to_host_later = copy_timed
+    cuda.CudaEngine.encode = timed("encode", cuda.CudaEngine.encode)
+    search.greedy_search = timed("search", search.greedy_search)
+    search.beam_search = timed("search", search.beam_search)
+
+
 def probe(argv: list[str]) -> None:
     """`nllb` with timestamps: run in the child process, before anything else is imported."""
     events = {"probe_start": time.time()}
@@ -104,6 +132,10 @@ def probe(argv: list[str]) -> None:
         return result
 
     translator.load_translator, translator.Translator.generate = timed_load, timed_generate
+    try:
+        instrument(calls)
+    except ImportError:  # no CuPy: the CPU's engine
+        pass
     import nllbcli.pipeline as pipeline
 
     def timed(name, fn):
@@ -431,6 +463,8 @@ def host_breakdown(events: dict, calls: dict) -> dict:
             "between_chunks_s": sum(b[0] - a[1] for a, b in zip(chunks, chunks[1:])) if chunks else None,
             "chunks": len(chunks),
             "prepare_s": total("prepare"),
+            # inside generate: the encoder's launches, the decoding loop, and in it the waits for the GPU's ids
+            "encode_s": total("encode"), "search_s": total("search"), "fetch_s": total("fetch"),
             "load_end_to_first_generate_s": generate[0][0] - events["load_end"] if "load_end" in events else None,
             "last_generate_to_exit_s": events["exit"] - generate[-1][1] if "exit" in events else None}
 
@@ -563,6 +597,7 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
         if "host" in job:  # where the job's time beyond the engine's went
             result["job_host"] = job["host"]
             result["engine_same_batches_s"] = same["seconds"]
+            result["engine_parts_s"] = {k: same[k] for k in ("encode_s", "search_s", "fetch_s") if k in same}
         for batch, r in engine.get("fixed_batches", {}).items():
             result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
     emit(result, out)
@@ -603,12 +638,18 @@ def engine_only(config: dict) -> None:
         every += ids
         batches += [[ids[i] for i in batch] for batch in plan_batches({i: len(s) for i, s in enumerate(ids)}, batching.max_batch_tokens)]
 
+    calls: dict[str, list] = {}
+    if translator.device.startswith("cuda"):
+        instrument(calls)
+
     def timed(plan: list[list[list[int]]]) -> dict:
         translator.generate(plan[0], tgt, options)  # warm-up: every module this batch size needs, loaded
+        calls.clear()
         t0 = time.perf_counter()
         tokens = sum(len(o) for batch in plan for o in translator.generate(batch, tgt, options))
         seconds = time.perf_counter() - t0
-        return {"batches": len(plan), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+        parts = {f"{name}_s": sum(end - start for start, end in spans) for name, spans in calls.items()}
+        return {"batches": len(plan), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, **parts}
 
     result = {"device": translator.device, "load_s": load_s, "sentences": len(every),
               "same_batches": {**timed(batches), "batching": {"max_batch_tokens": batching.max_batch_tokens,
