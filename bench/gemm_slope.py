@@ -29,9 +29,7 @@ EXTRA_TILES = {
     # a name ending in "r": timed with register stores (no staging buffer: the stages keep its shared memory)
     "wg256s4r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg256s2r": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=2),
-    "wg256pf": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1),  # the fixed cost's parts (TMA stores)
-    "wg256rd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, WAIT_READ=1),
-    "wg256pfrd": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_MAPS=1, WAIT_READ=1),
+    # (prefetching the tensor maps, and waiting for the last copies' reads only: no change, PERF.md ninth session)
     "wg256skip": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=1),  # no epilogue
     "wg256smem": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=2),  # into shared memory, not stored
     "wg256tma": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, EPI_SKIP=3),  # stored, shared memory not written

@@ -30,6 +30,14 @@
 // in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
 // (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
 // order, rounded to nearest, subnormals flushed as --use_fast_math flushes them there.
+// How the TMA_STORE epilogue leaves (kernels.STORE_OPTIONS picks; a 128 x 256 bf16 tile's epilogue ~2.4 -> ~1.4 us,
+// docs/PERF.md ninth session): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
+// matrices an instruction; EPI_CHUNKS splits a pass into chunks of whole boxes, each handed to the TMA unit as
+// soon as it is written, while the next is; OUT_3D makes map_out 3-D (out seen as (N / box columns, M, box
+// columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box.
+// PREFETCH_OUT (TMA_STORE 2): that many stages before a tile's end the producer asks L2 for the tile's residual.
+// PDL: griddepcontrol.launch_dependents at the start and griddepcontrol.wait before any global memory is touched,
+// so that launched as a programmatic dependent (launch.py) the launch and set-up overlap the kernel before.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -45,13 +53,7 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0
 #endif
-#ifndef PREFETCH_MAPS  // 1: the producer prefetches the tensor maps' descriptors before the barriers' set-up (measuring)
-#define PREFETCH_MAPS 0
-#endif
-#ifndef WAIT_READ  // 1: a block's last TMA stores are waited for until read out of shared memory, not until written
-#define WAIT_READ 0
-#endif
-#ifndef EPI_SKIP
+#ifndef EPI_SKIP  // (measuring) 1: no epilogue; 2: the tile into shared memory, no copies; 3: copies, nothing written
 #define EPI_SKIP 0
 #endif
 #ifndef OUT_3D  // 1: map_out is 3-D, and a chunk's boxes leave in one copy (else a copy a box)
@@ -407,15 +409,6 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #define TILE_N(t) (m_fastest ? (t) / tiles_m : (t) % tiles_n)
 #define SKIPPED(t) (needed && !needed[TILE_M(t) * tiles_n + TILE_N(t)])
 
-#if PREFETCH_MAPS
-    if (threadIdx.x == 128) {  // not the thread that sets up the barriers
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_a) : "memory");
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_w) : "memory");
-#if TMA_STORE
-        asm volatile("prefetch.tensormap [%0];\n" ::"l"((unsigned long long)&map_out) : "memory");
-#endif
-    }
-#endif
 #if PDL  // launched as a programmatic dependent: let the next kernel's launch begin, and wait for the kernel before
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // (no-ops when launched without the attribute)
 #endif
@@ -547,10 +540,6 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #endif
     }
 #if TMA_STORE
-#if WAIT_READ
-    if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the buffers are read
-#else
     if (tid % 128 == 0) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last copies are out
-#endif
 #endif
 }
