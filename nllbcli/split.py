@@ -55,7 +55,7 @@ def split_text(text: str) -> tuple[list[str], list[str]]:
         body = text.strip()
         if not body:
             return [], [text]
-        start = text.index(body)
+        start = len(text) - len(text.lstrip())
         return [body], [text[:start], text[start + len(body):]]
     return split_walk(text)
 
