@@ -38,6 +38,7 @@ EXTRA_TILES = {
     # faster than wg64n8k4: docs/PERF.md, eighth session)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
+    "wg64n8k8": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=3, KSTEPS=8),  # 3 stages of 72 KB (FFN2 at 64 rows)
     # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
     # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
     "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),
