@@ -207,6 +207,10 @@ def greedy_continuous(engine, sources: list[list[int]], tgt_lang_id, config: Mod
 
     tgt_lang_id: one id for all sentences or one per sentence. stats: a dict, filled with counts: groups,
     joins, waits (admissions refused for want of room), steps (decoder steps), row_steps (rows over all steps).
+
+    The translator does not use it: on the H200 it gave the static batches' ids at 0.99-1.00 of their speed
+    (bench/continuous.py, docs/PERF.md ninth session). A step's time is proportional to its rows here, and static
+    batches already drop their finished rows, so fewer, fuller steps save nothing.
     """
     if options.beam_size != 1:
         raise ValueError(f"continuous batching runs greedy search (beam size 1), not beam size {options.beam_size}")
