@@ -316,3 +316,21 @@ def test_a_failed_commit_leaves_the_chunks_before_it(fake, tmp_path, monkeypatch
     assert calls == [0, 2048]
     assert (tmp_path / ".out.txt.nllb-partial").read_text() == "".join(f"{i}"[::-1] + "a\n" for i in range(2048))
     assert json.loads((tmp_path / ".out.txt.nllb-state.json").read_text())["position"]["rows"] == 2048
+
+
+def test_a_job_restores_the_cyclic_collector(tmp_path):
+    """While a job runs the collector is set to collect rarely, and what was alive before it is frozen out of
+    its walks; after the job (done or failed) Python's settings are back."""
+    import gc
+
+    from nllbcli import pipeline
+
+    before = gc.get_threshold()
+    with pipeline.fewer_collections():
+        assert gc.get_threshold() == pipeline.GC_THRESHOLD
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError):
+        with pipeline.fewer_collections():
+            raise RuntimeError("a job that fails")
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -60,6 +60,21 @@ def test_encode_many_gives_each_texts_encode(name):
     assert type(got[1]) is type(alone.value) and str(got[1]) == str(alone.value)
 
 
+def test_encode_many_in_several_calls(monkeypatch):
+    """Many texts go to sentencepiece a few at a time (ENCODE_CALL): the same ids, in order, over the calls'
+    edges, and a bad text still fails alone."""
+    import nllbcli.tokenizer as tokenizer_module
+
+    tok = tokenizer_module.tokenizer_from_model_dir(HERE / "models" / "tiny-a")
+    texts = [f"Sentence number {i}, {'with more words ' * (i % 5)}done." for i in range(23)]
+    langs = ["eng_Latn"] * len(texts)
+    want = [tok.encode(t, "eng_Latn") for t in texts]
+    monkeypatch.setattr(tokenizer_module, "ENCODE_CALL", 4)
+    assert tok.encode_many(texts, langs) == want
+    got = tok.encode_many(texts[:5] + ["bad \ud800 text"] + texts[5:], langs + ["eng_Latn"])
+    assert got[:5] + got[6:] == want and isinstance(got[5], Exception)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_decode_skips_special_and_language_tokens_as_transformers(name):
     tok = tokenizer(name)
