@@ -340,11 +340,13 @@ def input_stats(lines: list[str], tokenizer, src: str) -> dict:
 # -------------------------------------------------------------------------------------------------- processes
 
 
-def run_process(command: list[str], env: dict, timeout: float, stdout_path: Path, stderr_path: Path) -> dict:
-    """Run, time with a wall clock around it, kill its process group past `timeout`."""
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+def run_process(command: list[str], env: dict, timeout: float, stdout_path: Path, stderr_path: Path,
+                stdin_path: Path | None = None) -> dict:
+    """Run, time with a wall clock around it, kill its process group past `timeout`; stdin from `stdin_path`."""
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err, \
+            (open(stdin_path, "rb") if stdin_path else open(os.devnull, "rb")) as given:
         t0 = time.time()
-        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+        process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=err, stdin=given,
                                    start_new_session=True)
         try:
             code = process.wait(timeout=timeout)
@@ -401,13 +403,14 @@ class Runner:
             options += ["--max-batch-tokens", str(a.max_batch_tokens)]
         if a.chunk_rows:
             options += ["--chunk-rows", str(a.chunk_rows)]
-        options += shlex.split(a.nllb_args) + [str(source), str(output)]
+        # --nllb-stdin: the input through a pipe, which nllb reads and tokenizes on its main thread (no reader thread)
+        options += shlex.split(a.nllb_args) + ["-" if a.nllb_stdin else str(source), str(output)]
         if a.plain:
             command = [a.nllb_python, "-m", "nllbcli.cli", *options]
         else:
             command = [a.nllb_python, str(Path(__file__).resolve()), "__probe__", *options]
         run = run_process(command, self.env(cache_dir, NLLB_E2E_PROBE=str(probe_file)), timeout or a.timeout,
-                          self.work / f"{tag}.stdout", self.work / f"{tag}.stderr")
+                          self.work / f"{tag}.stdout", self.work / f"{tag}.stderr", source if a.nllb_stdin else None)
         record = {"what": "nllb_run", "label": label, "input": source.name, "cache_dir": str(cache_dir or self.cache_dir),
                   "wall_s": run["wall_s"], "exit": run["exit"], "summary": summary_of(self.work / f"{tag}.stderr"),
                   "command": shlex.join(command), "output": str(output)}
@@ -699,6 +702,8 @@ def main() -> int:
     parser.add_argument("--transformers-python", default=sys.executable, help="interpreter with torch and transformers")
     parser.add_argument("--skip-transformers", action="store_true", help="no transformers runs (A then gives nllb's time alone)")
     parser.add_argument("--no-check", action="store_true", help="skip the tokenizer check against transformers")
+    parser.add_argument("--nllb-stdin", action="store_true", help="nllb reads its input from stdin: read and tokenized on "
+                        "its main thread, between batches, not on a reader thread beside the GPU's (C: what the thread costs)")
     parser.add_argument("--plain", action="store_true", help="run `python -m nllbcli.cli` without start-up timestamps")
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args()
