@@ -21,7 +21,7 @@
 // overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
 // other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
 // barrier is more than one phase ahead of a waiting consumer.
-// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers; BN >= 64): each consumer writes its 64 x BN
+// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers; BN a multiple of 64): each consumer writes its 64 x BN
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
@@ -80,8 +80,8 @@
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
-#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN < 64)
-#error "TMA_STORE is for the store epilogue of cooperative consumers, 64 columns or more"
+#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
+#error "TMA_STORE is for the store epilogue of cooperative consumers, a multiple of 64 columns"
 #endif
 #if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
 #ifndef PP_ROWS
@@ -256,6 +256,13 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[1][8][4], unsigned long lon
                  : "l"(desc_a), "l"(desc_b));
 }
 
+__device__ __forceinline__ void wgmma_n96(float (&d)[1][12][4], unsigned long long desc_a, unsigned long long desc_b) {
+    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {" REGS_0_31 ", "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, 1, 1, 1, 0, 0;\n}\n"
+                 : ACC16(0), ACC16(4), ACC16(8)
+                 : "l"(desc_a), "l"(desc_b));
+}
+
 __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long long desc_a, unsigned long long desc_b) {
     asm volatile("{\nwgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_95 "}, %96, "
                  "%97, 1, 1, 1, 0, 0;\n}\n"
@@ -294,12 +301,14 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 #define WGMMA wgmma_n64
 #elif BN == 128
 #define WGMMA wgmma_n128
+#elif BN == 96
+#define WGMMA wgmma_n96
 #elif BN == 192
 #define WGMMA wgmma_n192
 #elif BN == 256
 #define WGMMA wgmma_n256
 #else
-#error "BN must be 8, 16, 32, 64, 128, 192 or 256"
+#error "BN must be 8, 16, 32, 64, 96, 128, 192 or 256"
 #endif
 
 // The producer's registers handed to the consumers (setmaxnreg): 65,536 a block, multiples of 8.

@@ -239,7 +239,7 @@ def tile_rows(name: str) -> int:
 
 def stores_only(name: str) -> bool:
     """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
-    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] < 64
+    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] % 64 != 0
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -311,7 +311,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
-        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn >= 64 and out is not None:
+        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn % 64 == 0 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 staging = bm * bn * 2  # bf16 tile; f32 in two passes
