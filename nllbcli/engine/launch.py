@@ -4,7 +4,7 @@ A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may
 and their set-up run, while the kernel before it in the stream finishes; gemm_sm90.cu (PDL) waits for that
 kernel (griddepcontrol.wait: done, its writes seen) before it reads or writes any array, so results are those
 of launches one after the other. Back to back, a GEMM's launch and set-up hide behind the last kernel's tail:
-~1-2 us a GEMM, a tenth of a 64-row GEMM's time (docs/PERF.md, ninth session). Stream capture records the
+~0.5-0.8 us a GEMM, 10-15% of a 64-row GEMM's time (docs/PERF.md, ninth session). Stream capture records the
 dependency into CUDA graphs. CuPy's RawKernel has no way to ask for it, hence ctypes. NLLB_PDL=0: CuPy's launches.
 """
 
