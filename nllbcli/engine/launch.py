@@ -78,7 +78,13 @@ def launch(kernel, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
     grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
     config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem,
                           ctypes.c_void_p(cp.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
-    rc = _launch_kernel_ex(ctypes.byref(config), ctypes.c_void_p(kernel.kernel.ptr), pointers, None)
+    try:
+        function = kernel.kernel.ptr  # the RawKernel's CUfunction
+    except AttributeError as error:  # a CuPy without it
+        _failed = f"no CUfunction: {error}"
+        kernel(grid, block, args, shared_mem=smem)
+        return
+    rc = _launch_kernel_ex(ctypes.byref(config), ctypes.c_void_p(function), pointers, None)
     if rc:
         _failed = f"cuLaunchKernelEx: CUresult {rc}"
         kernel(grid, block, args, shared_mem=smem)
