@@ -24,6 +24,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -163,9 +164,10 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                 outcomes, sentences = prepare_records(translator, chunk, job)
                 return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
 
+            delay = HELPER_DELAY if translator.device.startswith("cuda") else 0.0
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
-                             first=first_chunk_rows(translator, batching)) as reader, \
-                    (Finisher() if FINISHER else Inline()) as finisher:
+                             first=first_chunk_rows(translator, batching), delay=delay) as reader, \
+                    (Finisher(delay) if FINISHER else Inline()) as finisher:
                 for chunk, position, (outcomes, sentences, batches) in reader:
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
@@ -337,8 +339,9 @@ class ChunkReader:
     neither be waited for nor left behind (Python aborts at exit when a thread holds stdin's lock)."""
 
     def __init__(self, source: Input, size: int, prepare: Callable[[list[Record]], object], ahead: bool = True,
-                 first: int | None = None):
+                 first: int | None = None, delay: float = 0.0):
         self.source, self.size, self.prepare, self.ahead, self.first = source, size, prepare, ahead, first
+        self.delay = delay  # seconds the thread waits after the caller takes a chunk (see HELPER_DELAY)
         self.position = replace(source.position)
         self.thread: threading.Thread | None = None
         self.turn = threading.Semaphore(0)  # a chunk may be read: one ahead of the caller
@@ -380,6 +383,10 @@ class ChunkReader:
                     self.turn.acquire()
                     if self.stop.is_set():
                         return
+                    if self.delay:  # the caller starts a chunk: its batch's first launches go first
+                        self.stop.wait(self.delay)
+                        if self.stop.is_set():
+                            return
                 ready.put(("end", None, replace(self.source.position), None))
             except BaseException as error:  # noqa: BLE001 - every error goes to the caller, in its turn
                 ready.put(("error", error, None, None))
@@ -398,6 +405,11 @@ class ChunkReader:
 
 
 FINISHER = os.environ.get("NLLB_FINISHER", "1") == "1"  # 0: decode, write and commit on the main thread (Inline)
+# On a GPU, the helper threads hold back this long when their work comes at a batch's end (the finisher's decoding
+# of the batch, the reader's next chunk once the caller takes one): the GPU is idle then until the main thread
+# has queued the next batch's encoder (a few ms of Python), which the helpers' Python would slow down, each
+# holding the GIL up to the switch interval at a time. Their work has a whole batch's time to get done.
+HELPER_DELAY = float(os.environ.get("NLLB_HELPER_DELAY", "0.02"))
 
 
 class Inline:
@@ -424,7 +436,8 @@ class Finisher:
     an error leaves the block, that error goes on. The wait is a critical section: no stop signal interrupts
     it while the finisher may be writing."""
 
-    def __init__(self):
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay  # seconds a task that finds the queue empty waits before it runs (see HELPER_DELAY)
         self.tasks: queue.Queue = queue.Queue()
         self.error: BaseException | None = None  # the first error; no task runs after it
         self.reported = False
@@ -438,6 +451,8 @@ class Finisher:
             task, chunk_end = self.tasks.get()
             if task is None:
                 return
+            if self.delay and self.tasks.empty():  # just submitted: at a batch's end, the main thread's moment
+                time.sleep(self.delay)
             if self.error is None:
                 try:
                     task()
