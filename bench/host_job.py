@@ -28,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from nllbcli.checkpoint import ModelConfig  # noqa: E402
 from nllbcli.options import GPU_BATCHING, DecodeOptions  # noqa: E402
 from nllbcli.pipeline import Job, translate_file  # noqa: E402
 from nllbcli.tokenizer import tokenizer_from_model_dir  # noqa: E402
@@ -40,8 +41,9 @@ class SleepingTranslator:
     device = "cuda"  # the GPU's chunking (a small first chunk)
 
     def __init__(self, rate: float, gil_share: float):
-        self.tokenizer = tokenizer_from_model_dir(ROOT / "data" / "samples" / "model")
-        self.config = type("Config", (), {"max_position_embeddings": 1024})()
+        self.model_dir = str(ROOT / "data" / "samples" / "model")  # for NLLB_READER=process's tokenizer
+        self.config = ModelConfig.from_json(Path(self.model_dir) / "config.json")
+        self.tokenizer = tokenizer_from_model_dir(Path(self.model_dir), self.config)
         self.rate, self.gil_share, self.slept, self.calls = rate, gil_share, 0.0, 0
         self.outputs = np.random.default_rng(0).integers(4, 3000, size=(1000, NEW_TOKENS)).tolist()
 

@@ -160,9 +160,13 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     try:
         end = source.position
         if not (saved and saved.done):
-            def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
+            def prepare_here(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
                 outcomes, sentences = prepare_records(translator, chunk, job)
                 return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
+
+            prepare = prepare_here
+            if READER == "process" and job.input != "-" and getattr(translator, "model_dir", ""):
+                prepare = stack.enter_context(ProcessPrepare(translator, job, batching.max_batch_tokens, prepare_here))
 
             delay = HELPER_DELAY if translator.device.startswith("cuda") else 0.0
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
@@ -402,6 +406,82 @@ class ChunkReader:
                 return
             self.turn.release()  # read the next chunk while the caller works on this one
             yield chunk, position, prepared
+
+
+READER = os.environ.get("NLLB_READER", "thread")  # "process": chunks tokenized in a process of its own (measuring)
+
+
+class ProcessPrepare:
+    """A reader's `prepare` that tokenizes and plans each chunk in a process of its own (NLLB_READER=process, for
+    measuring): the reader thread only sends the rows' texts (and their language fields) and takes back the
+    prepared chunk, so the tokenizing's Python never takes the GIL from the thread driving the GPU. The first
+    chunk is prepared here (`first`) while the process starts. A context manager: leaving it ends the process."""
+
+    def __init__(self, translator: Translator, job: Job, max_batch_tokens: int, first: Callable):
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # not fork: the parent has CUDA and threads
+        self.conn, child = context.Pipe()
+        self.job, self.first = job, first
+        self.process = context.Process(
+            target=prepare_worker, name="nllb-tokenizer", daemon=True,
+            args=(child, translator.model_dir, translator.config, job, max_batch_tokens))
+        self.process.start()
+        child.close()
+
+    def __call__(self, chunk: list[Record]):
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first(chunk)
+        names = [name for name in (self.job.src_field, self.job.tgt_field) if name]
+        self.conn.send([(r.index, r.text, {n: r.fields[n] for n in names if n in r.fields}, r.error, r.where)
+                        for r in chunk])
+        try:
+            kind, value = self.conn.recv()
+        except (EOFError, OSError):
+            raise NllbError("the tokenizing process ended before its chunk was done") from None
+        if kind == "error":
+            raise value
+        return value
+
+    def __enter__(self) -> "ProcessPrepare":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.conn.close()
+
+
+def prepare_worker(conn, model_dir: str, config, job: Job, max_batch_tokens: int) -> None:
+    """ProcessPrepare's process: rows in, (outcomes, sentences, batches) or ("error", the error) out."""
+    import signal
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from .tokenizer import tokenizer_from_model_dir
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the job; it ends this process
+    translator = SimpleNamespace(tokenizer=tokenizer_from_model_dir(Path(model_dir), config), config=config)
+    while True:
+        try:
+            rows = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if rows is None:
+            return
+        try:
+            records = [Record(index, text, fields, error, where) for index, text, fields, error, where in rows]
+            outcomes, sentences = prepare_records(translator, records, job)
+            conn.send(("done", (outcomes, sentences, plan_chunk(sentences, max_batch_tokens))))
+        except Exception as error:  # noqa: BLE001 - the reader raises it in its chunk's turn
+            conn.send(("error", error))
 
 
 FINISHER = os.environ.get("NLLB_FINISHER", "1") == "1"  # 0: decode, write and commit on the main thread (Inline)

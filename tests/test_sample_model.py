@@ -62,3 +62,46 @@ def test_reference_model_matches_transformers_on_the_sample_model(index):
     outputs = tr.generate(sources, case["tgt_lang"], options)
     assert outputs == case["output_ids"]
     assert [tr.tokenizer.decode(o) for o in outputs] == case["output_texts"]
+
+
+@pytest.mark.parametrize("on_error", ["skip", "fail"])
+def test_tokenizing_in_a_process_of_its_own_gives_the_same_job(tmp_path, monkeypatch, on_error):
+    """NLLB_READER=process (the chunks after the first tokenized and planned in a process of its own): the same
+    output file, row for row, as the reader thread, with rows naming their own languages, a row that is not
+    JSON and (with --on-error fail) a row naming a language the model lacks, whose error stops the job the
+    same way in either mode."""
+    from click.testing import CliRunner
+
+    from nllbcli import pipeline
+    from nllbcli.cli import cli
+
+    rows = [{"text": t} for t in heldout("eng_Latn")[:7]]
+    rows[2]["tgt_lang"] = "deu_Latn"
+    rows[4] = {"text": heldout("fra_Latn")[4], "src_lang": "fra_Latn", "tgt_lang": "ita_Latn"}
+    lines = [json.dumps(row) for row in rows]
+    if on_error == "skip":
+        lines.insert(5, "{not json")
+    else:  # the error comes from the process's chunk
+        lines.insert(5, json.dumps({"text": "Hello.", "tgt_lang": "xxx_Latn"}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    results, sent = {}, []
+    call = pipeline.ProcessPrepare.__call__
+
+    def counted(self, chunk):
+        sent.append(self.first is None)  # a chunk for the process (the first is prepared here)
+        return call(self, chunk)
+
+    monkeypatch.setattr(pipeline.ProcessPrepare, "__call__", counted)
+    for reader in ("thread", "process"):
+        monkeypatch.setattr(pipeline, "READER", reader)
+        out = tmp_path / f"{reader}.jsonl"
+        result = CliRunner().invoke(cli, ["translate", "-q", "--model", str(MODEL), "--device", "cpu", "--src", "eng_Latn",
+                                          "--tgt", "fra_Latn", "--chunk-rows", "3", "--max-length", "24",
+                                          "--on-error", on_error, str(tmp_path / "in.jsonl"), str(out)])
+        results[reader] = (result.exit_code, result.output, out.read_text(encoding="utf-8") if out.exists() else None)
+    assert results["process"] == results["thread"]
+    assert sent.count(True) >= 1  # chunks went through the process
+    if on_error == "skip":
+        assert results["thread"][0] == 3 and len(results["thread"][2].splitlines()) == 7  # 3: rows were skipped
+    else:
+        assert results["thread"][0] != 0 and results["thread"][2] is None and "in.jsonl:6" in results["thread"][1]
