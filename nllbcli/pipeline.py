@@ -304,6 +304,7 @@ def read_chunks(records: Iterable[Record], size: int, first: int | None = None) 
 
 SWITCH_INTERVAL = 0.0005  # seconds: how long the GIL may stay with one thread while another waits for it
 GC_THRESHOLD = (50_000, 20, 100)  # the cyclic collector's, while a job runs (Python's own: 700, 10, 10)
+FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
 
 
 @contextmanager
@@ -326,7 +327,6 @@ def fewer_collections():
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
-FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
 
 
 class ChunkReader:
