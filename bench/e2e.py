@@ -67,6 +67,18 @@ import sys
 import time
 
 
+def spans_into(calls: dict, name: str, fn):
+    """fn, recording each call's [start, end] (wall clock) into calls[name]."""
+    def call(*args, **kwargs):
+        start = time.time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            calls.setdefault(name, []).append([start, time.time()])
+
+    return call
+
+
 def instrument(calls: dict) -> None:
     """[start, end] of the engine's own parts into `calls`: "encode" (the encoder's launches, host time), "search"
     (the decoding loop, fetching the ids included) and "fetch" (the host waiting for a step's ids: the GPU's
@@ -75,14 +87,7 @@ def instrument(calls: dict) -> None:
     from nllbcli.engine import cuda
 
     def timed(name, fn):
-        def call(*args, **kwargs):
-            start = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                calls.setdefault(name, []).append([start, time.time()])
-
-        return call
+        return spans_into(calls, name, fn)
 
     copy = cuda.copy_to_host_later
 
@@ -139,14 +144,7 @@ def probe(argv: list[str]) -> None:
     import nllbcli.pipeline as pipeline
 
     def timed(name, fn):
-        def call(*args, **kwargs):
-            start = time.time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                calls[name].append([start, time.time()])
-
-        return call
+        return spans_into(calls, name, fn)
 
     # the reader thread's tokenizing, and the main thread's writing and committing, where the pipeline has them
     for name, attr in (("prepare", "prepare_records"), ("write", "write_chunk"), ("translate", "translate_prepared"),
