@@ -38,11 +38,6 @@ EXTRA_TILES = {
     # faster than wg64n8k4: docs/PERF.md, eighth session)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
-    "wg64n8k8": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=3, KSTEPS=8),  # 3 stages of 72 KB (FFN2 at 64 rows)
-    # 64 x 96: QKV at 256 rows in 128 tiles (wg64k2's 64 x 128: 96 tiles, a quarter of the SMs idle); stored from
-    # the registers (the TMA store takes whole 64-column boxes)
-    "wg64n96k2": dict(kind="sm90", BN=96, CONSUMERS=1, STAGES=4, KSTEPS=2),
-    "wg64n96k4": dict(kind="sm90", BN=96, CONSUMERS=1, STAGES=2, KSTEPS=4),
     # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
     # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
     "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),
@@ -50,11 +45,6 @@ EXTRA_TILES = {
     "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0),
     "wg256st": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=1),
     "wg256stc2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1),
-    # the residual into L2 that many stages before a tile's end (PREFETCH_OUT; the f32 shapes only)
-    "wg256pf4": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=4),
-    "wg256pf8": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=8),
-    "wg256pf16": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, PREFETCH_OUT=16),
-    "wg64k2pf4": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2, PREFETCH_OUT=4),
 }
 _EPILOGUES = r"""
 #include <cuda_bf16.h>

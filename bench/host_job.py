@@ -41,7 +41,7 @@ class SleepingTranslator:
     device = "cuda"  # the GPU's chunking (a small first chunk)
 
     def __init__(self, rate: float, gil_share: float):
-        self.model_dir = str(ROOT / "data" / "samples" / "model")  # for NLLB_READER=process's tokenizer
+        self.model_dir = str(ROOT / "data" / "samples" / "model")
         self.config = ModelConfig.from_json(Path(self.model_dir) / "config.json")
         self.tokenizer = tokenizer_from_model_dir(Path(self.model_dir), self.config)
         self.rate, self.gil_share, self.slept, self.calls = rate, gil_share, 0.0, 0

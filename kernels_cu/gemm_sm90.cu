@@ -35,7 +35,6 @@
 // matrices an instruction; EPI_CHUNKS splits a pass into chunks of whole boxes, each handed to the TMA unit as
 // soon as it is written, while the next is; OUT_3D makes map_out 3-D (out seen as (N / box columns, M, box
 // columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box.
-// PREFETCH_OUT (TMA_STORE 2): that many stages before a tile's end the producer asks L2 for the tile's residual.
 // PDL: griddepcontrol.launch_dependents at the start and griddepcontrol.wait before any global memory is touched,
 // so that launched as a programmatic dependent (launch.py) the launch and set-up overlap the kernel before.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
@@ -70,9 +69,6 @@
 #endif
 #ifndef PDL  // 1: griddepcontrol, so that launched as a programmatic dependent (kernels.py, launch.py) the launch and
 #define PDL 0  // the set-up overlap the kernel before; no-ops in a plain launch
-#endif
-#ifndef PREFETCH_OUT  // TMA_STORE 2: k-steps before a tile's end at which its residual is fetched into L2 (0: not)
-#define PREFETCH_OUT 0
 #endif
 #ifndef OUT_BOXES  // OUT_3D: boxes a copy (map_out's third box dimension)
 #define OUT_BOXES 1
@@ -184,26 +180,6 @@ __device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src
 #endif
 }
 
-#if PREFETCH_OUT && TMA_STORE == 2
-// The output tile t's boxes (as the epilogue's copies address them) fetched into L2.
-__device__ __forceinline__ void prefetch_out(const TensorMap* map, int t, int tiles_m, int tiles_n, int m_fastest) {
-    const int row0 = (m_fastest ? t % tiles_m : t / tiles_n) * BM, col0 = (m_fastest ? t / tiles_m : t % tiles_n) * BN;
-#pragma unroll
-    for (int r = 0; r < BM; r += 64)
-#if OUT_3D
-#pragma unroll
-        for (int c = 0; c < BN; c += 32 * OUT_BOXES)
-            asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n"
-                         ::"l"((unsigned long long)map), "r"(0), "r"(row0 + r), "r"((col0 + c) / 32) : "memory");
-#else
-#pragma unroll
-        for (int c = 0; c < BN; c += 32)
-            asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n"
-                         ::"l"((unsigned long long)map), "r"(col0 + c), "r"(row0 + r) : "memory");
-#endif
-}
-#endif
-
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows, 128-byte swizzled: rows in groups of 8
 // (1,024 bytes apart); the start address moves 32 bytes per 16 columns of k.
 __device__ __forceinline__ unsigned long long smem_desc(const void* p) {
@@ -256,13 +232,6 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[1][8][4], unsigned long lon
                  : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ void wgmma_n96(float (&d)[1][12][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {" REGS_0_31 ", "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, 1, 1, 1, 0, 0;\n}\n"
-                 : ACC16(0), ACC16(4), ACC16(8)
-                 : "l"(desc_a), "l"(desc_b));
-}
-
 __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long long desc_a, unsigned long long desc_b) {
     asm volatile("{\nwgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_95 "}, %96, "
                  "%97, 1, 1, 1, 0, 0;\n}\n"
@@ -301,14 +270,12 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 #define WGMMA wgmma_n64
 #elif BN == 128
 #define WGMMA wgmma_n128
-#elif BN == 96
-#define WGMMA wgmma_n96
 #elif BN == 192
 #define WGMMA wgmma_n192
 #elif BN == 256
 #define WGMMA wgmma_n256
 #else
-#error "BN must be 8, 16, 32, 64, 96, 128, 192 or 256"
+#error "BN must be 8, 16, 32, 64, 128, 192 or 256"
 #endif
 
 // The producer's registers handed to the consumers (setmaxnreg): 65,536 a block, multiples of 8.
@@ -449,11 +416,6 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #else
                     tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
                     tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
-#endif
-#if PREFETCH_OUT && TMA_STORE == 2
-                    // the residual the epilogue adds onto, into L2 a few stages before it is needed (streaming A
-                    // through L2 had pushed it out to DRAM)
-                    if (kt == (k_tiles > PREFETCH_OUT ? k_tiles - PREFETCH_OUT : 0)) prefetch_out(&map_out, t, tiles_m, tiles_n, m_fastest);
 #endif
                 }
             }

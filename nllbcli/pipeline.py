@@ -24,7 +24,6 @@ import os
 import queue
 import sys
 import threading
-import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from itertools import islice
@@ -160,18 +159,13 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     try:
         end = source.position
         if not (saved and saved.done):
-            def prepare_here(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
+            def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
                 outcomes, sentences = prepare_records(translator, chunk, job)
                 return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
 
-            prepare = prepare_here
-            if READER == "process" and job.input != "-" and getattr(translator, "model_dir", ""):
-                prepare = stack.enter_context(ProcessPrepare(translator, job, batching.max_batch_tokens, prepare_here))
-
-            delay = HELPER_DELAY if translator.device.startswith("cuda") else 0.0
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
-                             first=first_chunk_rows(translator, batching), delay=delay) as reader, \
-                    (Finisher(delay) if FINISHER else Inline()) as finisher:
+                             first=first_chunk_rows(translator, batching)) as reader, \
+                    (Finisher() if FINISHER else Inline()) as finisher:
                 for chunk, position, (outcomes, sentences, batches) in reader:
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
@@ -343,9 +337,8 @@ class ChunkReader:
     neither be waited for nor left behind (Python aborts at exit when a thread holds stdin's lock)."""
 
     def __init__(self, source: Input, size: int, prepare: Callable[[list[Record]], object], ahead: bool = True,
-                 first: int | None = None, delay: float = 0.0):
+                 first: int | None = None):
         self.source, self.size, self.prepare, self.ahead, self.first = source, size, prepare, ahead, first
-        self.delay = delay  # seconds the thread waits after the caller takes a chunk (see HELPER_DELAY)
         self.position = replace(source.position)
         self.thread: threading.Thread | None = None
         self.turn = threading.Semaphore(0)  # a chunk may be read: one ahead of the caller
@@ -387,10 +380,6 @@ class ChunkReader:
                     self.turn.acquire()
                     if self.stop.is_set():
                         return
-                    if self.delay:  # the caller starts a chunk: its batch's first launches go first
-                        self.stop.wait(self.delay)
-                        if self.stop.is_set():
-                            return
                 ready.put(("end", None, replace(self.source.position), None))
             except BaseException as error:  # noqa: BLE001 - every error goes to the caller, in its turn
                 ready.put(("error", error, None, None))
@@ -408,88 +397,7 @@ class ChunkReader:
             yield chunk, position, prepared
 
 
-READER = os.environ.get("NLLB_READER", "thread")  # "process": chunks tokenized in a process of its own (measuring)
-
-
-class ProcessPrepare:
-    """A reader's `prepare` that tokenizes and plans each chunk in a process of its own (NLLB_READER=process, for
-    measuring): the reader thread only sends the rows' texts (and their language fields) and takes back the
-    prepared chunk, so the tokenizing's Python never takes the GIL from the thread driving the GPU. The first
-    chunk is prepared here (`first`) while the process starts. A context manager: leaving it ends the process."""
-
-    def __init__(self, translator: Translator, job: Job, max_batch_tokens: int, first: Callable):
-        import multiprocessing
-
-        context = multiprocessing.get_context("spawn")  # not fork: the parent has CUDA and threads
-        self.conn, child = context.Pipe()
-        self.job, self.first = job, first
-        self.process = context.Process(
-            target=prepare_worker, name="nllb-tokenizer", daemon=True,
-            args=(child, translator.model_dir, translator.config, job, max_batch_tokens))
-        self.process.start()
-        child.close()
-
-    def __call__(self, chunk: list[Record]):
-        if self.first is not None:
-            first, self.first = self.first, None
-            return first(chunk)
-        names = [name for name in (self.job.src_field, self.job.tgt_field) if name]
-        self.conn.send([(r.index, r.text, {n: r.fields[n] for n in names if n in r.fields}, r.error, r.where)
-                        for r in chunk])
-        try:
-            kind, value = self.conn.recv()
-        except (EOFError, OSError):
-            raise NllbError("the tokenizing process ended before its chunk was done") from None
-        if kind == "error":
-            raise value
-        return value
-
-    def __enter__(self) -> "ProcessPrepare":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.conn.send(None)
-        except OSError:
-            pass
-        self.process.join(timeout=10)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join()
-        self.conn.close()
-
-
-def prepare_worker(conn, model_dir: str, config, job: Job, max_batch_tokens: int) -> None:
-    """ProcessPrepare's process: rows in, (outcomes, sentences, batches) or ("error", the error) out."""
-    import signal
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    from .tokenizer import tokenizer_from_model_dir
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the job; it ends this process
-    translator = SimpleNamespace(tokenizer=tokenizer_from_model_dir(Path(model_dir), config), config=config)
-    while True:
-        try:
-            rows = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
-        if rows is None:
-            return
-        try:
-            records = [Record(index, text, fields, error, where) for index, text, fields, error, where in rows]
-            outcomes, sentences = prepare_records(translator, records, job)
-            conn.send(("done", (outcomes, sentences, plan_chunk(sentences, max_batch_tokens))))
-        except Exception as error:  # noqa: BLE001 - the reader raises it in its chunk's turn
-            conn.send(("error", error))
-
-
 FINISHER = os.environ.get("NLLB_FINISHER", "1") == "1"  # 0: decode, write and commit on the main thread (Inline)
-# On a GPU, the helper threads hold back this long when their work comes at a batch's end (the finisher's decoding
-# of the batch, the reader's next chunk once the caller takes one): the GPU is idle then until the main thread
-# has queued the next batch's encoder (a few ms of Python), which the helpers' Python would slow down, each
-# holding the GIL up to the switch interval at a time. Their work has a whole batch's time to get done.
-HELPER_DELAY = float(os.environ.get("NLLB_HELPER_DELAY", "0.02"))
 
 
 class Inline:
@@ -516,8 +424,7 @@ class Finisher:
     an error leaves the block, that error goes on. The wait is a critical section: no stop signal interrupts
     it while the finisher may be writing."""
 
-    def __init__(self, delay: float = 0.0):
-        self.delay = delay  # seconds a task that finds the queue empty waits before it runs (see HELPER_DELAY)
+    def __init__(self):
         self.tasks: queue.Queue = queue.Queue()
         self.error: BaseException | None = None  # the first error; no task runs after it
         self.reported = False
@@ -531,8 +438,6 @@ class Finisher:
             task, chunk_end = self.tasks.get()
             if task is None:
                 return
-            if self.delay and self.tasks.empty():  # just submitted: at a batch's end, the main thread's moment
-                time.sleep(self.delay)
             if self.error is None:
                 try:
                     task()

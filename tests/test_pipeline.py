@@ -211,33 +211,6 @@ def test_chunk_reader_gives_chunks_in_order_with_their_positions():
         assert reader.position.rows == 10
 
 
-def test_helper_threads_that_hold_back_give_the_same_chunks_and_tasks():
-    """On a GPU the reader waits a moment after the caller takes a chunk, and the finisher before a task that
-    finds it idle (HELPER_DELAY): the same chunks, positions and tasks, in order; leaving the reader during its
-    wait stops it at once."""
-    import time
-
-    from nllbcli.pipeline import ChunkReader, Finisher
-
-    source, prepare = reader_of(10, [])
-    with ChunkReader(source, 4, prepare, delay=0.05) as reader:
-        got = [([r.index for r in chunk], position.rows, prepared) for chunk, position, prepared in reader]
-    assert got == [([0, 1, 2, 3], 4, ["ROW 0", "ROW 1", "ROW 2", "ROW 3"]), ([4, 5, 6, 7], 8, ["ROW 4", "ROW 5", "ROW 6", "ROW 7"]),
-                   ([8, 9], 10, ["ROW 8", "ROW 9"])]
-    source, prepare = reader_of(100, [])
-    start = time.monotonic()
-    with ChunkReader(source, 4, prepare, delay=30) as reader:
-        next(iter(reader))
-        time.sleep(0.05)  # the thread is in its wait now
-    assert time.monotonic() - start < 5
-    ran = []
-    with Finisher(0.01) as finisher:
-        for i in range(5):
-            finisher.submit(lambda i=i: ran.append(i), chunk_end=i % 2 == 1)
-        finisher.wait()
-    assert ran == [0, 1, 2, 3, 4]
-
-
 def test_chunk_reader_reads_one_chunk_ahead_at_most():
     import time
 

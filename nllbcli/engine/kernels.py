@@ -251,10 +251,9 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # 3-D map of out); EPI_CHUNKS, copies a pass (at most: a divisor of its boxes), each out while the next part is
 # written; STMATRIX (bf16), the tile into shared memory by stmatrix. All three: the epilogue of a 128 x 256 bf16
 # tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
-# PREFETCH_OUT (f32 onto the residual): that many stages before a tile's end its residual is fetched into L2 (not
-# measured yet: 0)
-STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1, "PREFETCH_OUT": 0}
-KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "PREFETCH_OUT": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
+# (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
+STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1}
+KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
 
@@ -323,8 +322,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                 boxes = pass_cols // chunks // box_cols  # boxes a copy
                 out_3d = store_options["OUT_3D"] and boxes > 1 and n % box_cols == 0
                 chosen = dict(OUT_3D=int(out_3d), EPI_CHUNKS=chunks, STMATRIX=int(store == 1 and store_options["STMATRIX"]),
-                              OUT_BOXES=boxes if out_3d else 1,
-                              PREFETCH_OUT=store_options["PREFETCH_OUT"] if store == 2 else 0)
+                              OUT_BOXES=boxes if out_3d else 1)
                 # the kernel's own defaults stay out of its defines (one compiled kernel for one configuration)
                 tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
                 out_map = tensor_map(out, 64, boxes if out_3d else 1)

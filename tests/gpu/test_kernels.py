@@ -135,7 +135,7 @@ def test_gemm_onto_its_residual_in_place(tile, m, n, monkeypatch):
 
 STORE_VARIANTS = [dict(OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0), dict(OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
                   dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0), dict(OUT_3D=0, EPI_CHUNKS=2, STMATRIX=1),
-                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1), dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1, PREFETCH_OUT=2)]
+                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1)]
 
 
 @pytest.mark.skipif(not kernels.wgmma_available(), reason="the TMA store needs Hopper")
