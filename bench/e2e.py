@@ -82,7 +82,9 @@ def spans_into(calls: dict, name: str, fn):
 def instrument(calls: dict) -> None:
     """[start, end] of the engine's own parts into `calls`: "encode" (the encoder's launches, host time), "search"
     (the decoding loop, fetching the ids included) and "fetch" (the host waiting for a step's ids: the GPU's
-    time it did not hide). In a job against the engine alone they show where the job's generate loses time."""
+    time it did not hide); inside the search, "start" (the decoder's set-up: its copies to the device wait for
+    the encoder's work queued before them) and "select" (rows that ended leave the state: copies too). In a
+    job against the engine alone they show where the job's generate loses time."""
     import nllbcli.search as search
     from nllbcli.engine import cuda
 
@@ -96,6 +98,8 @@ def instrument(calls: dict) -> None:
 
     cuda.copy_to_host_later = copy_timed
     cuda.CudaEngine.encode = timed("encode", cuda.CudaEngine.encode)
+    cuda.CudaEngine.start = timed("start", cuda.CudaEngine.start)
+    cuda.CudaEngine.select = timed("select", cuda.CudaEngine.select)
     search.greedy_search = timed("search", search.greedy_search)
     search.beam_search = timed("search", search.beam_search)
 
@@ -466,6 +470,7 @@ def host_breakdown(events: dict, calls: dict) -> dict:
             "prepare_s": total("prepare"),
             # inside generate: the encoder's launches, the decoding loop, and in it the waits for the GPU's ids
             "encode_s": total("encode"), "search_s": total("search"), "fetch_s": total("fetch"),
+            "start_s": total("start"), "select_s": total("select"),
             "load_end_to_first_generate_s": generate[0][0] - events["load_end"] if "load_end" in events else None,
             "last_generate_to_exit_s": events["exit"] - generate[-1][1] if "exit" in events else None}
 
@@ -598,7 +603,7 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
         if "host" in job:  # where the job's time beyond the engine's went
             result["job_host"] = job["host"]
             result["engine_same_batches_s"] = same["seconds"]
-            result["engine_parts_s"] = {k: same[k] for k in ("encode_s", "search_s", "fetch_s") if k in same}
+            result["engine_parts_s"] = {k: same[k] for k in ("encode_s", "search_s", "fetch_s", "start_s", "select_s") if k in same}
         for batch, r in engine.get("fixed_batches", {}).items():
             result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
     emit(result, out)
