@@ -88,7 +88,10 @@ def main() -> int:
         now = timed(lambda: kernels.gemm(a, w, bias=bias, residual=out, out=out), inner=10)
         want = residual.copy()
         kernels.gemm(a, w, bias=bias, residual=want, out=want)
-        halves = [(a[:, :K // 2], w[:, :K // 2]), (a[:, K // 2:], w[:, K // 2:])]
+        # each half as an array of its own (gemm takes C-contiguous operands; a split kernel would read the halves
+        # of A and W in place, through TMA maps of the same bytes)
+        halves = [(cp.ascontiguousarray(a[:, :K // 2]), cp.ascontiguousarray(w[:, :K // 2])),
+                  (cp.ascontiguousarray(a[:, K // 2:]), cp.ascontiguousarray(w[:, K // 2:]))]
         parts = [cp.empty((m, N), dtype=cp.float32) for _ in halves]
         row = {"what": f"FFN2 split in two halves, {m} rows", "shape": [m, K, N], "now_tflops": flops / now / 1e12,
                "now_us": now * 1e6, "halves_us": {}}
