@@ -116,3 +116,30 @@ def test_bf16_round_is_round_to_nearest_even():
     x = np.array([1.0, 1.00390625, 1.005859375, 1.01171875, -3.14159, 0.0], dtype=np.float32)
     # 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to the even one, 1.0
     np.testing.assert_array_equal(ref.bf16_round(x), np.array([1.0, 1.0, 1.0078125, 1.015625, -3.140625, 0.0], np.float32))
+
+
+def test_bf16_residual_rounds_the_stream_at_every_add(monkeypatch):
+    """bf16_residual (for measuring what a bf16 residual stream would change, bench/residual_bf16.py): every value
+    the stream takes is a bfloat16, and the logits move by rounding only; without it the stream stays float32."""
+    config, weights = load_checkpoint(HERE / "models" / "tiny-a")
+    sources = [[400 + 47, 20, 30, 40, 2], [400 + 47] + list(range(10, 30)) + [2]]
+    seen = {False: [], True: []}
+    logits = {}
+    for on in (False, True):
+        engine = ref.ReferenceEngine(config, weights, bf16_residual=on)
+        stream = engine.res
+
+        def spy(x, stream=stream, on=on):
+            seen[on].append(stream(x))
+            return seen[on][-1]
+
+        monkeypatch.setattr(engine, "res", spy)
+        encoded = engine.encode(sources)
+        state = engine.start(encoded, np.arange(2), 4)
+        logits[on] = engine.step(encoded, state, np.array([2, 2]))
+    # the embeddings and the encoder's two adds a layer, then the decoder's embedding and three adds a layer
+    assert len(seen[True]) == 1 + 2 * config.encoder_layers + 1 + 3 * config.decoder_layers
+    assert all(np.array_equal(x, ref.bf16_round(x)) for x in seen[True])
+    assert not all(np.array_equal(x, ref.bf16_round(x)) for x in seen[False])
+    assert not np.array_equal(logits[True], logits[False])
+    np.testing.assert_allclose(logits[True], logits[False], atol=0.05 * np.abs(logits[False]).max())

@@ -150,12 +150,16 @@ class ReferenceEngine:
 
     xp = np  # where the search keeps its beam arrays
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False,
+                 bf16_residual: bool = False):
         self.config = config
         self.w = weights
         # bf16_activations: round every GEMM input and every stored K/V to bfloat16 where the GPU engine does,
         # so that the GPU can be checked against the same numbers, not only against float32.
         self.r = bf16_round if bf16_activations else keep
+        # bf16_residual (for measuring, bench/residual_bf16.py): the residual stream rounded to bfloat16 at each
+        # add, as transformers keeps it in bf16; the GPU engine keeps it in float32
+        self.res = bf16_round if bf16_residual else keep
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
 
@@ -186,13 +190,13 @@ class ReferenceEngine:
         mask = ids != c.pad_token_id  # (B, S)
         # positions start past the padding index; pad tokens take the zero row (transformers' create_position_ids)
         positions = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
-        h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s))  # (B, S, D)
+        h = self.res(embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s)))  # (B, S, D)
         for i in range(c.encoder_layers):
             p = f"encoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
-            h = h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads)
+            h = self.res(h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads))
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = h + self.ffn(p, x)
+            h = self.res(h + self.ffn(p, x))
         h = self.r(layernorm(h, w["encoder.layer_norm.weight"], w["encoder.layer_norm.bias"]))
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
@@ -237,7 +241,7 @@ class ReferenceEngine:
         tokens = np.asarray(tokens, dtype=np.int64)
         # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
         positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
-        h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(state.length + 1))[:, None, :]
+        h = self.res(embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(state.length + 1)))[:, None, :]
         every, keys = np.arange(n), state.length + 1
         # each row attends to its own positions 0..t, the others' later ones masked (None: rows in lockstep, all see all)
         own = None if (t == keys - 1).all() else np.arange(keys)[None, :] <= t[:, None]  # (N, T)
@@ -252,16 +256,16 @@ class ReferenceEngine:
             if own is not None:  # past a row's own positions lies whatever its cache row held (np.empty's, gather_rows'):
                 k_keys, v_keys = (np.where(own[:, :, None], kv, np.float32(0)) for kv in (k_keys, v_keys))  # zeros: no NaN * 0
             out = self.r(attention(q, k_keys, v_keys, own, heads))
-            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            h = self.res(h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"]))
 
             x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
             q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
             out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
-            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            h = self.res(h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"]))
 
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = h + self.ffn(p, x)
+            h = self.res(h + self.ffn(p, x))
         state.t = t + 1
         if not want_logits:
             return None
