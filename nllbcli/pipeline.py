@@ -296,7 +296,8 @@ def read_chunks(records: Iterable[Record], size: int, first: int | None = None) 
         take = size
 
 
-SWITCH_INTERVAL = 0.0005  # seconds: how long the GIL may stay with one thread while another waits for it
+# seconds: how long the GIL may stay with one thread while another waits for it (NLLB_SWITCH_INTERVAL: measuring)
+SWITCH_INTERVAL = float(os.environ.get("NLLB_SWITCH_INTERVAL", "0.0005"))
 GC_THRESHOLD = (50_000, 20, 100)  # the cyclic collector's, while a job runs (Python's own: 700, 10, 10)
 FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
 
