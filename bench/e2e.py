@@ -603,7 +603,8 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
         if "host" in job:  # where the job's time beyond the engine's went
             result["job_host"] = job["host"]
             result["engine_same_batches_s"] = same["seconds"]
-            result["engine_parts_s"] = {k: same[k] for k in ("encode_s", "search_s", "fetch_s", "start_s", "select_s") if k in same}
+            parts = ("encode_s", "search_s", "fetch_s", "start_s", "select_s")
+            result["engine_parts_s"] = {k: same[k] for k in parts if k in same}
         for batch, r in engine.get("fixed_batches", {}).items():
             result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
     emit(result, out)

@@ -59,7 +59,8 @@ def main() -> int:
 
     config, eng = engines(SAMPLE)
     tok = tokenizer_from_model_dir(SAMPLE, config)
-    texts = {lang: (HELDOUT / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[: args.sentences] for lang in LANGS}
+    texts = {lang: (HELDOUT / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[: args.sentences]
+             for lang in LANGS}
     changed = {"bf16 vs f32 stream": 0, "f32 stream vs float32 reference": 0, "bf16 stream vs float32 reference": 0}
     total = 0
     right = {"f32": 0, "bf16": 0, "ref": 0}

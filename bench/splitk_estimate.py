@@ -28,18 +28,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engine_bench import hold_gpu, timed  # noqa: E402
+from bench.gemm_variants import EXTRA_TILES  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 
 N, K = 1024, 4096  # FFN2 of the 600M shape: d_model x FFN
-HALF_TILES = {  # tiles for a half (K = 2,048), the engine's and narrower ones
-    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),
-    "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
-    "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
-    "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
-    "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
-    "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
-    "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
-}
+# tiles for a half (K = 2,048): the engine's, and gemm_variants' 64 x 16
+HALF_TILES = ("wg64n8k4", "wg64n16k4", "wg64n32k4", "wg64nk4", "wg64k2", "wg128k2", "wg256")
 COMBINE = cp.ElementwiseKernel(
     "float32 p0, float32 p1, float32 bias, float32 residual", "float32 out",
     "float acc = p0 + p1; out = (acc + bias) + residual", "ffn2_split_combine")
@@ -75,7 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     if not kernels.wgmma_available():
         raise SystemExit("needs a Hopper GPU (the engine's wgmma GEMMs)")
-    kernels.GEMM_TILES.update({k: v for k, v in HALF_TILES.items() if k not in kernels.GEMM_TILES})
+    kernels.GEMM_TILES.setdefault("wg64n16k4", EXTRA_TILES["wg64n16k4"])
     rng = cp.random.default_rng(0)
     w = (rng.standard_normal((N, K), dtype=cp.float32) * 0.02).astype(kernels.BF16)
     bias = rng.standard_normal(N, dtype=cp.float32) * 0.1

@@ -208,7 +208,8 @@ def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1, box_bytes: int = 12
     raw = np.zeros(TENSOR_MAP.itemsize + 64, np.uint8)  # the driver wants the map 64-byte aligned
     offset = -raw.ctypes.data % 64
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    F32_TYPE, BF16_TYPE, SWIZZLE_NONE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 0, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
+    # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ..., CU_TENSOR_MAP_SWIZZLE_NONE, ..., CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+    F32_TYPE, BF16_TYPE, SWIZZLE_NONE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 0, 3, 2
     data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
     swizzle = SWIZZLE_128B if box_bytes == 128 else SWIZZLE_NONE
     inner = box_bytes // a.itemsize
@@ -254,7 +255,7 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
 # (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
 STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1}
-KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
+KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1, "OUT_BOX_COLS": 64}  # gemm_sm90.cu's
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
 
@@ -322,14 +323,12 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
                 box_cols, pass_cols = (out_box, bn) if store == 1 else (32, bn // 2)
-                if box_cols != 64 and store == 1:
-                    tile["OUT_BOX_COLS"] = box_cols
                 per_pass = pass_cols // box_cols  # boxes a pass
                 chunks = max(c for c in range(1, store_options["EPI_CHUNKS"] + 1) if per_pass % c == 0)
                 boxes = pass_cols // chunks // box_cols  # boxes a copy
                 out_3d = store_options["OUT_3D"] and boxes > 1 and n % box_cols == 0
                 chosen = dict(OUT_3D=int(out_3d), EPI_CHUNKS=chunks, STMATRIX=int(store == 1 and store_options["STMATRIX"]),
-                              OUT_BOXES=boxes if out_3d else 1)
+                              OUT_BOXES=boxes if out_3d else 1, OUT_BOX_COLS=box_cols if store == 1 else 64)
                 # the kernel's own defaults stay out of its defines (one compiled kernel for one configuration)
                 tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
                 out_map = tensor_map(out, 64, boxes if out_3d else 1, box_cols * out.itemsize)

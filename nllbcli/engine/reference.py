@@ -190,7 +190,8 @@ class ReferenceEngine:
         mask = ids != c.pad_token_id  # (B, S)
         # positions start past the padding index; pad tokens take the zero row (transformers' create_position_ids)
         positions = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
-        h = self.res(embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s)))  # (B, S, D)
+        h = self.res(embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale,
+                           self.positions_for(s)))  # (B, S, D)
         for i in range(c.encoder_layers):
             p = f"encoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
@@ -241,7 +242,8 @@ class ReferenceEngine:
         tokens = np.asarray(tokens, dtype=np.int64)
         # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
         positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
-        h = self.res(embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale, self.positions_for(state.length + 1)))[:, None, :]
+        h = self.res(embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale,
+                           self.positions_for(state.length + 1)))[:, None, :]
         every, keys = np.arange(n), state.length + 1
         # each row attends to its own positions 0..t, the others' later ones masked (None: rows in lockstep, all see all)
         own = None if (t == keys - 1).all() else np.arange(keys)[None, :] <= t[:, None]  # (N, T)
