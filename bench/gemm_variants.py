@@ -38,10 +38,6 @@ EXTRA_TILES = {
     # faster than wg64n8k4: docs/PERF.md, eighth session)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
-    # 64 x 96: QKV at 256 rows in 128 tiles (wg64k2's 64 x 128: 96, a quarter of the SMs idle); bf16 stored
-    # through 64 x 32 boxes (OUT_BOX_COLS), the f32 shapes from the registers (docs/PERF.md, tenth session)
-    "wg64n96k2": dict(kind="sm90", BN=96, CONSUMERS=1, STAGES=4, KSTEPS=2, OUT_BOX_COLS=32),
-    "wg64n96k4": dict(kind="sm90", BN=96, CONSUMERS=1, STAGES=3, KSTEPS=4, OUT_BOX_COLS=32),
     # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
     # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
     "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),

@@ -26,7 +26,6 @@
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
 // tile that no product overlapped (docs/PERF.md). map_out: `out`'s tensor map, box 64 x 64 (else unused).
-// OUT_BOX_COLS 32 (BN a multiple of 32, as 96): boxes of 64 x 32, rows of 64 bytes without a swizzle.
 // TMA_STORE 2 (f32 out onto its residual, in place: out is residual): the same with relu?(acc + bias) in f32,
 // in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
 // (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
@@ -71,20 +70,14 @@
 #ifndef PDL  // 1: griddepcontrol, so that launched as a programmatic dependent (kernels.py, launch.py) the launch and
 #define PDL 0  // the set-up overlap the kernel before; no-ops in a plain launch
 #endif
-#ifndef OUT_BOX_COLS  // TMA_STORE 1: a bf16 box's columns: 64 (rows of 128 bytes, 128-byte swizzle) or 32 (rows of
-#define OUT_BOX_COLS 64  // 64 bytes, no swizzle: tiles of 96 columns, which 64-column boxes do not divide)
-#endif
 #ifndef OUT_BOXES  // OUT_3D: boxes a copy (map_out's third box dimension)
 #define OUT_BOXES 1
 #endif
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
-#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % (TMA_STORE == 1 ? OUT_BOX_COLS : 64) != 0)
-#error "TMA_STORE is for the store epilogue of cooperative consumers, whole boxes of columns"
-#endif
-#if OUT_BOX_COLS != 64 && (OUT_BOX_COLS != 32 || TMA_STORE == 2)
-#error "OUT_BOX_COLS is 64, or 32 for bf16 out"
+#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
+#error "TMA_STORE is for the store epilogue of cooperative consumers, a multiple of 64 columns"
 #endif
 #if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
 #ifndef PP_ROWS
@@ -239,13 +232,6 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[1][8][4], unsigned long lon
                  : "l"(desc_a), "l"(desc_b));
 }
 
-__device__ __forceinline__ void wgmma_n96(float (&d)[1][12][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {" REGS_0_31 ", "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, %48, %49, 1, 1, 1, 0, 0;\n}\n"
-                 : ACC16(0), ACC16(4), ACC16(8)
-                 : "l"(desc_a), "l"(desc_b));
-}
-
 __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long long desc_a, unsigned long long desc_b) {
     asm volatile("{\nwgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_95 "}, %96, "
                  "%97, 1, 1, 1, 0, 0;\n}\n"
@@ -284,14 +270,12 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 #define WGMMA wgmma_n64
 #elif BN == 128
 #define WGMMA wgmma_n128
-#elif BN == 96
-#define WGMMA wgmma_n96
 #elif BN == 192
 #define WGMMA wgmma_n192
 #elif BN == 256
 #define WGMMA wgmma_n256
 #else
-#error "BN must be 8, 16, 32, 64, 96, 128, 192 or 256"
+#error "BN must be 8, 16, 32, 64, 128, 192 or 256"
 #endif
 
 // The producer's registers handed to the consumers (setmaxnreg): 65,536 a block, multiples of 8.
@@ -302,8 +286,7 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 #if TMA_STORE
 // TMA_STORE's epilogue, for one consumer warpgroup (tid 0..127 in it): relu?(acc + bias) in bf16 (or, TMA_STORE 2,
 // f32, half the columns a pass) into `stage` (BN / 64 boxes of 8 KB, 64 rows of 128 bytes, 128-byte swizzled: a
-// 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's writes fall in 32 different banks; OUT_BOX_COLS 32:
-// BN / 32 boxes of 4 KB, 64 rows of 64 bytes, not swizzled), then out to rows
+// 16-byte chunk c of row r at chunk c ^ (r % 8), so a warp's writes fall in 32 different banks), then out to rows
 // row0.., columns col0.. of map_out. The copy before must have read the buffer first. bias: 8-byte aligned, N
 // even (the launcher's).
 // bias_lane: the tile's bias, column col0 + lane + 32 i in element i of each lane (0 past N, or with no bias),
@@ -313,9 +296,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
                                                    int col0, const float (&bias_lane)[BN / 32], int relu) {
     const int lane = tid & 31, warp = tid >> 5;
-    constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : OUT_BOX_COLS;
-    // a box: 64 rows of ROW_BYTES, 128-byte rows swizzled (16-byte chunk c of row r at chunk c ^ (r % 8)), 64-byte not
-    constexpr int ROW_BYTES = BOX_COLS * (TMA_STORE == 2 ? 4 : 2), BOX_BYTES = 64 * ROW_BYTES;
+    constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
     constexpr int CHUNK_COLS = PASS_COLS / EPI_CHUNKS, CHUNK_J = CHUNK_COLS / 8;  // a chunk: whole boxes
     static_assert(CHUNK_COLS % BOX_COLS == 0, "EPI_CHUNKS must split a pass into whole boxes");
 #pragma unroll
@@ -344,7 +325,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
                 const int m = lane >> 3, row = warp * 16 + (m & 1) * 8 + (lane & 7), at = (j + (m >> 1)) * 8 - pass * PASS_COLS;
                 const int box = at / BOX_COLS, chunk = (at % BOX_COLS) / 8;
                 asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
-                             ::"r"(smem_addr(stage + box * BOX_BYTES + row * ROW_BYTES + ((ROW_BYTES == 128 ? chunk ^ (row & 7) : chunk) * 16))),
+                             ::"r"(smem_addr(stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16))),
                              "r"(packed[0]), "r"(packed[1]), "r"(packed[2]), "r"(packed[3]) : "memory");
             }
 #else
@@ -359,7 +340,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
                     const int row = warp * 16 + (lane >> 2) + half * 8;
                     float v0 = acc[0][j][half * 2] + b.x, v1 = acc[0][j][half * 2 + 1] + b.y;
                     if (relu) { v0 = fmaxf(v0, 0.f); v1 = fmaxf(v1, 0.f); }
-                    unsigned char* p = stage + box * BOX_BYTES + row * ROW_BYTES + ((ROW_BYTES == 128 ? chunk ^ (row & 7) : chunk) * 16);
+                    unsigned char* p = stage + box * 8192 + row * 128 + ((chunk ^ (row & 7)) * 16);
 #if TMA_STORE == 2
                     *reinterpret_cast<float2*>(p + (at % 4) * 4) = make_float2(v0, v1);
 #else
@@ -373,11 +354,11 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
             if (tid == 0 && EPI_SKIP != 2) {
                 const int first_box = chunk_i * CHUNK_COLS / BOX_COLS, col = col0 + pass * PASS_COLS + chunk_i * CHUNK_COLS;
 #if OUT_3D  // one copy: map_out is the array seen as (N / BOX_COLS, M, BOX_COLS), boxes CHUNK_COLS / BOX_COLS x 64 x BOX_COLS
-                tma_store3(map_out, stage + first_box * BOX_BYTES, row0, col / BOX_COLS);
+                tma_store3(map_out, stage + first_box * 8192, row0, col / BOX_COLS);
 #else
 #pragma unroll
                 for (int box = 0; box < CHUNK_COLS / BOX_COLS; ++box)
-                    tma_store(map_out, stage + (first_box + box) * BOX_BYTES, col + box * BOX_COLS, row0);
+                    tma_store(map_out, stage + (first_box + box) * 8192, col + box * BOX_COLS, row0);
 #endif
                 asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
             }

@@ -194,13 +194,13 @@ def _encode_tiled():
     return fn
 
 
-def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1, box_bytes: int = 128):
+def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
     """The TMA map of a 2-D bf16 or f32 array whose rows are contiguous (a row slice of a wider array will do):
-    boxes of 128 bytes (64 bf16, 32 f32) x box_rows, 128-byte swizzled. steps > 1 (128 bytes | a row): a 3-D map
-    of the array seen as (cols / (128 bytes), rows, 128 bytes), boxes of `steps` such 2-D boxes, one after another
-    (gemm_sm90.cu's KSTEPS, and its OUT_3D). box_bytes 64: boxes of 64 bytes, not swizzled (OUT_BOX_COLS 32)."""
+    boxes of 128 bytes (64 bf16, 32 f32) x box_rows. steps > 1 (128 bytes | a row): a 3-D map of the array seen
+    as (cols / (128 bytes), rows, 128 bytes), boxes of `steps` such 2-D boxes, one after another (gemm_sm90.cu's
+    KSTEPS, and its OUT_3D)."""
     rows, cols = a.shape
-    key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char, steps, box_bytes)
+    key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char, steps)
     found = _maps.get(key)
     if found is not None:
         _maps.move_to_end(key)
@@ -208,20 +208,18 @@ def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1, box_bytes: int = 12
     raw = np.zeros(TENSOR_MAP.itemsize + 64, np.uint8)  # the driver wants the map 64-byte aligned
     offset = -raw.ctypes.data % 64
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ..., CU_TENSOR_MAP_SWIZZLE_NONE, ..., CU_TENSOR_MAP_L2_PROMOTION_L2_128B
-    F32_TYPE, BF16_TYPE, SWIZZLE_NONE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 0, 3, 2
+    F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
     data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
-    swizzle = SWIZZLE_128B if box_bytes == 128 else SWIZZLE_NONE
-    inner = box_bytes // a.itemsize
     if steps > 1:
-        check(cols % inner == 0, f"a 3-D tensor map needs rows of whole {box_bytes}-byte steps")
+        inner = 128 // a.itemsize
+        check(cols % inner == 0, "a 3-D tensor map needs rows of whole 128-byte steps")
         rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 3, a.data.ptr, (u64 * 3)(inner, rows, cols // inner),
-                             (u64 * 2)(a.strides[0], box_bytes), (u32 * 3)(inner, box_rows, steps), (u32 * 3)(1, 1, 1),
-                             0, swizzle, L2_PROMOTE_128B, 0)
+                             (u64 * 2)(a.strides[0], 128), (u32 * 3)(inner, box_rows, steps), (u32 * 3)(1, 1, 1), 0,
+                             SWIZZLE_128B, L2_PROMOTE_128B, 0)
     else:
         rc = _encode_tiled()(raw.ctypes.data + offset, data_type, 2, a.data.ptr, (u64 * 2)(cols, rows),
-                             (u64 * 1)(a.strides[0]), (u32 * 2)(inner, box_rows), (u32 * 2)(1, 1), 0,
-                             swizzle, L2_PROMOTE_128B, 0)
+                             (u64 * 1)(a.strides[0]), (u32 * 2)(128 // a.itemsize, box_rows), (u32 * 2)(1, 1), 0,
+                             SWIZZLE_128B, L2_PROMOTE_128B, 0)
     if rc:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a {rows} x {cols} array")
     made = raw[offset:offset + TENSOR_MAP.itemsize].view(TENSOR_MAP)[0]  # a kernel parameter, passed by value
@@ -255,7 +253,7 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
 # (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
 STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1}
-KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1, "OUT_BOX_COLS": 64}  # gemm_sm90.cu's
+KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
 
@@ -312,26 +310,22 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
-        # bf16 boxes of 64 columns, or of 32 where a tile asks (OUT_BOX_COLS: 96-column tiles); f32 of 32, two passes
-        out_box = tile.pop("OUT_BOX_COLS", 64)
-        bf16_out = residual is None and not out_f32
-        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and out is not None and \
-                bn % (out_box if bf16_out else 64) == 0:
-            store = 1 if bf16_out else 2 if in_place(out, residual) else 0
+        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn % 64 == 0 and out is not None:
+            store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 staging = bm * bn * 2  # bf16 tile; f32 in two passes
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
-                box_cols, pass_cols = (out_box, bn) if store == 1 else (32, bn // 2)
+                box_cols, pass_cols = (64, bn) if store == 1 else (32, bn // 2)
                 per_pass = pass_cols // box_cols  # boxes a pass
                 chunks = max(c for c in range(1, store_options["EPI_CHUNKS"] + 1) if per_pass % c == 0)
                 boxes = pass_cols // chunks // box_cols  # boxes a copy
                 out_3d = store_options["OUT_3D"] and boxes > 1 and n % box_cols == 0
                 chosen = dict(OUT_3D=int(out_3d), EPI_CHUNKS=chunks, STMATRIX=int(store == 1 and store_options["STMATRIX"]),
-                              OUT_BOXES=boxes if out_3d else 1, OUT_BOX_COLS=box_cols if store == 1 else 64)
+                              OUT_BOXES=boxes if out_3d else 1)
                 # the kernel's own defaults stay out of its defines (one compiled kernel for one configuration)
                 tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
-                out_map = tensor_map(out, 64, boxes if out_3d else 1, box_cols * out.itemsize)
+                out_map = tensor_map(out, 64, boxes if out_3d else 1)
         smem = tile["STAGES"] * stage_bytes + 1024 + staging
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a",
                           **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
@@ -339,6 +333,8 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+    if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
+        raise ValueError(f"the {name} tile takes {smem:,} bytes of shared memory, more than a block may have")
     allow_smem(kernel, smem)
     if kind == "sm90":  # compiled with PDL: a programmatic dependent launch (launch.py) where the driver has them
         launch.launch(kernel, grid, (threads,), args, smem)

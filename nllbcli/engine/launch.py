@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
+import threading
 
 import cupy as cp
 import numpy as np
@@ -34,17 +36,47 @@ _failed: str | None = None  # why programmatic launches were given up, if they w
 
 
 def parameter(arg):
-    """A kernel argument as the ctypes object holding the bytes its parameter takes: arrays and absent pointers
-    (NULL, a numpy uint64) as 8-byte pointers, numpy int32s as ints, TMA maps (kernels.TENSOR_MAP) by value."""
+    """A kernel argument as (struct format, alignment, value) of the bytes its parameter takes: arrays and absent
+    pointers (NULL, a numpy uint64) as 8-byte pointers, numpy int32s as ints, TMA maps (kernels.TENSOR_MAP) by
+    value (64-byte aligned, as a CUtensorMap)."""
     if isinstance(arg, cp.ndarray):
-        return ctypes.c_uint64(arg.data.ptr)
+        return "Q", 8, arg.data.ptr
     if isinstance(arg, np.void):
-        return ctypes.create_string_buffer(arg.tobytes(), arg.dtype.itemsize)
+        return f"{arg.dtype.itemsize}s", 64, arg.tobytes()
     if isinstance(arg, np.uint64):
-        return ctypes.c_uint64(int(arg))
+        return "Q", 8, int(arg)
     if isinstance(arg, np.int32):
-        return ctypes.c_int32(int(arg))
+        return "i", 4, int(arg)
     raise TypeError(f"no kernel parameter for {type(arg).__name__}")
+
+
+class Prepared:
+    """What a kernel's launches from one thread share: a buffer its parameters are packed into (struct.pack_into,
+    one call), the array of pointers into it that the driver reads, and the launch config. The driver copies the
+    parameters at the launch, so the next launch may overwrite them. Made once: built per launch from ~40 ctypes
+    objects, an eager GEMM took 127 us of the host's time, 39 us so (docs/PERF.md, eleventh session)."""
+
+    def __init__(self, kernel, args: tuple, function: int):
+        self.kernel = kernel  # held, so that its id (the cache's key) is never another kernel's
+        self.function = ctypes.c_void_p(function)
+        fmt, offsets, at = "=", [], 0
+        for code, align, _ in map(parameter, args):
+            pad = -at % align
+            fmt += "x" * pad + code
+            offsets.append(at + pad)
+            at += pad + struct.calcsize("=" + code)
+        self.format = fmt
+        self.buffer = ctypes.create_string_buffer(max(at, 1) + 64)
+        base = ctypes.addressof(self.buffer)
+        self.shift = -base % 64  # the maps' 64-byte alignment holds in memory too
+        self.pointers = (ctypes.c_void_p * len(args))(*[base + self.shift + o for o in offsets])
+        self.attr = LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
+        self.attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        self.config = LaunchConfig((ctypes.c_uint * 3)(1, 1, 1), (ctypes.c_uint * 3)(1, 1, 1), 0, None,
+                                   ctypes.pointer(self.attr), 1)
+
+
+_prepared: dict[tuple, Prepared] = {}
 
 
 def available() -> bool:
@@ -70,21 +102,23 @@ def launch(kernel, grid: tuple, block: tuple, args: tuple, smem: int) -> None:
     if not available():
         kernel(grid, block, args, shared_mem=smem)
         return
-    params = [parameter(a) for a in args]
-    pointers = (ctypes.c_void_p * len(params))(*[ctypes.cast(p, ctypes.c_void_p) if isinstance(p, ctypes.Array)
-                                                  else ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-    attr = LaunchAttribute(PROGRAMMATIC_STREAM_SERIALIZATION, 0)
-    attr.value[0] = 1  # programmaticStreamSerializationAllowed
-    grid, block = tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block))
-    config = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), smem,
-                          ctypes.c_void_p(cp.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
-    try:
-        function = kernel.kernel.ptr  # the RawKernel's CUfunction
-    except AttributeError as error:  # a CuPy without it
-        _failed = f"no CUfunction: {error}"
-        kernel(grid, block, args, shared_mem=smem)
-        return
-    rc = _launch_kernel_ex(ctypes.byref(config), ctypes.c_void_p(function), pointers, None)
+    key = (id(kernel), cp.cuda.runtime.getDevice(), threading.get_ident())  # kernels live as long as the process
+    prepared = _prepared.get(key)
+    if prepared is None:
+        try:
+            function = kernel.kernel.ptr  # the RawKernel's CUfunction on this device
+        except AttributeError as error:  # a CuPy without it
+            _failed = f"no CUfunction: {error}"
+            kernel(grid, block, args, shared_mem=smem)
+            return
+        prepared = _prepared[key] = Prepared(kernel, args, function)
+    struct.pack_into(prepared.format, prepared.buffer, prepared.shift, *[
+        a.data.ptr if isinstance(a, cp.ndarray) else a.tobytes() if isinstance(a, np.void) else int(a) for a in args])
+    config = prepared.config
+    config.grid[0], config.grid[1], config.grid[2] = tuple(grid) + (1,) * (3 - len(grid))
+    config.block[0], config.block[1], config.block[2] = tuple(block) + (1,) * (3 - len(block))
+    config.smem, config.stream = smem, cp.cuda.get_current_stream().ptr
+    rc = _launch_kernel_ex(ctypes.byref(config), prepared.function, prepared.pointers, None)
     if rc:
         _failed = f"cuLaunchKernelEx: CUresult {rc}"
         kernel(grid, block, args, shared_mem=smem)

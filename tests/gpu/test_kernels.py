@@ -163,33 +163,6 @@ def test_every_tma_store_epilogue_gives_the_same_bits(tile, store, m, n, monkeyp
     np.testing.assert_array_equal(cp.asnumpy(out32), cp.asnumpy(want32))
 
 
-@pytest.mark.skipif(not kernels.wgmma_available(), reason="the TMA store needs Hopper")
-@pytest.mark.parametrize("store", STORE_VARIANTS[2:], ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
-@pytest.mark.parametrize("m,n", [(1000, 320), (70, 192), (4100, 512), (300, 1000), (256, 3072)])
-def test_96_column_tiles_store_32_column_boxes_with_the_same_bits(store, m, n, monkeypatch):
-    """A tile of 96 columns (wgmma n96) stores bf16 through 64 x 32 boxes without a swizzle (OUT_BOX_COLS 32):
-    the bits of its register stores and of a 64-column tile, edges included; f32 onto the residual keeps the
-    register path (96 columns are not two passes of whole 32-column f32 boxes)."""
-    monkeypatch.setitem(kernels.GEMM_TILES, "wg64n96b32",
-                        dict(kind="sm90", BN=96, CONSUMERS=1, STAGES=4, KSTEPS=2, OUT_BOX_COLS=32))
-    a = to_device_bf16(rng.normal(size=(m, 256)).astype(np.float32))
-    w = to_device_bf16(rng.normal(size=(n, 256)).astype(np.float32) / 16)
-    bias = cp.asarray(rng.normal(size=n).astype(np.float32))
-    residual = cp.asarray(rng.normal(size=(m, n)).astype(np.float32))
-    want16, want32 = poisoned((m, n), BF16), residual.copy()
-    kernels.gemm(a, w, bias=bias, relu=True, out=want16, tile="wg64k2")
-    kernels.gemm(a, w, bias=bias, residual=want32, out=want32, tile="wg64k2")
-    for key, value in store.items():
-        monkeypatch.setitem(kernels.STORE_OPTIONS, key, value)
-    for tma in (False, True):
-        monkeypatch.setattr(kernels, "TMA_STORE", tma)
-        out16, out32 = poisoned((m, n), BF16), residual.copy()
-        kernels.gemm(a, w, bias=bias, relu=True, out=out16, tile="wg64n96b32")
-        kernels.gemm(a, w, bias=bias, residual=out32, out=out32, tile="wg64n96b32")
-        np.testing.assert_array_equal(cp.asnumpy(out16.view(cp.uint16)), cp.asnumpy(want16.view(cp.uint16)))
-        np.testing.assert_array_equal(cp.asnumpy(out32), cp.asnumpy(want32))
-
-
 def dependent_chain(x, ws, residual, steps: int):
     """GEMMs each reading what the one before wrote: bf16 out of one the next's input, and the f32 residual
     added onto in place (a GEMM started before the last one's writes landed would read stale rows or lose adds)."""

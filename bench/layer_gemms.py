@@ -1,0 +1,133 @@
+"""A decoder's layer GEMMs as a decode step runs them, against cuBLAS run the way a step could run it.
+
+    python bench/layer_gemms.py [--rows 64,256,1024,4096] [--layers 12] [--out results.jsonl]
+
+Three ways of timing the same GEMMs, side by side, in one run:
+- kernels alone (bench/gemm_variants.py's way, here too for each shape): queued behind a spin kernel, back to
+  back, so that no host time is in them. Ours at 81-101% of cuBLAS's (docs/PERF.md).
+- a single call, as the issue's and FACTS.md's cuBLAS figures were taken ("1,024 x 1,024 x 3,072 takes
+  0.10 ms"): CUDA events around one call from an idle GPU, the host's launch inside; median of 20.
+- a step's stack: `layers` decoder layers' four GEMMs (QKV; attention out onto the f32 residual; FFN1 with its
+  bias and ReLU; FFN2 onto the residual), each layer its own weights, from the first launch to the last
+  kernel's end (events, no spin kernel: the host's launches count, as in a step):
+  - `cublas`: `cupy.matmul` into bf16, no bias (less work than ours), launched one by one: cuBLAS cannot be
+    captured into a CUDA graph (FACTS.md), so a decode step would launch it so;
+  - `cublas+epilogue`: the same with the bias, ReLU and the add onto the residual as a kernel after each;
+  - `ours eager`: the engine's kernels.gemm, launched one by one (programmatic dependents, launch.py);
+  - `ours graph`: the same launches captured once into a CUDA graph and replayed, as the engine's step runs.
+A JSON line a row count: microseconds a stack and TFLOP/s, and a line a GEMM for its single call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.engine_bench import timed  # noqa: E402
+from bench.gemm_variants import epilogue  # noqa: E402
+from nllbcli.engine import kernels  # noqa: E402
+
+D, FFN = 1024, 4096  # the 600M shape
+GEMMS = (("QKV", D, 3 * D), ("attention out", D, D), ("FFN1", D, FFN), ("FFN2", FFN, D))  # name, K, N
+
+
+def wall(fn, repeat: int = 20) -> float:
+    """Median seconds from an idle GPU to fn()'s last kernel's end: CUDA events, the host's launches inside."""
+    fn(), fn()
+    times = []
+    for _ in range(repeat):
+        cp.cuda.get_current_stream().synchronize()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1000)
+    return float(np.median(times))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="64,256,1024,4096")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not kernels.wgmma_available():
+        raise SystemExit("needs a Hopper GPU (the engine's wgmma GEMMs)")
+    stream = cp.cuda.Stream(non_blocking=True)  # programmatic launches and captures want a stream of their own
+    with stream:
+        lines = measure(args, stream)
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def measure(args, stream) -> list[str]:
+    rng = cp.random.default_rng(0)
+    weights = [[(rng.standard_normal((n, k), dtype=cp.float32) * 0.02).astype(kernels.BF16),
+                rng.standard_normal(n, dtype=cp.float32) * 0.1] for _ in range(args.layers) for _, k, n in GEMMS]
+    lines = []
+    for m in map(int, args.rows.split(",")):
+        x = rng.standard_normal((m, D), dtype=cp.float32).astype(kernels.BF16)  # QKV's, attention out's, FFN1's input
+        h = rng.standard_normal((m, FFN), dtype=cp.float32).clip(0, None).astype(kernels.BF16)  # FFN2's
+        residual = rng.standard_normal((m, D), dtype=cp.float32)
+        outs = {n: cp.empty((m, n), dtype=kernels.BF16) for _, _, n in GEMMS}
+        inputs = {"QKV": x, "attention out": x, "FFN1": x, "FFN2": h}
+        flops = 2 * m * sum(k * n for _, k, n in GEMMS) * args.layers
+
+        def ours():
+            for i, (w, b) in enumerate(weights):
+                what = GEMMS[i % 4][0]
+                if what in ("attention out", "FFN2"):
+                    kernels.gemm(inputs[what], w, bias=b, residual=residual, out=residual)
+                else:
+                    kernels.gemm(inputs[what], w, bias=b, relu=what == "FFN1", out=outs[w.shape[0]])
+
+        def cublas(with_epilogue: bool):
+            for i, (w, b) in enumerate(weights):
+                what = GEMMS[i % 4][0]
+                y = outs[w.shape[0]]
+                cp.matmul(inputs[what], w.T, out=y)
+                if with_epilogue and what in ("attention out", "FFN2"):
+                    epilogue("onto_residual", y, b, residual)
+                elif with_epilogue:
+                    epilogue("bias_relu", y, b, y, np.int32(what == "FFN1"))
+
+        ours(), ours()  # compiled, tensor maps made: nothing is made inside the capture
+        stream.begin_capture()
+        ours()
+        graph = stream.end_capture()
+        stack = {"cublas": wall(lambda: cublas(False)), "cublas+epilogue": wall(lambda: cublas(True)),
+                 "ours eager": wall(ours), "ours graph": wall(lambda: graph.launch(stream)),
+                 "cublas kernels alone": timed(lambda: cublas(False), repeat=10),
+                 "ours kernels alone": timed(ours, repeat=10)}
+        row = {"what": f"{args.layers} layers' GEMMs, {m:,} rows", "us": {k: round(v * 1e6, 1) for k, v in stack.items()},
+               "tflops": {k: round(flops / v / 1e12, 1) for k, v in stack.items()},
+               "ours graph / cublas": round(stack["cublas"] / stack["ours graph"], 3),
+               "ours graph / cublas+epilogue": round(stack["cublas+epilogue"] / stack["ours graph"], 3),
+               "ours eager / cublas": round(stack["cublas"] / stack["ours eager"], 3)}
+        lines.append(json.dumps(row))
+        print(lines[-1], flush=True)
+        for what, k, n in GEMMS:  # each GEMM alone, a single call (the first layer's weights)
+            w, b = weights[[g[0] for g in GEMMS].index(what)]
+            a, y = inputs[what], outs[n]
+            onto = what in ("attention out", "FFN2")
+            one = {"cublas": wall(lambda: cp.matmul(a, w.T, out=y)),
+                   "ours": wall(lambda: kernels.gemm(a, w, bias=b, residual=residual, out=residual) if onto else
+                                kernels.gemm(a, w, bias=b, relu=what == "FFN1", out=y))}
+            row = {"what": f"single call: {what}, {m:,} rows", "shape": [m, k, n],
+                   "us": {key: round(v * 1e6, 1) for key, v in one.items()},
+                   "tflops": {key: round(2 * m * k * n / v / 1e12, 1) for key, v in one.items()}}
+            lines.append(json.dumps(row))
+            print(lines[-1], flush=True)
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())
