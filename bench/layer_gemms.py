@@ -3,8 +3,9 @@
     python bench/layer_gemms.py [--rows 64,256,1024,4096] [--layers 12] [--out results.jsonl]
 
 Three ways of timing the same GEMMs, side by side, in one run:
-- kernels alone (bench/gemm_variants.py's way, here too for each shape): queued behind a spin kernel, back to
-  back, so that no host time is in them. Ours at 81-101% of cuBLAS's (docs/PERF.md).
+- kernels alone: queued behind a spin kernel, back to back, so that no host time is in them; each kind of GEMM
+  with every layer's weights in turn (from HBM, as in a step), where bench/gemm_variants.py repeats one
+  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there, docs/PERF.md).
 - a single call, as the issue's and FACTS.md's cuBLAS figures were taken ("1,024 x 1,024 x 3,072 takes
   0.10 ms"): CUDA events around one call from an idle GPU, the host's launch inside; median of 20.
 - a step's stack: `layers` decoder layers' four GEMMs (QKV; attention out onto the f32 residual; FFN1 with its
@@ -29,8 +30,8 @@ import cupy as cp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import timed  # noqa: E402
-from bench.gemm_variants import epilogue  # noqa: E402
+from bench.engine_bench import hold_gpu  # noqa: E402
+from bench.gemm_variants import cublas_library, cublas_onto_residual, epilogue  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 
 D, FFN = 1024, 4096  # the 600M shape
@@ -44,6 +45,22 @@ def wall(fn, repeat: int = 20) -> float:
     for _ in range(repeat):
         cp.cuda.get_current_stream().synchronize()
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1000)
+    return float(np.median(times))
+
+
+def behind(fn, hold: float, repeat: int = 10) -> float:
+    """Median seconds of fn()'s kernels alone: queued behind a spin kernel of `hold` seconds (longer than the host
+    takes to queue them all), so neither the host's launches nor their gaps are in the time."""
+    fn(), fn()
+    times = []
+    for _ in range(repeat):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        hold_gpu(hold)
         start.record()
         fn()
         end.record()
@@ -99,14 +116,15 @@ def measure(args, stream) -> list[str]:
                 elif with_epilogue:
                     epilogue("bias_relu", y, b, y, np.int32(what == "FFN1"))
 
+        hold = 2e-3 + 150e-6 * len(weights)  # over the host's time to queue them (~40 us a launch)
         ours(), ours()  # compiled, tensor maps made: nothing is made inside the capture
         stream.begin_capture()
         ours()
         graph = stream.end_capture()
         stack = {"cublas": wall(lambda: cublas(False)), "cublas+epilogue": wall(lambda: cublas(True)),
                  "ours eager": wall(ours), "ours graph": wall(lambda: graph.launch(stream)),
-                 "cublas kernels alone": timed(lambda: cublas(False), repeat=10),
-                 "ours kernels alone": timed(ours, repeat=10)}
+                 "cublas kernels alone": behind(lambda: cublas(False), hold),
+                 "ours kernels alone": behind(ours, hold)}
         row = {"what": f"{args.layers} layers' GEMMs, {m:,} rows", "us": {k: round(v * 1e6, 1) for k, v in stack.items()},
                "tflops": {k: round(flops / v / 1e12, 1) for k, v in stack.items()},
                "ours graph / cublas": round(stack["cublas"] / stack["ours graph"], 3),
@@ -114,6 +132,28 @@ def measure(args, stream) -> list[str]:
                "ours eager / cublas": round(stack["cublas"] / stack["ours eager"], 3)}
         lines.append(json.dumps(row))
         print(lines[-1], flush=True)
+        for j, (what, k, n) in enumerate(GEMMS):  # one kind, every layer's weights, back to back (as in a step:
+            kind = weights[j::4]                    # the weights from HBM, not left in L2 by the last call)
+            a, y, onto = inputs[what], outs[n], what in ("attention out", "FFN2")
+
+            def ours_kind():
+                for w, b in kind:
+                    if onto:
+                        kernels.gemm(a, w, bias=b, residual=residual, out=residual)
+                    else:
+                        kernels.gemm(a, w, bias=b, relu=what == "FFN1", out=y)
+
+            secs = {"cublas": behind(lambda: [cp.matmul(a, w.T, out=y) for w, _ in kind], hold),
+                    "ours": behind(ours_kind, hold)}
+            if onto and cublas_library() is not None:
+                secs["cublas f32+residual"] = behind(lambda: [cublas_onto_residual(a, w, residual) for w, _ in kind], hold)
+            row = {"what": f"kernels alone, {args.layers} layers' {what}, {m:,} rows", "shape": [m, k, n],
+                   "tflops": {key: round(2 * m * k * n * len(kind) / v / 1e12, 1) for key, v in secs.items()},
+                   "ours / cublas": round(secs["cublas"] / secs["ours"], 3)}
+            if "cublas f32+residual" in secs:
+                row["ours / cublas f32+residual"] = round(secs["cublas f32+residual"] / secs["ours"], 3)
+            lines.append(json.dumps(row))
+            print(lines[-1], flush=True)
         for what, k, n in GEMMS:  # each GEMM alone, a single call (the first layer's weights)
             w, b = weights[[g[0] for g in GEMMS].index(what)]
             a, y = inputs[what], outs[n]
