@@ -38,13 +38,17 @@ D, FFN = 1024, 4096  # the 600M shape
 GEMMS = (("QKV", D, 3 * D), ("attention out", D, D), ("FFN1", D, FFN), ("FFN2", FFN, D))  # name, K, N
 
 
-def wall(fn, repeat: int = 20) -> float:
-    """Median seconds from an idle GPU to fn()'s last kernel's end: CUDA events, the host's launches inside."""
+def wall(fn, repeat: int = 20, hold: float = 0.0) -> float:
+    """Median seconds of fn() by CUDA events. hold 0: from an idle GPU to fn()'s last kernel's end, the host's
+    launches inside. hold > 0: its kernels alone, queued behind a spin kernel of `hold` seconds (longer than the
+    host takes to queue them all), so neither the host's launches nor their gaps are in the time."""
     fn(), fn()
     times = []
     for _ in range(repeat):
         cp.cuda.get_current_stream().synchronize()
         start, end = cp.cuda.Event(), cp.cuda.Event()
+        if hold:
+            hold_gpu(hold)
         start.record()
         fn()
         end.record()
@@ -53,20 +57,8 @@ def wall(fn, repeat: int = 20) -> float:
     return float(np.median(times))
 
 
-def behind(fn, hold: float, repeat: int = 10) -> float:
-    """Median seconds of fn()'s kernels alone: queued behind a spin kernel of `hold` seconds (longer than the host
-    takes to queue them all), so neither the host's launches nor their gaps are in the time."""
-    fn(), fn()
-    times = []
-    for _ in range(repeat):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        hold_gpu(hold)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / 1000)
-    return float(np.median(times))
+def behind(fn, hold: float) -> float:
+    return wall(fn, repeat=10, hold=hold)
 
 
 def main() -> int:
