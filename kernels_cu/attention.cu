@@ -21,6 +21,7 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
                                             int ldk, const int* __restrict__ start, const int* __restrict__ length,
                                             const int* __restrict__ table, int table_stride,
                                             __nv_bfloat16* __restrict__ out, int E, float scale) {
+    let_dependents_launch();  // the output projection (a programmatic dependent GEMM) launches under this kernel
     __shared__ float scores[MAX_KEYS];
     __shared__ float qs[256];
     __shared__ float scratch[32];
@@ -168,6 +169,7 @@ __device__ __forceinline__ void attention_prefill(const __nv_bfloat16* __restric
                                     const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ seq_start,  \
                                     const int* __restrict__ seq_len, int rows_per_seq, __nv_bfloat16* __restrict__ out, \
                                     int ldo, int E, float scale, int max_len) {                                       \
+        let_dependents_launch();                                                                                 \
         attention_prefill<HEAD>(q, ldq, k, v, ldk, seq_start, seq_len, rows_per_seq, out, ldo, E, scale, max_len);   \
     }
 PREFILL_ENTRY(attention_prefill_kernel, 0)
@@ -319,6 +321,7 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
         const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ start, const int* __restrict__ length, \
         const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \
         float scale) {                                                                                           \
+        let_dependents_launch();                                                                                 \
         attention_decode<E>(q, ldq, k, v, ldk, start, length, table, table_stride, out, rows, H, scale);         \
     }
 DECODE_ENTRY(64, DECODE_MIN_BLOCKS)

@@ -6,6 +6,16 @@
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 #define NEG_INF (__int_as_float(0xff800000))  // NVRTC has no INFINITY macro
 
+// Lets the kernel launched after this one as a programmatic dependent (the wgmma GEMMs: launch.py) be launched and
+// set up, and load its constant weights, while this one's last blocks run: it waits for this kernel's end before it
+// reads what this kernel writes (gemm_sm90.cu). Called at a kernel's start (the dependent launches once every block
+// of this one has run it, so it takes no SM from them). Nothing on GPUs before Hopper, or with no such dependent.
+__device__ __forceinline__ void let_dependents_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float bf16_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 float_to_bf16(float x) { return __float2bfloat16_rn(x); }
 

@@ -37,6 +37,7 @@
 // columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box.
 // PDL: griddepcontrol.launch_dependents at the start and griddepcontrol.wait before any global memory is touched,
 // so that launched as a programmatic dependent (launch.py) the launch and set-up overlap the kernel before.
+// w_early (a runtime flag: W is constant) lets the producer load W's first stages before that wait.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
 #ifndef BN
 #define BN 128
@@ -373,7 +374,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                  const float* __restrict__ bias, const float* __restrict__ residual,
                  void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
                  int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest,
-                 const float* __restrict__ thresh, const unsigned char* __restrict__ needed) {
+                 const float* __restrict__ thresh, const unsigned char* __restrict__ needed, int w_early) {
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
@@ -396,6 +397,24 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
+#if KSTEPS > 1
+#define LOAD_A(s, t, kt) tma_load3(As + (s) * BM * BK * KSTEPS, &map_a, TILE_M(t) * BM, (kt) * KSTEPS, &full[s])
+#define LOAD_W(s, t, kt) tma_load3(Ws + (s) * BN * BK * KSTEPS, &map_w, TILE_N(t) * BN, (kt) * KSTEPS, &full[s])
+#else
+#define LOAD_A(s, t, kt) tma_load(As + (s) * BM * BK, &map_a, (kt) * BK, TILE_M(t) * BM, &full[s])
+#define LOAD_W(s, t, kt) tma_load(Ws + (s) * BN * BK, &map_w, (kt) * BK, TILE_N(t) * BN, &full[s])
+#endif
+    // w_early (the caller's word that no kernel writes W: the engine's weights): W's first stages are loaded before
+    // the wait for the kernel before, under its tail (that kernel let this one launch early: PDL); A, its output,
+    // after. Each such stage's barrier already has its arrival and its bytes to expect.
+    int early = 0;  // the block's first k-steps whose W is in flight before the wait (the producer thread's)
+    if (w_early && !needed && threadIdx.x == 0 && (int)blockIdx.x < tiles) {
+        early = k_tiles < STAGES ? k_tiles : STAGES;
+        for (int kt = 0; kt < early; ++kt) {
+            mbar_expect_bytes(&full[kt], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
+            LOAD_W(kt, (int)blockIdx.x, kt);
+        }
+    }
 #if PDL
     asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the kernel before is done, its writes seen
 #endif
@@ -409,14 +428,11 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
-                    mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
-#if KSTEPS > 1
-                    tma_load3(As + s * BM * BK * KSTEPS, &map_a, TILE_M(t) * BM, kt * KSTEPS, &full[s]);
-                    tma_load3(Ws + s * BN * BK * KSTEPS, &map_w, TILE_N(t) * BN, kt * KSTEPS, &full[s]);
-#else
-                    tma_load(As + s * BM * BK, &map_a, kt * BK, TILE_M(t) * BM, &full[s]);
-                    tma_load(Ws + s * BN * BK, &map_w, kt * BK, TILE_N(t) * BN, &full[s]);
-#endif
+                    if (it >= early) {
+                        mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);
+                        LOAD_W(s, t, kt);
+                    }
+                    LOAD_A(s, t, kt);
                 }
             }
         }

@@ -9,6 +9,7 @@
 extern "C" __global__ void layernorm_kernel(const float* __restrict__ x, const float* __restrict__ weight,
                                             const float* __restrict__ bias, __nv_bfloat16* __restrict__ out,
                                             int M, int D, float eps) {
+    let_dependents_launch();  // the next GEMM (a programmatic dependent) launches under this kernel
     const int lane = threadIdx.x & 31, m = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (m >= M) return;
     const float* row = x + (size_t)m * D;

@@ -249,6 +249,9 @@ class CudaEngine:
         self.cross_w, self.cross_b = to_bf16(np.concatenate(cross_w)), to_f32(np.concatenate(cross_b))
         self.enc_ln = (to_f32(w["encoder.layer_norm.weight"]), to_f32(w["encoder.layer_norm.bias"]))
         self.dec_ln = (to_f32(w["decoder.layer_norm.weight"]), to_f32(w["decoder.layer_norm.bias"]))
+        # every weight on the device and settled before any GEMM: the GEMMs load their first stages of weights
+        # before waiting for the kernel before them (kernels.gemm's `weights`)
+        self.device.synchronize()
 
     # -- the pool
 
@@ -294,22 +297,22 @@ class CudaEngine:
         d = c.d_model
         for layer in self.encoder:
             x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
-            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"])  # (T, 3D)
+            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], weights=True)  # (T, 3D)
             a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
-            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
+            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h, weights=True)
             x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
-            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True)
-            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
+            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
+            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         x = kernels.layernorm(h, *self.enc_ln)
         try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
             first = pool.cross_runs.claim(len(ids))
         except PoolFull:  # the free rows are fragmented: a run per source, through a copy
             first = None
         if first is not None:
-            kernels.gemm(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)])  # (T, 2 L D)
+            kernels.gemm(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)], weights=True)  # (T, 2 L D)
             return CudaEncoded(first + offsets, lengths)
-        kv = kernels.gemm(x, self.cross_w, self.cross_b)
+        kv = kernels.gemm(x, self.cross_w, self.cross_b, weights=True)
         starts = []
         try:
             for n in lengths:
@@ -418,20 +421,20 @@ class CudaEngine:
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
         for i, layer in enumerate(self.decoder):
             kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"], out=x)
-            kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], out=qkv)  # (b, 3D)
+            kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], out=qkv, weights=True)  # (b, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
                               table=table, max_keys=self_keys)
-            kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h)
+            kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h, weights=True)
             kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"], out=x)
-            kernels.gemm(x, layer["cq_w"], layer["cq_b"], out=q)
+            kernels.gemm(x, layer["cq_w"], layer["cq_b"], out=q, weights=True)
             kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
                               max_keys=cross_keys)
-            kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h)
+            kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h, weights=True)
             kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"], out=x)
-            kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f)
-            kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h)
+            kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True)
+            kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)

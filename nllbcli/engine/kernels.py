@@ -274,12 +274,14 @@ def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
 
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
-                epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, **defines) -> None:
+                epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, w_early=False,
+                **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
     the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
     are None. needed: a byte per tile (tiles_m, tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row
-    thresholds."""
+    thresholds. w_early (wgmma): w is constant, written by no kernel since the device last synchronized, so the
+    kernel loads its first stages before waiting for the kernel before (gemm_sm90.cu)."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
     m, k = a.shape
@@ -332,7 +334,8 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
-        args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips
+        args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
+            (cp.int32(1 if w_early else 0),)
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
         raise ValueError(f"the {name} tile takes {smem:,} bytes of shared memory, more than a block may have")
     allow_smem(kernel, smem)
@@ -343,10 +346,13 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
 
 
 def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual: cp.ndarray | None = None,
-         relu: bool = False, out: cp.ndarray | None = None, out_dtype=BF16, tile: str | None = None) -> cp.ndarray:
+         relu: bool = False, out: cp.ndarray | None = None, out_dtype=BF16, tile: str | None = None,
+         weights: bool = False) -> cp.ndarray:
     """out = relu?(a @ w.T + bias) + residual. a (M, K) bf16, w (N, K) bf16 (nn.Linear's layout), bias (N,)
     f32, residual (M, N) f32; out (M, N) bf16 or f32, fp32 accumulation. K % 8 == 0. out may be residual
-    itself (in place: the fastest way onto the residual stream on Hopper); it may overlap no other operand."""
+    itself (in place: the fastest way onto the residual stream on Hopper); it may overlap no other operand.
+    weights: w is a model's weight matrix, written by no kernel since the device last synchronized (the
+    engine's, synchronized after its load): on Hopper its first stages load under the kernel before's tail."""
     m, k = a.shape
     n = w.shape[0]
     check_array("a", a, BF16)
@@ -362,7 +368,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check_array("out", out, out.dtype, (m, n))
     if m:
         gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
-                    out_f32=out.dtype == F32)
+                    out_f32=out.dtype == F32, w_early=weights)
     return out
 
 

@@ -205,6 +205,50 @@ def test_programmatic_launches_give_the_bits_of_plain_ones(m, monkeypatch):
     assert launch._failed is None
 
 
+def layer_chain(h, ln, ws, steps: int, weights: bool):
+    """A decoder layer's FFN as the engine runs it: a LayerNorm (which lets the next GEMM launch under it), the
+    GEMM reading its output, the GEMM after reading that one's, adding onto the residual h in place."""
+    for i in range(steps):
+        x = kernels.layernorm(h, *ln)
+        f = kernels.gemm(x, ws[i % 2][0], ws[i % 2][1], relu=True, weights=weights)
+        kernels.gemm(f, ws[1 - i % 2][2], ws[1 - i % 2][3], residual=h, out=h, weights=weights)
+    return h
+
+
+@pytest.mark.skipif(not kernels.wgmma_available(), reason="programmatic launches are of the wgmma GEMMs")
+@pytest.mark.parametrize("m", [64, 4100])
+def test_weights_loaded_before_the_wait_give_the_same_bits(m, monkeypatch):
+    """weights=True (the engine's GEMMs): the weights' first stages load before the wait for the kernel before
+    (a LayerNorm or a GEMM, which let it launch under them), the activations after: the bits of plain launches,
+    eagerly and as a CUDA graph; the activations read early would be the last step's, and differ."""
+    from nllbcli.engine import launch
+
+    ws = [(to_device_bf16(rng.normal(size=(1024, 256)).astype(np.float32) / 16),
+           cp.asarray(rng.normal(size=1024).astype(np.float32)),
+           to_device_bf16(rng.normal(size=(256, 1024)).astype(np.float32) / 32),
+           cp.asarray(rng.normal(size=256).astype(np.float32))) for _ in range(2)]
+    ln = (cp.asarray(rng.normal(size=256).astype(np.float32)), cp.asarray(rng.normal(size=256).astype(np.float32)))
+    start = cp.asarray(rng.normal(size=(m, 256)).astype(np.float32))
+    cp.cuda.Device().synchronize()  # the weights settled, as the engine's after its load
+    monkeypatch.setattr(launch, "ENABLED", False)
+    want = cp.asnumpy(layer_chain(start.copy(), ln, ws, 12, weights=False))
+    monkeypatch.setattr(launch, "ENABLED", True)
+    assert launch.available(), launch._failed
+    np.testing.assert_array_equal(cp.asnumpy(layer_chain(start.copy(), ln, ws, 12, weights=True)), want)
+    stream = cp.cuda.Stream(non_blocking=True)
+    h = start.copy()
+    with stream:
+        layer_chain(h, ln, ws, 1, weights=True)  # compiled and warm before the capture
+        h[:] = start
+        stream.begin_capture()
+        layer_chain(h, ln, ws, 12, weights=True)
+        graph = stream.end_capture()
+        graph.launch(stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(h), want)
+    assert launch._failed is None
+
+
 def test_logits_argmax_breaks_ties_towards_the_lower_id():
     h = to_device_bf16(np.ones((3, 16), np.float32))
     w = np.zeros((300, 16), np.float32)
