@@ -9,6 +9,7 @@ import pytest
 from nllbcli.errors import NllbError
 
 EOS = 2
+LANG_BASE = 0x110000  # the fake's language ids: past every Unicode code point, so no character's id is one
 
 
 class FakeTokenizer:
@@ -19,7 +20,7 @@ class FakeTokenizer:
     def lang_id(self, code: str) -> int:
         if code not in self.lang_codes:
             raise NllbError(f"unknown language code {code!r}; the closest known codes are eng_Latn, fra_Latn.")
-        return 100_000 + self.lang_codes.index(code)
+        return LANG_BASE + self.lang_codes.index(code)
 
     def encode(self, text: str, src_lang: str) -> list[int]:
         if self.reject and self.reject in text:
@@ -27,7 +28,7 @@ class FakeTokenizer:
         return [self.lang_id(src_lang)] + [ord(c) for c in text] + [EOS]
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(chr(i) for i in ids if i != EOS and i < 100_000)
+        return "".join(chr(i) for i in ids if i != EOS and i < LANG_BASE)
 
 
 @dataclass

@@ -186,7 +186,7 @@ def test_empty_stdin(fake):
 def test_empty_strings_do_not_reach_the_model(fake):
     result = CliRunner().invoke(cli, TRANSLATE, input="\n \t\nab\n")
     assert result.stdout == "\n\nba\n"
-    assert fake.batches == [[[100_001, ord("a"), ord("b"), 2]]]
+    assert fake.batches == [[[fake.tokenizer.lang_id("eng_Latn"), ord("a"), ord("b"), 2]]]
 
 
 def test_options_reach_the_translator(fake, monkeypatch):
@@ -312,7 +312,7 @@ def test_unknown_language(fake, tmp_path, option):
 def test_language_codes_users_type(fake, typed, code):
     result = CliRunner().invoke(cli, ["translate", "-q", "--src", typed, "--tgt", typed], input="ab\n")
     assert result.exit_code == 0, result.output
-    assert fake.batches == [[[100_000 + fake.tokenizer.lang_codes.index(code), ord("a"), ord("b"), 2]]]
+    assert fake.batches == [[[fake.tokenizer.lang_id(code), ord("a"), ord("b"), 2]]]
 
 
 def test_language_in_a_script_the_model_lacks(fake):
@@ -593,7 +593,7 @@ def test_per_row_languages_in_jsonl_without_defaults(fake):
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["translation"] for line in result.stdout.splitlines()] == ["ba", "dc", "fe"]
     assert fake.languages == [["deu_Latn", "eng_Latn", "deu_Latn"]]  # one batch mixing target languages
-    assert sorted(s[0] for batch in fake.batches for s in batch) == [100_000, 100_001, 100_002]
+    assert sorted(s[0] for batch in fake.batches for s in batch) == sorted(map(fake.tokenizer.lang_id, fake.tokenizer.lang_codes))
 
 
 def test_summary_line_on_stderr(fake):

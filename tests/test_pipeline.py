@@ -57,7 +57,7 @@ def test_translate_records_leaves_empty_texts_to_itself(fake):
     records = [Record(0, "", {}), Record(1, "ab", {}), Record(2, " \t", {})]
     result = translate_records(translator, records, JOB, DecodeOptions(), 100, lambda rows, tokens: done.append((rows, tokens)))
     assert translations(result) == ["", "ba", ""]
-    assert translator.batches == [[[100_001, ord("a"), ord("b"), 2]]]
+    assert translator.batches == [[[translator.tokenizer.lang_id("eng_Latn"), ord("a"), ord("b"), 2]]]
     assert done == [(2, 0), (1, 2)]
 
 
@@ -66,7 +66,7 @@ def test_translate_records_cuts_long_sources_and_flags_the_row(fake):
     translator.config.max_position_embeddings = 4
     [outcome] = translate_records(translator, [Record(0, "abcdef", {})], JOB, DecodeOptions(), 100)
     assert (outcome.translation, outcome.cut) == ("ba", True)
-    assert translator.batches == [[[100_001, ord("a"), ord("b"), 2]]]
+    assert translator.batches == [[[translator.tokenizer.lang_id("eng_Latn"), ord("a"), ord("b"), 2]]]
 
 
 def test_rows_are_translated_sentence_by_sentence_and_joined(fake):
@@ -99,7 +99,8 @@ def test_per_row_languages(fake):
     assert translations(result) == ["ba", "dc", "fe"]
     assert fake.languages == [["deu_Latn", "deu_Latn", "fra_Latn"]]  # one batch, mixing target languages
     sources = {tuple(s) for batch in fake.batches for s in batch}
-    assert (100_002, ord("a"), ord("b"), 2) in sources and (100_001, ord("c"), ord("d"), 2) in sources
+    eng, fra = fake.tokenizer.lang_id("eng_Latn"), fake.tokenizer.lang_id("fra_Latn")
+    assert (fra, ord("a"), ord("b"), 2) in sources and (eng, ord("c"), ord("d"), 2) in sources
 
 
 @pytest.mark.parametrize(
