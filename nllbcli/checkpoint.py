@@ -239,7 +239,8 @@ def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "B
     """Write named arrays as one safetensors file of `dtype` (F32, F16 or BF16), by hand: bf16 needs no PyTorch.
 
     The header is known before any data (sizes follow from shapes), so each array is converted and written in
-    turn: a model is never held twice in memory.
+    turn: a model is never held twice in memory. uint16 arrays are bf16 bits (load_checkpoint's bf16_bits):
+    written as they are in BF16, widened for the other dtypes.
     """
     numpy_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[dtype]
     itemsize = np.dtype(numpy_dtype).itemsize
@@ -254,12 +255,16 @@ def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "B
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for array in arrays.values():
-            flat = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+            bits = array.dtype == np.uint16
+            flat = np.ascontiguousarray(array, dtype=None if bits else np.float32).reshape(-1)
             # a block at a time: converting a 1 GB embedding whole took ~2 GB of temporaries (uint32 sums, tobytes)
             for first in range(0, flat.size, WRITE_BLOCK_ELEMENTS):
                 block = flat[first : first + WRITE_BLOCK_ELEMENTS]
-                converted = float32_to_bf16(block) if dtype == "BF16" else block.astype(numpy_dtype, copy=False)
-                f.write(memoryview(converted).cast("B"))
+                if bits:
+                    converted = block if dtype == "BF16" else bf16_to_float32(block).astype(numpy_dtype, copy=False)
+                else:
+                    converted = float32_to_bf16(block) if dtype == "BF16" else block.astype(numpy_dtype, copy=False)
+                f.write(memoryview(np.ascontiguousarray(converted)).cast("B"))
 
 
 def weight_files(model_dir: Path) -> list[Path]:

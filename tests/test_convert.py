@@ -61,6 +61,30 @@ def test_converted_weights_are_the_bf16_rounding_of_the_source(tmp_path):
     assert converted["lm_head.weight"] is converted["encoder.embed_tokens.weight"]
 
 
+def test_a_bf16_checkpoint_is_copied_as_its_bits(tmp_path, monkeypatch):
+    """Converting nllb convert's own output again writes the same file, and never widens a weight to float32 (a
+    bf16 checkpoint's bits are copied: half the memory)."""
+    assert convert(TINY_BIN, tmp_path / "once").exit_code == 0
+    import nllbcli.checkpoint as checkpoint
+
+    def widened(bits):
+        raise AssertionError("a bf16 weight was widened to float32")
+
+    monkeypatch.setattr(checkpoint, "bf16_to_float32", widened)
+    result = convert(tmp_path / "once", tmp_path / "twice")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "twice" / "model.safetensors").read_bytes() == (tmp_path / "once" / "model.safetensors").read_bytes()
+
+
+def test_bf16_bits_write_as_bits_or_widened(tmp_path):
+    values = np.array([[1.5, -2.25, 3.0e-3], [1000.0, -0.0, 7.0e-6]], np.float32)
+    bits = float32_to_bf16(values)
+    for dtype in ("BF16", "F32", "F16"):
+        write_safetensors(tmp_path / "bits.safetensors", {"x": bits}, dtype)
+        write_safetensors(tmp_path / "floats.safetensors", {"x": bf16_round(values)}, dtype)
+        assert (tmp_path / "bits.safetensors").read_bytes() == (tmp_path / "floats.safetensors").read_bytes(), dtype
+
+
 def test_converted_model_translates_like_the_source_rounded_to_bf16(tmp_path):
     """The converted directory, loaded as users load it, against the source loaded from its .bin with every weight
     rounded to bf16 here in memory: the same translations. (Not against the float32 source: bf16 weights may
