@@ -264,7 +264,7 @@ def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "B
                     converted = block if dtype == "BF16" else bf16_to_float32(block).astype(numpy_dtype, copy=False)
                 else:
                     converted = float32_to_bf16(block) if dtype == "BF16" else block.astype(numpy_dtype, copy=False)
-                f.write(memoryview(np.ascontiguousarray(converted)).cast("B"))
+                f.write(memoryview(converted).cast("B"))
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -35,18 +35,16 @@ _launch_kernel_ex = None
 _failed: str | None = None  # why programmatic launches were given up, if they were
 
 
-def parameter(arg):
-    """A kernel argument as (struct format, alignment, value) of the bytes its parameter takes: arrays and absent
-    pointers (NULL, a numpy uint64) as 8-byte pointers, numpy int32s as ints, TMA maps (kernels.TENSOR_MAP) by
-    value (64-byte aligned, as a CUtensorMap)."""
-    if isinstance(arg, cp.ndarray):
-        return "Q", 8, arg.data.ptr
+def layout(arg) -> tuple[str, int]:
+    """A kernel argument's parameter as (struct format, alignment): arrays and absent pointers (NULL, a numpy
+    uint64) as 8-byte pointers, numpy int32s as ints, TMA maps (kernels.TENSOR_MAP) by value (64-byte aligned, as a
+    CUtensorMap). launch() packs the values: a pointer, the map's bytes, or the integer."""
+    if isinstance(arg, (cp.ndarray, np.uint64)):
+        return "Q", 8
     if isinstance(arg, np.void):
-        return f"{arg.dtype.itemsize}s", 64, arg.tobytes()
-    if isinstance(arg, np.uint64):
-        return "Q", 8, int(arg)
+        return f"{arg.dtype.itemsize}s", 64
     if isinstance(arg, np.int32):
-        return "i", 4, int(arg)
+        return "i", 4
     raise TypeError(f"no kernel parameter for {type(arg).__name__}")
 
 
@@ -60,7 +58,7 @@ class Prepared:
         self.kernel = kernel  # held, so that its id (the cache's key) is never another kernel's
         self.function = ctypes.c_void_p(function)
         fmt, offsets, at = "=", [], 0
-        for code, align, _ in map(parameter, args):
+        for code, align in map(layout, args):
             pad = -at % align
             fmt += "x" * pad + code
             offsets.append(at + pad)
