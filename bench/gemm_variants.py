@@ -33,7 +33,7 @@ from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
 from nllbcli.engine import kernels, launch  # noqa: E402
 
 EXTRA_TILES = {
-    "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 keeps beside TMA_STORE's buffers
+    "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 kept beside whole TMA_STORE buffers
     # few rows, long K (FFN2 at 64 rows): fewer blocks each reading the whole of A, more bytes a stage (neither
     # faster than wg64n8k4: docs/PERF.md, eighth session)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),

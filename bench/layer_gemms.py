@@ -66,7 +66,10 @@ def main() -> int:
     parser.add_argument("--rows", default="64,256,1024,4096")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--staging-div", type=int, help="kernels.STORE_OPTIONS's STAGING_DIV (default: its own)")
     args = parser.parse_args()
+    if args.staging_div:
+        kernels.STORE_OPTIONS["STAGING_DIV"] = args.staging_div
     if not kernels.wgmma_available():
         raise SystemExit("needs a Hopper GPU (the engine's wgmma GEMMs)")
     stream = cp.cuda.Stream(non_blocking=True)  # programmatic launches and captures want a stream of their own

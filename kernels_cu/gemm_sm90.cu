@@ -34,7 +34,9 @@
 // docs/PERF.md ninth session): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
 // matrices an instruction; EPI_CHUNKS splits a pass into chunks of whole boxes, each handed to the TMA unit as
 // soon as it is written, while the next is; OUT_3D makes map_out 3-D (out seen as (N / box columns, M, box
-// columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box.
+// columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box;
+// EPI_PASSES (bf16 1, f32 2 by default) more passes through a buffer as many times smaller, each pass's chunks
+// written once the copies of the last pass's have read them, so that more stages fit beside the buffers.
 // PDL: griddepcontrol.launch_dependents at the start and griddepcontrol.wait before any global memory is touched,
 // so that launched as a programmatic dependent (launch.py) the launch and set-up overlap the kernel before.
 // w_early (a runtime flag: W is constant) lets the producer load W's first stages before that wait.
@@ -74,6 +76,10 @@
 #ifndef OUT_BOXES  // OUT_3D: boxes a copy (map_out's third box dimension)
 #define OUT_BOXES 1
 #endif
+#ifndef EPI_PASSES  // TMA_STORE: passes a tile leaves in, each through a buffer of BN / EPI_PASSES columns a consumer
+#define EPI_PASSES (TMA_STORE == 2 ? 2 : 1)  // (more passes: a smaller buffer, so more stages fit beside it)
+#endif
+#define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's 64-row half's buffer
 #ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
 #define TMA_REDUCE 1
 #endif
@@ -297,7 +303,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
                                                    int col0, const float (&bias_lane)[BN / 32], int relu) {
     const int lane = tid & 31, warp = tid >> 5;
-    constexpr int PASSES = TMA_STORE == 2 ? 2 : 1, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
+    constexpr int PASSES = EPI_PASSES, PASS_COLS = BN / PASSES, BOX_COLS = TMA_STORE == 2 ? 32 : 64;
     constexpr int CHUNK_COLS = PASS_COLS / EPI_CHUNKS, CHUNK_J = CHUNK_COLS / 8;  // a chunk: whole boxes
     static_assert(CHUNK_COLS % BOX_COLS == 0, "EPI_CHUNKS must split a pass into whole boxes");
 #pragma unroll
@@ -512,7 +518,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #elif TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
-            store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * 64 * BN * 2,
+            store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * STAGING_BYTES,
                                &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
                                bias_lane, relu);
 #else

@@ -252,7 +252,11 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # written; STMATRIX (bf16), the tile into shared memory by stmatrix. All three: the epilogue of a 128 x 256 bf16
 # tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
 # (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
-STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1}
+# STAGING_DIV: where a tile's stages would not all fit beside whole-pass staging buffers, the buffers up to that
+# many times smaller, the tile leaving in as many times the passes (gemm_sm90.cu's EPI_PASSES): 128 x 256 keeps
+# its 4 stages (3 beside whole buffers), +5-8% at 4,096 rows and on the encoder's GEMMs (PERF.md, twelfth session);
+# STAGING_ALWAYS (for testing) divides them whether needed or not.
+STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1, "STAGING_DIV": 2, "STAGING_ALWAYS": 0}
 KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may take on sm_90
 SMEM_STATIC = 1024  # gemm_sm90_kernel's own (ptxas)
@@ -315,10 +319,19 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn % 64 == 0 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
-                staging = bm * bn * 2  # bf16 tile; f32 in two passes
+                box_cols, passes = (64, 1) if store == 1 else (32, 2)  # bf16 in one pass, f32 in two by default
+                boxes_a_pass = bn // box_cols // passes
+                for div in (d for d in range(1, store_options["STAGING_DIV"] + 1) if boxes_a_pass % d == 0):
+                    staging = bm * bn // (passes * div) * (2 if store == 1 else 4)  # whole boxes a pass
+                    if tile["STAGES"] * stage_bytes + 1024 + staging + SMEM_STATIC <= SMEM_LIMIT and \
+                            not (store_options["STAGING_ALWAYS"] and div < store_options["STAGING_DIV"]):
+                        break  # the least division that keeps the tile's stages
+                if div > 1:
+                    passes *= div
+                    tile["EPI_PASSES"] = passes
+                pass_cols = bn // passes
                 tile["STAGES"] = min(tile["STAGES"], (SMEM_LIMIT - SMEM_STATIC - 1024 - staging) // stage_bytes)
                 tile["TMA_STORE"] = store
-                box_cols, pass_cols = (64, bn) if store == 1 else (32, bn // 2)
                 per_pass = pass_cols // box_cols  # boxes a pass
                 chunks = max(c for c in range(1, store_options["EPI_CHUNKS"] + 1) if per_pass % c == 0)
                 boxes = pass_cols // chunks // box_cols  # boxes a copy

@@ -135,7 +135,9 @@ def test_gemm_onto_its_residual_in_place(tile, m, n, monkeypatch):
 
 STORE_VARIANTS = [dict(OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0), dict(OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
                   dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0), dict(OUT_3D=0, EPI_CHUNKS=2, STMATRIX=1),
-                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1)]
+                  dict(OUT_3D=1, EPI_CHUNKS=2, STMATRIX=1), dict(OUT_3D=1, EPI_CHUNKS=4, STMATRIX=1, STAGING_DIV=1),
+                  dict(OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0, STAGING_ALWAYS=1),
+                  dict(OUT_3D=1, EPI_CHUNKS=4, STMATRIX=1, STAGING_ALWAYS=1)]
 
 
 @pytest.mark.skipif(not kernels.wgmma_available(), reason="the TMA store needs Hopper")
@@ -143,8 +145,9 @@ STORE_VARIANTS = [dict(OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0), dict(OUT_3D=1, EPI_C
 @pytest.mark.parametrize("store", STORE_VARIANTS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
 @pytest.mark.parametrize("m,n", [(1000, 320), (70, 192), (4100, 512), (300, 1000)])  # n % 64: whole boxes a row
 def test_every_tma_store_epilogue_gives_the_same_bits(tile, store, m, n, monkeypatch):
-    """The TMA store epilogue's ways (3-D copies of several boxes, copies in chunks, stmatrix) give the register
-    path's bits, bf16 with bias and ReLU and f32 onto the residual in place, edges of rows and columns included."""
+    """The TMA store epilogue's ways (3-D copies of several boxes, copies in chunks, stmatrix, more passes through
+    smaller buffers) give the register path's bits, bf16 with bias and ReLU and f32 onto the residual in place,
+    edges of rows and columns included."""
     a = to_device_bf16(rng.normal(size=(m, 256)).astype(np.float32))
     w = to_device_bf16(rng.normal(size=(n, 256)).astype(np.float32) / 16)
     bias = cp.asarray(rng.normal(size=n).astype(np.float32))
