@@ -5,7 +5,10 @@
 Three ways of timing the same GEMMs, side by side, in one run:
 - kernels alone: queued behind a spin kernel, back to back, so that no host time is in them; each kind of GEMM
   with every layer's weights in turn (from HBM, as in a step), where bench/gemm_variants.py repeats one
-  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there, docs/PERF.md).
+  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there, docs/PERF.md). Against
+  cuBLAS three ways: its bare product into bf16 (less work than ours: no bias, ReLU or residual); onto the f32
+  residual with beta 1 (no bias); and its bf16 product followed by the epilogue kernel doing the rest of our
+  work (bias and ReLU, or bias and the add onto the residual), which is what fusing replaces.
 - a single call, as the issue's and FACTS.md's cuBLAS figures were taken ("1,024 x 1,024 x 3,072 takes
   0.10 ms"): CUDA events around one call from an idle GPU, the host's launch inside; median of 20.
 - a step's stack: `layers` decoder layers' four GEMMs (QKV; attention out onto the f32 residual; FFN1 with its
@@ -139,13 +142,22 @@ def measure(args, stream) -> list[str]:
                     else:
                         kernels.gemm(a, w, bias=b, relu=what == "FFN1", out=y, weights=True)
 
+            def cublas_epilogue_kind():  # the work ours does: cuBLAS's product, then its epilogue as a kernel
+                for w, b in kind:
+                    cp.matmul(a, w.T, out=y)
+                    if onto:
+                        epilogue("onto_residual", y, b, residual)
+                    else:
+                        epilogue("bias_relu", y, b, y, np.int32(what == "FFN1"))
+
             secs = {"cublas": behind(lambda: [cp.matmul(a, w.T, out=y) for w, _ in kind], hold),
-                    "ours": behind(ours_kind, hold)}
+                    "ours": behind(ours_kind, hold), "cublas+epilogue": behind(cublas_epilogue_kind, hold)}
             if onto and cublas_library() is not None:
                 secs["cublas f32+residual"] = behind(lambda: [cublas_onto_residual(a, w, residual) for w, _ in kind], hold)
             row = {"what": f"kernels alone, {args.layers} layers' {what}, {m:,} rows", "shape": [m, k, n],
                    "tflops": {key: round(2 * m * k * n * len(kind) / v / 1e12, 1) for key, v in secs.items()},
-                   "ours / cublas": round(secs["cublas"] / secs["ours"], 3)}
+                   "ours / cublas": round(secs["cublas"] / secs["ours"], 3),
+                   "ours / cublas+epilogue": round(secs["cublas+epilogue"] / secs["ours"], 3)}
             if "cublas f32+residual" in secs:
                 row["ours / cublas f32+residual"] = round(secs["cublas f32+residual"] / secs["ours"], 3)
             lines.append(json.dumps(row))
