@@ -62,7 +62,18 @@ model_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """The subcommands, where a Ctrl-C ends any of them with exit code 130 and no traceback (click's own
+    handling says "Aborted!" and exits 1)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="nllbcli", prog_name="nllb")
 def cli():
     """
@@ -122,7 +133,9 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         cat notes.txt | nllb translate --src en --tgt de > notes.de.txt
         nllb translate --src es --tgt en --resume --errors bad.jsonl day.parquet day.en.parquet
     """
-    from .pipeline import Job, translate_file
+    from dataclasses import replace
+
+    from .pipeline import Job, check_paths, translate_file
     from .signals import Stopped, stop_on_signals
 
     try:
@@ -130,6 +143,9 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         out_format = output_format or (in_format if output == "-" else format_of(output, None))
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
+    for path, stream, what in ((input, 0, "input"), (output, 1, "output")):
+        if path == "-" and stream in CLOSED_STREAMS:
+            raise InvalidUsage(f"standard {what} is closed: name an {what.upper()} file instead of -.")
     for option, value in (("--src", src), ("--tgt", tgt)):
         if value is None and in_format == "text":
             raise click.UsageError(f"Missing option '{option}' (text rows cannot name their own languages).")
@@ -141,8 +157,13 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
     if resume and output == "-":
         raise InvalidUsage("--resume needs an OUTPUT file: what went to stdout cannot be continued.")
-    if errors_file and output != "-" and os.path.abspath(errors_file) == os.path.abspath(output):
-        raise InvalidUsage("--errors must be another file than OUTPUT.")
+    job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
+              field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
+              split=not no_split, on_error=on_error, errors=errors_file)
+    try:
+        check_paths(job)
+    except NllbError as error:
+        raise InvalidUsage(str(error)) from None
     decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
     mode = "none" if quiet else progress_mode(progress, output)
     code = 0
@@ -154,10 +175,7 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
                 resolved = None if value is None else resolve_lang(value, known)
             except NllbError as error:
                 raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
-            src, tgt = (resolved, tgt) if option == "--src" else (src, resolved)
-        job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
-                  field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
-                  split=not no_split, on_error=on_error, errors=errors_file)
+            job = replace(job, **{option.removeprefix("--"): resolved})
         # the adapter is passed only when given, so a load_model that knows no adapters still serves
         translator = load_model(model, device, adapter) if adapter else load_model(model, device)
         batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
@@ -172,8 +190,12 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     except OSError as error:
         raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
     except Stopped as stop:
-        where = "" if output == "-" else "; run the same command with --resume to continue"
-        click.echo(f"Stopped by {stop}: the rows done so far are saved{where}.", err=True)
+        if output == "-":
+            click.echo(f"Stopped by {stop}: the rows done so far are written.", err=True)
+        elif getattr(stop, "resumable", False):
+            click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)
+        else:
+            click.echo(f"Stopped by {stop} before any rows were saved; nothing was written.", err=True)
         sys.exit(stop.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -298,8 +320,46 @@ def quiet_stdout() -> None:
         pass
 
 
-def main() -> None:
-    cli(prog_name="nllb")
+CLOSED_STREAMS: set[int] = set()  # the standard streams (0, 1, 2) the command was started with closed
+
+
+def reopen_closed_streams() -> set[int]:
+    """Open /dev/null onto each standard stream the shell closed (`>&-`, `<&-`, `2>&-`), and return which they
+    were. Otherwise the next file the job opens would take the closed stream's descriptor, and whatever is meant
+    for that stream (a message, a C library's print) would land in the job's file; Python would also have None
+    for sys.stdout."""
+    closed = set()
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.add(fd)
+    for fd in sorted(closed):  # the lowest free descriptor first: each open fills the one closed
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+    streams = {0: ("stdin", "r"), 1: ("stdout", "w"), 2: ("stderr", "w")}
+    for fd in closed:
+        name, mode = streams[fd]
+        setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))
+    return closed
+
+
+def main(handlers: dict | None = None) -> None:
+    """`handlers`: the signal handlers to go back to once the imports are done (__main__ sets its own for them)."""
+    import signal
+
+    for signum, handler in (handlers or {}).items():
+        signal.signal(signum, handler)
+    CLOSED_STREAMS.update(reopen_closed_streams())
+    try:
+        cli(prog_name="nllb")
+    finally:
+        # the command has ended (finished, failed or stopped) and says so with its exit code: a signal while the
+        # interpreter shuts down would turn that into a KeyboardInterrupt death
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import gc
 import json
 import os
 import queue
+import re
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
@@ -30,12 +31,13 @@ from itertools import islice
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .errors import NllbError
-from .io import Input, Position, Record, file_identity, open_input, open_sink
+from .io import Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
-from .resume import PartialFile, Saved, load_state, partial_paths, remove_state, save_state
-from .signals import critical
+from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, open_job_files,
+                     partial_paths, remove_state, save_state)
+from .signals import Stopped, critical, job_finished
 from .split import join_sentences, split_text
 
 if TYPE_CHECKING:
@@ -99,62 +101,97 @@ def translate_file(
     """Translate every row of the job's input into its output; returns the job's counters.
 
     `progress` is a mode of progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
-    continues an interrupted job's partial output (resume.py)."""
+    continues an interrupted job's partial output (resume.py). A `Stopped` that ends the job carries
+    `resumable`: whether a commit is saved for --resume to continue from."""
     mode = {True: "bar", False: "none"}.get(progress, progress)
     if job.on_error == "record" and not job.errors:
         raise ValueError("--on-error record needs --errors FILE to record the rows in")
+    check_paths(job)
+    files = None
     with ExitStack() as stack:
-        identity = job_identity(translator, job, decode, batching)
-        saved = None
-        state_path = None
-        if job.output != "-":
-            state_path = partial_paths(job.output)[1]
-            if resume:
-                saved = load_state(state_path, identity)
-        source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
-                                                start=saved.position if saved else None))
-        counters = Counters(**saved.counters) if saved else Counters()
-        reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary)
-        stack.enter_context(fewer_collections())
         try:
-            run(translator, job, decode, batching, source, reporter, saved, identity, state_path, stack)
-        except BaseException:
-            reporter.close(summary=False)
+            identity = job_identity(translator, job, decode, batching)
+            if job.output != "-":
+                warn = lambda message: print(message, file=reporter_stream or sys.stderr, flush=True)  # noqa: E731
+                files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
+                                       resume, warn)
+                stack.callback(files.close)
+                if files.finished:
+                    job_finished()
+                    counters = Counters(**files.saved.counters)
+                    Reporter(mode, None, counters, stream=reporter_stream, summary=summary).close()
+                    return counters
+            saved = files.saved if files else None
+            source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
+                                                    start=saved.position if saved else None))
+            counters = Counters(**saved.counters) if saved else Counters()
+            reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary)
+            stack.enter_context(fewer_collections())
+            try:
+                run(translator, job, decode, batching, source, reporter, files, identity)
+            except BaseException:
+                reporter.close(summary=False)
+                raise
+        except BaseException as error:
+            if files is not None and not files.finished:
+                files.discard_uncommitted()
+            if isinstance(error, Stopped):
+                error.resumable = files is not None and os.path.exists(files.state)
             raise
         reporter.close()
         return counters
 
 
-def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,
-        saved: Saved | None, identity: dict, state_path: str | None, stack: ExitStack) -> None:
-    """The chunk loop: translate, write, commit; then put the finished files in place."""
-    import sys
-
-    counters = reporter.counters
-    if saved is not None and saved.done and finish_leftovers(job, saved, state_path):
+def check_paths(job: Job) -> None:
+    """Refuse a job that would write over its own input: OUTPUT, the errors file and the files written beside
+    them (partial, state) are each another file than INPUT, and the errors file another than OUTPUT, also
+    through a symbolic or hard link."""
+    written = []
+    if job.output != "-":
+        written += [("OUTPUT", job.output), *(("OUTPUT's partial file", p) for p in partial_paths(job.output)),
+                    ("OUTPUT's temporary file", converting_path(job.output))]
+    if job.on_error == "record" and job.errors:
+        if job.errors == "-":
+            raise NllbError("--errors needs a file: - is not one (--on-error skip names the failed rows on stderr).")
+        if job.output != "-" and same_file(job.errors, job.output):
+            raise NllbError("--errors must be another file than OUTPUT.")
+        written += [("--errors", job.errors), ("--errors' partial file", partial_paths(job.errors)[0])]
+    if job.input == "-":
         return
-    if job.output == "-":
-        output = None
-        sink = open_sink(sys.stdout.buffer, job.output_format, job.output_field, source.schema, job.field)
-    else:
-        output = PartialFile(job.output, saved.output_bytes if saved else None)
-        stack.callback(output.close)
-        sink = open_frames(output, job, source, saved)
-    errors = None
-    if job.on_error == "record":
-        errors = PartialFile(job.errors, saved.errors_bytes if saved and output else None)
-        stack.callback(errors.close)
-    committed = saved is not None and saved.position.rows > 0
+    for what, path in written:
+        if same_file(job.input, path):
+            raise NllbError(f"{what} {path} is the input file {job.input}: refusing to write over the input.")
 
-    commits = []  # the finisher's commits (chunks written and their state saved)
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same inode where both exist (links included), else the same path
+    once links are resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,
+        files: JobFiles | None, identity: dict) -> None:
+    """The chunk loop: translate, write, commit; then put the finished files in place."""
+    counters = reporter.counters
+    saved = files.saved if files else None
+    output = files.output if files else None
+    errors = files.errors if files else None
+    errors_path = os.path.abspath(job.errors) if errors is not None else None  # named in the state
+    if files is None:
+        sink = open_sink(NamedStream(sys.stdout.buffer, "standard output") if job.output_format != "parquet"
+                         else sys.stdout.buffer, job.output_format, job.output_field, source.schema, job.field)
+    else:
+        sink = open_frames(output, job, source, saved)
 
     def commit(chunk: list[Record], outcomes: list[Outcome], position: Position) -> None:
         with critical():
             write_chunk(chunk, outcomes, sink, errors, job, reporter)
-            if output is not None:
-                save_state(state_path, Saved(identity, position, output.sync(), errors.sync() if errors else 0,
-                                             vars(counters).copy()))
-                commits.append(position)
+            if files is not None:
+                save_state(files.state, Saved(identity, position, output.sync(), errors.sync() if errors else 0,
+                                              vars(counters).copy(), errors=errors_path))
 
     try:
         end = source.position
@@ -163,7 +200,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                 outcomes, sentences = prepare_records(translator, chunk, job)
                 return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
 
-            with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=job.input != "-",
+            with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \
                     (Finisher() if FINISHER else Inline()) as finisher:
                 for chunk, position, (outcomes, sentences, batches) in reader:
@@ -172,26 +209,20 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
                                        reporter.advance, finisher, batches)
                     finisher.submit(lambda chunk=chunk, outcomes=outcomes, position=position:
                                     commit(chunk, outcomes, position), chunk_end=True)
-            committed = committed or bool(commits)
             end = reader.position
         with critical():
             sink.close()
-            if output is not None:
+            if files is not None:
                 reporter.tick()
-                save_state(state_path, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
-                                             vars(counters).copy(), done=True))
+                save_state(files.state, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
+                                              vars(counters).copy(), done=True, errors=errors_path))
                 output.finish(parquet_converter(job, source) if job.output_format == "parquet" else None)
-            if errors is not None:
-                errors.finish()
-            if state_path:
-                remove_state(state_path)
+                if errors is not None:
+                    errors.finish()
+                remove_state(files.state)
+            job_finished()
     except BaseException:
         sink.abort()
-        committed = committed or bool(commits)
-        if output is not None and not committed:
-            output.discard()  # nothing worth resuming: leave nothing behind
-            if errors is not None:
-                errors.discard()
         raise
 
 
@@ -200,17 +231,6 @@ def first_chunk_rows(translator, batching: BatchOptions) -> int | None:
     if not translator.device.startswith("cuda"):
         return None
     return max(1, batching.read_chunk_rows // FIRST_CHUNK_PART)
-
-
-def finish_leftovers(job: Job, saved: Saved, state_path: str) -> bool:
-    """A job killed while it put its finished files in place (its state says done): if the output is already
-    in place (its partial file gone), finish what is left, the errors file and the state, and say so."""
-    if os.path.exists(partial_paths(job.output)[0]) or not os.path.exists(job.output):
-        return False  # the output is not in place yet: the usual path finishes it
-    if job.on_error == "record" and os.path.exists(partial_paths(job.errors)[0]):
-        PartialFile(job.errors, saved.errors_bytes).finish()
-    remove_state(state_path)
-    return True
 
 
 def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):
@@ -232,9 +252,8 @@ def parquet_converter(job: Job, source: Input):
     def convert(partial: str, path: str) -> None:
         """Write the Parquet file beside `path` under a fixed name, then rename it into place. The name is
         fixed, not random, so a conversion killed half-way leaves nothing that the next run does not replace."""
-        directory, name = os.path.split(os.path.abspath(path))
-        temp = os.path.join(directory, f".{name}.nllb-converting")
-        with open(temp, "wb") as target:
+        temp = converting_path(path)
+        with NamedStream(os.fdopen(create_private(temp, os.O_WRONLY), "wb"), path) as target:
             parquet.frames_to_parquet(partial, target, source.schema, job.output_field, job.field)
             target.flush()
             os.fsync(target.fileno())
@@ -494,6 +513,16 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
     return languages[0], languages[1]
 
 
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, alone: a JSON "\\ud800" escape, not a character
+
+
+def check_text(record: Record, field: str) -> None:
+    """Refuse text that is not Unicode characters throughout, naming the first offender."""
+    if (bad := SURROGATE.search(record.text)) is not None:
+        raise NllbError(f"{record.where}: field {field!r} holds a lone surrogate (\\u{ord(bad.group()):04x} at character "
+                        f"{bad.start() + 1}), half of a UTF-16 pair, which is not text.")
+
+
 def translate_records(
     translator: Translator,
     records: list[Record],
@@ -524,6 +553,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 raise NllbError(record.error)
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
+            check_text(record, job.field)
             if job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:
@@ -547,7 +577,8 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
         if outcome.error is not None:
             continue
         if isinstance(ids, Exception):
-            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {ids}"
+            reason = str(ids).strip().splitlines()[0] if str(ids).strip() else type(ids).__name__
+            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
             continue
         outcome.cut |= len(ids) > limit
         sentences.append(Sentence(position, cut_source(ids, limit), tgt))

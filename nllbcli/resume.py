@@ -8,28 +8,48 @@ cuts them off, seeks the input past the committed rows and goes on. Chunks are t
 straight through or is resumed, and a row's translation does not depend on its batch, so the finished output is
 byte-identical. At the end the partial file is renamed onto NAME and the state removed.
 
+The state and the partial files change together: a state only ever describes bytes its partial files hold. A
+job that starts afresh removes the old state (durably) before it empties the old partial files, and a state
+whose partial files hold fewer bytes than it says (damaged from outside) is reported and the job starts afresh,
+so that a `--resume` in cron is never stuck on it.
+
 A state also records what shapes the output (input identity, formats, fields, languages, decoding options,
-model, device); resuming with any of them changed is refused rather than mixing two jobs in one file.
+model, device); resuming with any of them changed is refused rather than mixing two jobs in one file. It also
+names the errors file the failed rows went to: a resume that would leave the rows recorded there behind (another
+--errors, or none) is refused.
+
+Partial, state and temporary files are created exclusively and never through a link: a symbolic link, a hard
+link, a FIFO or another user's file planted under one of their names is removed (its name only, never what it
+points to) and the file created anew.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .errors import NllbError
 from .io import Position, file_mode
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def partial_paths(output: str) -> tuple[str, str]:
     """The partial file and the state file of an output path."""
     directory, name = os.path.split(os.path.abspath(output))
     return os.path.join(directory, f".{name}.nllb-partial"), os.path.join(directory, f".{name}.nllb-state.json")
+
+
+def converting_path(output: str) -> str:
+    """Where a Parquet output is written from its frames before it is renamed onto `output`."""
+    directory, name = os.path.split(os.path.abspath(output))
+    return os.path.join(directory, f".{name}.nllb-converting")
 
 
 @dataclass
@@ -42,44 +62,81 @@ class Saved:
     errors_bytes: int = 0  # committed bytes of the errors file's partial file
     counters: dict = field(default_factory=dict)  # the summary's counters so far
     done: bool = False  # every row is written; only the renames were left
+    errors: str | None = None  # the errors file (absolute path) the failed rows were recorded in, if any
+
+
+class StaleState(NllbError):
+    """A state file that cannot be used (unreadable, another version's, or describing bytes its partial files
+    no longer hold): the job starts afresh instead, saying why."""
 
 
 def load_state(path: str, job: dict) -> Saved | None:
-    """The state of an interrupted job, if there is one; an error if it belongs to another job."""
+    """The state of an interrupted job, if there is one. StaleState when it cannot be used; NllbError when it
+    belongs to another job (resuming would mix two jobs in one output)."""
     try:
-        with open(path, encoding="utf-8") as stream:
-            data = json.load(stream)
+        fd = os.open(path, os.O_RDONLY | NO_FOLLOW)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as error:
-        raise NllbError(f"cannot read the resume state {path}: {error}; run without --resume to start over.") from None
-    if data.get("version") != STATE_VERSION:
-        raise NllbError(f"{path} was written by another version of nllb; run without --resume to start over.")
-    changed = sorted(key for key in set(job) | set(data["job"]) if job.get(key) != data["job"].get(key))
+    except OSError as error:
+        raise StaleState(f"cannot read the resume state {path} ({error.strerror or error})") from None
+    try:
+        with os.fdopen(fd, encoding="utf-8") as stream:
+            data = json.load(stream)
+        if data.get("version") != STATE_VERSION:
+            raise StaleState(f"{path} was written by another version of nllb")
+        saved = Saved(job, Position(**data["position"]), data["output_bytes"], data["errors_bytes"], data["counters"],
+                      data["done"], data["errors"])
+        stored_job = data["job"]
+        if not isinstance(stored_job, dict) or not isinstance(saved.output_bytes, int) or not isinstance(saved.errors_bytes, int):
+            raise TypeError("a value of the wrong type")
+    except StaleState:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise StaleState(f"cannot read the resume state {path} ({error})") from None
+    changed = sorted(key for key in set(job) | set(stored_job) if job.get(key) != stored_job.get(key))
     if changed:
-        what = ", ".join(f"{key} (was {data['job'].get(key)!r}, now {job.get(key)!r})" for key in changed[:3])
+        what = ", ".join(f"{key} (was {stored_job.get(key)!r}, now {job.get(key)!r})" for key in changed[:3])
         raise NllbError(f"cannot resume: the interrupted job differs in {what}; run without --resume to start over.")
-    return Saved(job, Position(**data["position"]), data["output_bytes"], data["errors_bytes"], data["counters"], data["done"])
+    return saved
 
 
 def save_state(path: str, saved: Saved) -> None:
     """Replace the state file atomically: a reader sees the old state or the new one, never a mix."""
     temp = path + ".tmp"
-    with open(temp, "w", encoding="utf-8") as stream:
-        json.dump({"version": STATE_VERSION, **asdict(saved)}, stream, ensure_ascii=False)
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temp, path)
+    try:
+        fd = create_private(temp, os.O_WRONLY)
+        with os.fdopen(fd, "w", encoding="utf-8") as stream:
+            json.dump({"version": STATE_VERSION, **asdict(saved)}, stream, ensure_ascii=False)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp, path)
+    except OSError as error:
+        raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
     sync_directory(path)
 
 
 def remove_state(path: str) -> None:
     for name in (path, path + ".tmp"):
-        try:
-            os.unlink(name)
-        except FileNotFoundError:
-            pass
+        remove_name(name)
     sync_directory(path)
+
+
+def remove_name(path: str) -> None:
+    """Remove a directory entry (a link itself, never what it points to), if there is one."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def create_private(path: str, flags: int) -> int:
+    """Create `path` anew, exclusively, readable by this user alone: whatever had that name (a leftover of a
+    killed run, or a link planted there) is removed first, and the new file never follows a link."""
+    remove_name(path)
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | NO_FOLLOW, 0o600)
+    except FileExistsError:
+        raise NllbError(f"{path} was created again by someone else while nllb was making it; refusing to write through it.") from None
 
 
 def sync_directory(path: str) -> None:
@@ -96,17 +153,81 @@ def sync_directory(path: str) -> None:
         os.close(fd)
 
 
+def open_own(path: str) -> int | None:
+    """An existing file nllb wrote under `path` (opened read-write), or None when there is none. Anything else
+    under that name (a symbolic or hard link, a FIFO, another user's file) is not trusted with the job's data: its
+    name is removed, and None returned."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | NO_FOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.EACCES, errno.EPERM):
+            raise
+        fd = None
+    if fd is not None:
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1 and info.st_uid == os.getuid():
+            os.set_blocking(fd, True)
+            return fd
+        os.close(fd)
+    try:
+        os.unlink(path)
+    except IsADirectoryError:
+        raise NllbError(f"{path} is a directory, in the way of nllb's own file of that name; remove it.") from None
+    return None
+
+
+class NamedStream:
+    """A file object whose write errors name the file the user knows (the output, not its partial file): a full
+    disk reads `cannot write out.jsonl: No space left on device`."""
+
+    def __init__(self, stream, name: str):
+        self.raw, self.name = stream, name
+
+    def write(self, data) -> int:
+        try:
+            return self.raw.write(data)
+        except OSError as error:
+            raise self.error(error) from None
+
+    def flush(self) -> None:
+        try:
+            self.raw.flush()
+        except OSError as error:
+            raise self.error(error) from None
+
+    def error(self, error: OSError) -> BaseException:
+        if isinstance(error, BrokenPipeError):
+            return error
+        return NllbError(f"cannot write {self.name}: {error.strerror or error}.")
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+    def __enter__(self) -> "NamedStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.raw.close()
+
+
 class PartialFile:
     """A file being written as its partial beside it: appended to, committed, renamed into place at the end.
 
-    `committed` None starts it empty; a number cuts it to that many bytes (what the last commit wrote) and
-    appends after them. The partial file stays locked while it is open, so two jobs never write one output."""
+    Opening it takes the partial file's lock (two jobs never write one output) and keeps what it holds;
+    `start(committed)` then cuts it to that many bytes (what the last commit wrote; 0 to start afresh) and
+    appends after them."""
 
-    def __init__(self, path: str, committed: int | None = None):
+    def __init__(self, path: str):
         self.path = path
         self.partial = partial_paths(path)[0]
+        self.closed = True
         try:
-            fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_own(self.partial)
+            self.created = fd is None
+            if fd is None:
+                fd = create_private(self.partial, os.O_RDWR)
         except OSError as error:
             raise NllbError(f"cannot write {path}: {error.strerror or error}.") from None
         try:
@@ -114,30 +235,39 @@ class PartialFile:
         except OSError:
             os.close(fd)
             raise NllbError(f"another nllb job is writing {path} (its partial file {self.partial} is locked).") from None
-        self.stream = os.fdopen(fd, "r+b")
-        size = os.fstat(fd).st_size
-        if committed is not None and size < committed:
-            self.stream.close()
-            raise NllbError(f"cannot resume: {self.partial} holds {size} bytes, fewer than the {committed} committed; run without --resume to start over.")
-        self.stream.truncate(committed or 0)
-        self.stream.seek(committed or 0)
+        self.stream = NamedStream(os.fdopen(fd, "r+b"), path)
         self.closed = False
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.stream.fileno()).st_size
+
+    def start(self, committed: int = 0) -> None:
+        """Keep the first `committed` bytes (a commit's) and write after them."""
+        self.stream.truncate(committed)
+        self.stream.seek(committed)
 
     def sync(self) -> int:
         """Make everything written so far durable; returns the committed length."""
         self.stream.flush()
-        os.fsync(self.stream.fileno())
+        try:
+            os.fsync(self.stream.fileno())
+        except OSError as error:
+            raise self.stream.error(error) from None
         return self.stream.tell()
 
     def finish(self, convert: Callable[[str, str], None] | None = None) -> None:
         """Put the finished file in place: rename the partial onto it, or have `convert(partial, path)` write it."""
         self.sync()
-        if convert is None:
-            os.chmod(self.partial, file_mode(self.path))  # the partial file is private (0600); the output should not be
-            os.replace(self.partial, self.path)
-        else:
-            convert(self.partial, self.path)
-            os.unlink(self.partial)
+        try:
+            if convert is None:
+                os.chmod(self.partial, file_mode(self.path))  # the partial file is private (0600); the output should not be
+                os.replace(self.partial, self.path)
+            else:
+                convert(self.partial, self.path)
+                os.unlink(self.partial)
+        except OSError as error:
+            raise NllbError(f"cannot write {self.path}: {error.strerror or error}.") from None
         sync_directory(self.path)
         self.close()
 
@@ -148,8 +278,138 @@ class PartialFile:
 
     def discard(self) -> None:
         """Remove the partial file (a job that committed nothing leaves nothing behind)."""
+        if not self.closed:
+            remove_name(self.partial)  # while the lock is held: no other job has it open
         self.close()
+
+
+@dataclass
+class JobFiles:
+    """A file job's partial files, locked, and where its state goes."""
+
+    output: PartialFile
+    errors: PartialFile | None
+    state: str
+    saved: Saved | None  # the interrupted job this one continues; None: it starts afresh
+    finished: bool = False  # an interrupted job had put its output in place: nothing is left to do
+
+    def close(self) -> None:
+        for partial in (self.output, self.errors):
+            if partial is not None:
+                partial.close()
+
+    def discard_uncommitted(self) -> None:
+        """After a failure: remove the partial files when no state refers to them (nothing was committed)."""
+        if not os.path.exists(self.state):
+            for partial in (self.output, self.errors):
+                if partial is not None:
+                    partial.discard()
+        else:
+            for partial in (self.output, self.errors):
+                if partial is not None and not partial.closed and partial.created and partial.size == 0:
+                    partial.discard()
+
+
+def open_job_files(output: str, errors: str | None, job: dict, resume: bool, warn: Callable[[str], None]) -> JobFiles:
+    """Lock the job's partial files and find where it starts: the interrupted job's state with --resume (each
+    partial file cut back to its last commit), else afresh (the old state removed before its partial files are
+    emptied). A stale state is reported through `warn` and the job starts afresh."""
+    state = partial_paths(output)[1]
+    errors_path = os.path.abspath(errors) if errors else None  # as the state names it
+    saved = None
+    if resume:
         try:
-            os.unlink(self.partial)
-        except FileNotFoundError:
-            pass
+            saved = load_state(state, job)
+        except StaleState as error:
+            warn(f"Starting afresh: {error}.")
+    if saved is not None and saved.done and finish_leftovers(output, saved, state):
+        return JobFiles(None, None, state, saved, finished=True)
+    files = JobFiles(PartialFile(output), None, state, None)
+    try:
+        if errors is not None:
+            files.errors = PartialFile(errors)
+        if saved is not None:
+            saved = check_saved(files, saved, errors_path, warn)
+        if saved is None:
+            start_afresh(files, errors_path)
+        else:
+            files.output.start(saved.output_bytes)
+            if files.errors is not None:
+                files.errors.start(saved.errors_bytes)
+            files.saved = saved
+    except BaseException:
+        files.discard_uncommitted()
+        files.close()
+        raise
+    return files
+
+
+def check_saved(files: JobFiles, saved: Saved, errors: str | None, warn: Callable[[str], None]) -> Saved | None:
+    """The state, if its partial files still hold what it committed; a refusal if resuming would leave rows
+    recorded in another errors file behind."""
+    if saved.errors != errors and saved.errors is not None and saved.errors_bytes > 0:
+        rows = recorded_rows(partial_paths(saved.errors)[0], saved.errors_bytes)
+        raise NllbError(f"cannot resume: the interrupted job recorded {rows} failed row{'s' * (rows != 1)} in "
+                        f"{saved.errors}; resume with --errors {saved.errors}, or run without --resume to start over.")
+    short = [(partial, committed) for partial, committed in ((files.output, saved.output_bytes),
+                                                            (files.errors, saved.errors_bytes if saved.errors else 0))
+             if partial is not None and partial.size < committed]
+    if short:
+        partial, committed = short[0]
+        warn(f"Starting afresh: the resume state {files.state} says {committed} bytes of {partial.partial} are "
+             f"committed, but it holds {partial.size}.")
+        return None
+    if saved.errors != errors and saved.errors is not None:
+        discard_partial_of(saved.errors)  # it recorded nothing: of no use to anyone
+    return saved
+
+
+def recorded_rows(partial: str, committed: int) -> int:
+    try:
+        with open(partial, "rb") as stream:
+            return stream.read(committed).count(b"\n")
+    except OSError:
+        return 0
+
+
+def start_afresh(files: JobFiles, errors: str | None) -> None:
+    """Remove the old state first, then empty the partial files: a kill in between leaves partial files no state
+    refers to, which the next run starts afresh from, never a state whose bytes are gone."""
+    try:
+        with os.fdopen(os.open(files.state, os.O_RDONLY | NO_FOLLOW), "rb") as stream:
+            old_errors = json.load(stream).get("errors")
+    except (OSError, ValueError, AttributeError):
+        old_errors = None
+    remove_state(files.state)
+    files.output.start(0)
+    if files.errors is not None:
+        files.errors.start(0)
+    if isinstance(old_errors, str) and old_errors != errors:
+        discard_partial_of(old_errors)
+
+
+def discard_partial_of(path: str) -> None:
+    """Remove the partial file of an errors file this job does not write, unless another job holds it."""
+    if not os.path.lexists(partial_paths(path)[0]):
+        return
+    try:
+        partial = PartialFile(path)
+    except NllbError:
+        return
+    partial.discard()
+
+
+def finish_leftovers(output: str, saved: Saved, state: str) -> bool:
+    """A job killed while it put its finished files in place (its state says done): if the output is already
+    in place (its partial file gone), finish what is left, the errors file and the state, and say so."""
+    if os.path.lexists(partial_paths(output)[0]) or not os.path.exists(output):
+        return False  # the output is not in place yet: the usual path finishes it
+    if saved.errors is not None and os.path.lexists(partial_paths(saved.errors)[0]):
+        partial = PartialFile(saved.errors)
+        if partial.size < saved.errors_bytes:
+            partial.close()
+            return False
+        partial.start(saved.errors_bytes)
+        partial.finish()
+    remove_state(state)
+    return True

@@ -2,7 +2,9 @@
 
 The handlers raise `Stopped` where the job is, unless it is inside `critical()` (writing a chunk and its state,
 or renaming the finished output); there the signal waits for the section to end. Whatever `Stopped` interrupts
-is work that was not committed yet, which --resume does again, exactly as after `kill -9`.
+is work that was not committed yet, which --resume does again, exactly as after `kill -9`. Once the job's
+output is in place (`job_finished()`), a stop signal has nothing left to stop: the job ends as finished, with
+its summary and exit code, not as a stopped one that --resume would do again.
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ class Stopped(BaseException):
 
 _shielded = 0  # depth of critical() sections (of every thread: the pipeline commits on its finisher thread)
 _pending: int | None = None  # a signal that arrived inside one
+_finished = False  # the job's output is in place: stop signals are ignored until the command exits
 _lock = threading.Lock()
 
 
 def _handle(signum, frame) -> None:
     global _pending
+    if _finished:
+        return
     if _shielded:
         _pending = signum
         return
@@ -40,11 +45,11 @@ def _handle(signum, frame) -> None:
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into `Stopped` for the duration of the block (main thread only)."""
-    global _pending
+    global _pending, _finished
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _pending = None
+    _pending, _finished = None, False
     previous = {s: signal.signal(s, _handle) for s in STOP_SIGNALS}
     try:
         yield
@@ -64,8 +69,16 @@ def critical() -> Iterator[None]:
     finally:
         with _lock:
             _shielded -= 1
-            signum = _pending if not _shielded else None
+            signum = _pending if not _shielded and not _finished else None
             if signum is not None:
                 _pending = None
     if signum is not None:
         raise Stopped(signum)
+
+
+def job_finished() -> None:
+    """The job's output is in place: a stop signal from now on (or one waiting for a critical section to end)
+    is ignored."""
+    global _finished, _pending
+    with _lock:
+        _finished, _pending = True, None

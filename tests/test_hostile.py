@@ -143,5 +143,5 @@ def test_the_real_tokenizer_takes_hostile_text():
     records = [Record(i, t, {}, where=f"in:{i + 1}") for i, t in enumerate(texts)]
     outcomes = translate_records(tiny, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(beam_size=1, max_length=3), 4096)
     assert [o.error is None for o in outcomes] == [True, True, True, True, True, True, False, True]
-    assert outcomes[6].error.startswith("in:7: the tokenizer cannot take this text")
+    assert outcomes[6].error.startswith("in:7: field 'text' holds a lone surrogate")
     assert outcomes[5].cut and not outcomes[0].cut

@@ -128,10 +128,17 @@ def test_missing_languages_without_defaults(fake):
 
 
 def test_tokenizer_failure_fails_the_row(fake):
-    records = [Record(0, "a\ud800b", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
-    fake.tokenizer.reject = "\ud800"
+    records = [Record(0, "a\u2603b", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
+    fake.tokenizer.reject = "\u2603"
     result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="record"), DecodeOptions(), 100)
-    assert result[0].error.startswith("in:1: the tokenizer cannot take this text: ")
+    assert result[0].error == "in:1: the tokenizer cannot take this text: 'utf-8' codec can't encode character '\\x61' in position 0: surrogates not allowed"
+    assert result[1].translation == "dc"
+
+
+def test_a_lone_surrogate_fails_its_row_before_the_tokenizer(fake):
+    records = [Record(0, "ab \udc80", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
+    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="record"), DecodeOptions(), 100)
+    assert result[0].error == "in:1: field 'text' holds a lone surrogate (\\udc80 at character 4), half of a UTF-16 pair, which is not text."
     assert result[1].translation == "dc"
 
 

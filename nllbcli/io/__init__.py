@@ -8,6 +8,8 @@ into place at the end, so a failed run never leaves a half-written file.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
@@ -98,17 +100,22 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
     name = STDIN_NAME if path == "-" else path
     start = Position(**vars(start)) if start else Position()
     identity = {"path": "-"} if path == "-" else file_identity(path)
+    regular = is_regular_file(path)
     with ExitStack() as stack:
         if fmt == "parquet":
-            # Parquet needs to seek: stdin is spooled to a temporary file, not held in memory
-            source = stack.enter_context(spool(stdin or sys.stdin.buffer)) if path == "-" else path
+            # Parquet needs to seek: stdin, a pipe or a FIFO is spooled to a temporary file, not held in memory
+            if not regular:
+                stream = (stdin or sys.stdin.buffer) if path == "-" else stack.enter_context(open(path, "rb"))
+                source = stack.enter_context(spool(stream))
+            else:
+                source = path
             yield parquet.open_parquet(source, name, field, start, identity)
             return
-        total = None  # stdin cannot be counted without reading it all first
+        total = None  # a stream cannot be counted without consuming it: only a regular file is read twice
         if path == "-":
             stream = stdin or sys.stdin.buffer
         else:
-            if count:
+            if count and regular:
                 total = jsonl.count_rows(path) if fmt == "jsonl" else text.count_lines(path)
             stream = stack.enter_context(open(path, "rb"))
         skip_bytes(stream, start.offset)
@@ -118,9 +125,24 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             yield Input(text.read_text(stream, name, field, start), total, pa.schema([(field, pa.string())]), start, identity)
 
 
+def is_regular_file(path: str) -> bool:
+    """Whether `path` names a regular file, which can be read twice (counted, then read) and seeked: not stdin
+    (`-`), a pipe (`<(cmd)`, /dev/stdin), a FIFO or a device, whose bytes are gone once read."""
+    if path == "-":
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def file_identity(path: str) -> dict:
-    stat = os.stat(path)
-    return {"path": os.path.abspath(path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    """What --resume compares to know the input is the same: a regular file's path, size and modification time;
+    a stream's path alone (a pipe's or FIFO's bytes say nothing until read)."""
+    if not is_regular_file(path):
+        return {"path": os.path.abspath(path)}
+    info = os.stat(path)
+    return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
 def skip_bytes(stream: BinaryIO, count: int) -> None:
@@ -172,7 +194,8 @@ def open_output(path: str, fmt: str, output_field: str, schema: pa.Schema | None
 
 class LineSink:
     """Text or JSONL lines into a binary stream. A failed row (translation None) is left out of JSONL and is an
-    empty line in text, so that line n of a text output is still the translation of line n of its input."""
+    empty line in text, and a line break inside a translation (of a JSONL or Parquet text that held one) is a
+    space in text, so that line n of a text output is still the translation of row n of its input."""
 
     def __init__(self, stream: BinaryIO, fmt: str, output_field: str):
         self.stream, self.fmt, self.output_field = stream, fmt, output_field
@@ -185,7 +208,7 @@ class LineSink:
         failed: list[tuple[Record, str]] = []
         for record, translation in zip(records, translations):
             if self.fmt == "text":
-                lines.append((translation or "").encode("utf-8") + b"\n")
+                lines.append(one_line(translation or "").encode("utf-8") + b"\n")
             elif translation is not None:
                 line, error = encode_jsonl_row(record, translation, self.output_field)
                 if error:
@@ -201,6 +224,14 @@ class LineSink:
 
     def abort(self) -> None:
         pass
+
+
+LINE_BREAKS = re.compile(r"\r\n|[\r\n]")  # what ends a line for line-oriented tools (wc -l, paste, Python's files)
+
+
+def one_line(text: str) -> str:
+    """The text on one line: each line break (\\r\\n, \\n or \\r) a space."""
+    return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
 def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str):

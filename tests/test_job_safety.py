@@ -1,0 +1,423 @@
+"""What a job promises about its files, streams and signals, under hostile conditions: inputs that are streams,
+paths that name the input again, links planted where the job writes, states left by killed runs, signals at the
+worst moments, closed standard streams and full disks. Each test fails on the cause it names."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from nllbcli.cli import cli
+from nllbcli.signals import Stopped
+
+TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
+TINY = str(Path(__file__).parent / "models" / "tiny-a")
+ROWS = [f"row {i}" for i in range(12)]
+REVERSED = [text[::-1] for text in ROWS]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(cli, TRANSLATE + list(args))
+
+
+def listing(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+def stop_after(fake, calls: int, signum: int = signal.SIGTERM) -> None:
+    """Make the fake translator stop the job (as a SIGTERM would) at its `calls`-th batch."""
+    generate = type(fake).generate
+    count = [0]
+
+    def stopping(sources, tgt_lang, options):
+        count[0] += 1
+        if count[0] == calls:
+            raise Stopped(signum)
+        return generate(fake, sources, tgt_lang, options)
+
+    fake.generate = stopping
+
+
+def translate_normally(fake) -> None:
+    fake.generate = type(fake).generate.__get__(fake)
+
+
+def stopped_job(fake, *first: str, bad_row: bool = False) -> list[str]:
+    """A JSONL job (a bad first row with `bad_row`) stopped by SIGTERM after two commits, run with the options
+    `first`; returns the arguments that run it again. The fake translates normally from then on."""
+    rows = "".join(json.dumps({"text": t}) + "\n" for t in ROWS)
+    Path("in.jsonl").write_text(('{"text": 1}\n' if bad_row else "") + rows)
+    args = ["-q", "--chunk-rows", "3", "in.jsonl", "out.jsonl"]
+    stop_after(fake, 3)
+    assert invoke(*first, *args).exit_code == 143
+    translate_normally(fake)
+    return args
+
+
+# -- inputs that are streams: read once, never counted first ------------------------------------------------------
+
+def feed(where: str | int, data: bytes) -> threading.Thread:
+    """Write `data` into a FIFO (a path) or a pipe (its write end) from a thread, as `cat in.txt > fifo` would."""
+    def write():
+        with open(where, "wb") as stream:
+            stream.write(data)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def input_bytes(fmt: str, tmp_path: Path) -> bytes:
+    if fmt == "text":
+        return "".join(t + "\n" for t in ROWS).encode()
+    if fmt == "jsonl":
+        return "".join(json.dumps({"text": t}) + "\n" for t in ROWS).encode()
+    pq.write_table(pa.table({"text": ROWS}), tmp_path / "source.parquet")
+    return (tmp_path / "source.parquet").read_bytes()
+
+
+def read_texts(path: Path, fmt: str) -> list[str]:
+    if fmt == "text":
+        return path.read_text().splitlines()
+    if fmt == "jsonl":
+        return [json.loads(line)["translation"] for line in path.read_text().splitlines()]
+    return pq.read_table(path).column("translation").to_pylist()
+
+
+@pytest.mark.parametrize("progress", ["json", "bar"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("kind", ["fifo", "pipe"])
+def test_a_stream_input_with_progress_loses_no_row(fake, tmp_path, kind, fmt, progress):
+    """Counting the rows for the progress total read a pipe (`<(cat in.txt)`) to its end, or hung on a FIFO."""
+    ext = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet"}[fmt]
+    data = input_bytes(fmt, tmp_path)
+    if kind == "fifo":
+        path = str(tmp_path / f"in.{ext}")
+        os.mkfifo(path)
+        writer = feed(path, data)
+    else:  # what the shell's <(cat in.txt) gives
+        read_end, write_end = os.pipe()
+        path = f"/dev/fd/{read_end}"
+        writer = feed(write_end, data)
+    target = tmp_path / f"out.{ext}"
+    result = invoke("--progress", progress, "--input-format", fmt, "--chunk-rows", "5", path, str(target))
+    writer.join(5)
+    if kind == "pipe":
+        os.close(read_end)
+    assert result.exit_code == 0, result.output
+    assert read_texts(target, fmt) == REVERSED
+
+
+# -- paths that name the input ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["same", "symlink", "hardlink"])
+@pytest.mark.parametrize("which", ["--errors", "OUTPUT"])
+def test_a_job_never_writes_over_its_input(fake, tmp_path, monkeypatch, which, how):
+    monkeypatch.chdir(tmp_path)
+    content = "".join(json.dumps({"text": t}) + "\n" for t in ROWS) + "oops\n"
+    Path("in.jsonl").write_text(content)
+    other = "in.jsonl"
+    if how == "symlink":
+        os.symlink("in.jsonl", "other.jsonl")
+        other = "other.jsonl"
+    elif how == "hardlink":
+        os.link("in.jsonl", "other.jsonl")
+        other = "other.jsonl"
+    args = ["--errors", other, "in.jsonl", "out.jsonl"] if which == "--errors" else ["in.jsonl", other]
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(f"Error: {which} {other} is the input file in.jsonl: refusing to write over the input.")
+    assert Path("in.jsonl").read_text() == content
+    assert not fake.batches
+
+
+def test_errors_through_a_link_to_output_is_refused(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("ab\n")
+    Path("out.txt").write_text("old\n")
+    os.symlink("out.txt", "e.jsonl")
+    result = invoke("--errors", "e.jsonl", "in.txt", "out.txt")
+    assert result.exit_code == 2
+    assert result.stderr == "Error: --errors must be another file than OUTPUT.\n"
+
+
+@pytest.mark.parametrize("errors,code,message", [
+    ("-", 2, "--errors needs a file: - is not one (--on-error skip names the failed rows on stderr)."),  # not a file named -
+    ("missing/e.jsonl", 1, "cannot write missing/e.jsonl: No such file or directory."),  # the output's partial file stayed
+])
+def test_a_refused_errors_file_leaves_nothing_behind(fake, tmp_path, monkeypatch, errors, code, message):
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("ab\n")
+    result = invoke("--errors", errors, "in.txt", "o_ok.jsonl")
+    assert result.exit_code == code
+    assert result.stderr == f"Error: {message}\n"
+    assert listing(tmp_path) == ["in.txt"]
+
+
+# -- links planted where the job writes ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("planted,fmt", [
+    (".out.txt.nllb-partial", "txt"),
+    (".out.txt.nllb-state.json.tmp", "txt"),
+    (".out.txt.nllb-state.json", "txt"),
+    (".e.jsonl.nllb-partial", "txt"),
+    (".out.parquet.nllb-converting", "parquet"),
+    (".out.parquet.nllb-partial", "parquet"),
+])
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_planted_links_are_never_written_through(fake, tmp_path, monkeypatch, planted, fmt, link):
+    monkeypatch.chdir(tmp_path)
+    if fmt == "txt":
+        Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    else:
+        pq.write_table(pa.table({"text": ROWS}), "in.parquet")
+    Path("victim.txt").write_text("precious\n")
+    (os.symlink if link == "symlink" else os.link)(str(tmp_path / "victim.txt"), planted)
+    result = invoke("-q", "--chunk-rows", "4", "--errors", "e.jsonl", f"in.{fmt}", f"out.{fmt}")
+    assert result.exit_code == 0, result.output
+    assert Path("victim.txt").read_text() == "precious\n"
+    assert not os.path.islink(f"out.{fmt}") and read_texts(Path(f"out.{fmt}"), "text" if fmt == "txt" else "parquet") == REVERSED
+    assert listing(tmp_path) == sorted(["e.jsonl", f"in.{fmt}", f"out.{fmt}", "victim.txt"])
+
+
+# -- states left by killed runs --------------------------------------------------------------------------------------
+
+def write_rows(path: Path, rows: list[str]) -> None:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in rows))
+
+
+def expected_jsonl(rows: list[str]) -> str:
+    return "".join(json.dumps({"text": t, "translation": t[::-1]}) + "\n" for t in rows)
+
+
+def test_a_fresh_run_stopped_before_its_first_commit_leaves_no_stale_state(fake, tmp_path, monkeypatch):
+    """(a) a job stopped after a commit; (b) run again without --resume and stopped before its first commit;
+    (c) --resume must work: the fresh run removed the old state before it emptied the old partial file."""
+    monkeypatch.chdir(tmp_path)
+    write_rows(Path("in.jsonl"), ROWS)
+    args = ["-q", "--chunk-rows", "3", "in.jsonl", "out.jsonl"]
+    stop_after(fake, 3)  # chunks 1 and 2 committed
+    result = invoke(*args)
+    assert result.exit_code == 143
+    assert "--resume" in result.stderr
+    assert listing(tmp_path) == [".out.jsonl.nllb-partial", ".out.jsonl.nllb-state.json", "in.jsonl"]
+    stop_after(fake, 1)  # the fresh run stops before anything is committed
+    result = invoke(*args)
+    assert result.exit_code == 143
+    assert result.stderr == "Stopped by SIGTERM before any rows were saved; nothing was written.\n"
+    assert listing(tmp_path) == ["in.jsonl"]
+    translate_normally(fake)
+    result = invoke("--resume", *args)
+    assert result.exit_code == 0, result.output
+    assert Path("out.jsonl").read_text() == expected_jsonl(ROWS)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "remove", "garbage", "version"])
+def test_resume_from_a_damaged_state_starts_afresh(fake, tmp_path, monkeypatch, damage):
+    """A state whose partial file lost its committed bytes (or that cannot be read) never blocks --resume."""
+    monkeypatch.chdir(tmp_path)
+    args = stopped_job(fake)
+    partial, state = Path(".out.jsonl.nllb-partial"), Path(".out.jsonl.nllb-state.json")
+    if damage == "truncate":
+        os.truncate(partial, 5)
+    elif damage == "remove":
+        partial.unlink()
+    elif damage == "garbage":
+        state.write_text("{not json")
+    else:
+        state.write_text(json.dumps({**json.loads(state.read_text()), "version": 0}))
+    for run in range(2):  # and again: a finished job's --resume starts afresh too
+        result = invoke("--resume", *args)
+        assert result.exit_code == 0, result.output
+        assert result.stderr.startswith("Starting afresh: ") == (run == 0)
+        assert Path("out.jsonl").read_text() == expected_jsonl(ROWS)
+        assert listing(tmp_path) == ["in.jsonl", "out.jsonl"]
+
+
+def test_a_damaged_state_is_reported(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = stopped_job(fake)
+    os.truncate(".out.jsonl.nllb-partial", 5)
+    result = invoke("--resume", *args)
+    assert result.exit_code == 0
+    state, partial = tmp_path / ".out.jsonl.nllb-state.json", tmp_path / ".out.jsonl.nllb-partial"
+    committed = len(expected_jsonl(ROWS[:6]).encode())
+    assert result.stderr == (f"Starting afresh: the resume state {state} says {committed} bytes of {partial} are "
+                             "committed, but it holds 5.\n")
+
+
+def test_resume_never_leaves_recorded_rows_behind(fake, tmp_path, monkeypatch):
+    """A job recording bad rows in e.jsonl, stopped, resumed with --on-error skip: the row recorded before the
+    stop was in an orphaned partial file, reported nowhere."""
+    monkeypatch.chdir(tmp_path)
+    args = stopped_job(fake, "--errors", "e.jsonl", bad_row=True)
+    for other in (["--on-error", "skip"], ["--on-error", "fail"], ["--errors", "other.jsonl"]):
+        result = invoke("--resume", *other, *args)
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (f"Error: cannot resume: the interrupted job recorded 1 failed row in {tmp_path / 'e.jsonl'}; "
+                                 f"resume with --errors {tmp_path / 'e.jsonl'}, or run without --resume to start over.\n")
+    result = invoke("--resume", "--errors", "e.jsonl", *args)
+    assert result.exit_code == 3
+    assert [json.loads(line)["row"] for line in Path("e.jsonl").read_text().splitlines()] == [1]
+    assert listing(tmp_path) == ["e.jsonl", "in.jsonl", "out.jsonl"]
+
+
+def test_resume_may_drop_an_errors_file_that_recorded_nothing(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = stopped_job(fake, "--errors", "e.jsonl")
+    result = invoke("--resume", "--on-error", "skip", *args)
+    assert result.exit_code == 0, result.output
+    assert listing(tmp_path) == ["in.jsonl", "out.jsonl"]  # no orphaned .e.jsonl.nllb-partial
+
+
+def test_a_fresh_run_removes_the_old_jobs_errors_partial(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = stopped_job(fake, "--errors", "e.jsonl", bad_row=True)
+    assert invoke("--on-error", "skip", *args).exit_code == 3
+    assert listing(tmp_path) == ["in.jsonl", "out.jsonl"]
+
+
+# -- signals at the end ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["txt", "parquet"])
+def test_a_signal_while_the_output_is_put_in_place_ends_the_job_as_finished(fake, tmp_path, monkeypatch, fmt):
+    import nllbcli.pipeline as pipeline
+
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    remove_state = pipeline.remove_state
+
+    def signalled(path):  # SIGTERM arrives inside the last critical section, after the rename
+        os.kill(os.getpid(), signal.SIGTERM)
+        remove_state(path)
+
+    monkeypatch.setattr(pipeline, "remove_state", signalled)
+    result = invoke("--errors", "e.jsonl", "--chunk-rows", "5", "in.txt", f"out.{fmt}")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("Done: 12 rows (12 translated")
+    assert read_texts(Path(f"out.{fmt}"), "text" if fmt == "txt" else "parquet") == REVERSED
+    assert listing(tmp_path) == sorted(["e.jsonl", "in.txt", f"out.{fmt}"])
+
+
+# -- JSONL to text keeps one line per row ----------------------------------------------------------------------------
+
+def test_jsonl_to_text_is_one_line_per_row(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    texts = ["one\ntwo", "three", "four\r\nfive\rsix", "\n", "seven\n\n"]
+    write_rows(Path("in.jsonl"), texts)
+    result = invoke("-q", "in.jsonl", "out.txt")
+    assert result.exit_code == 0, result.output
+    lines = Path("out.txt").read_bytes().split(b"\n")
+    assert len(lines) == len(texts) + 1 and lines[-1] == b""
+    assert b"\r" not in Path("out.txt").read_bytes()
+    assert lines[0] == b"eno owt" and lines[2] == b"ruof evif xis"
+
+
+# -- messages --------------------------------------------------------------------------------------------------------
+
+def test_a_lone_surrogate_is_named_plainly(tmp_path, monkeypatch):
+    """The real tokenizer: a JSON "\\ud800" escape gave pybind11's "incompatible function arguments" text."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.jsonl").write_text('{"text": "ok \\ud800 x"}\n{"text": "Hello."}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["--model", TINY, "--device", "cpu", "--beam-size", "1", "--max-length", "3",
+                                                  "-q", "--on-error", "skip", "in.jsonl", "out.jsonl"])
+    assert result.exit_code == 3
+    assert result.stderr == ("Skipped: in.jsonl:1: field 'text' holds a lone surrogate (\\ud800 at character 4), half of a "
+                             "UTF-16 pair, which is not text.\n")
+
+
+def test_a_full_disk_names_the_output(fake, tmp_path, monkeypatch):
+    import nllbcli.resume as resume
+
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(resume.os, "fsync", full)
+    result = invoke("-q", "in.txt", "out.txt")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: cannot write out.txt: No space left on device.\n"
+    assert listing(tmp_path) == ["in.txt"]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_full_stdout_is_named(tmp_path):
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(nllb("in.txt", "-"), stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.splitlines()[-1] == "Error: cannot write standard output: No space left on device."
+
+
+# -- closed standard streams and signals at start-up (real processes) ----------------------------------------------
+
+def nllb(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nllbcli", *TRANSLATE, "--model", TINY, "--device", "cpu", "--beam-size", "1",
+            "--max-length", "3", *args]
+
+
+def closing(fd: int):
+    return lambda: os.close(fd)
+
+
+def test_closed_stdout_with_output_to_stdout_is_one_line(tmp_path):
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    result = subprocess.run(nllb("in.txt", "-"), stderr=subprocess.PIPE, text=True, cwd=tmp_path, preexec_fn=closing(1), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == "Error: standard output is closed: name an OUTPUT file instead of -.\n"
+
+
+def test_closed_stdin_with_input_from_stdin_is_one_line(tmp_path):
+    result = subprocess.run(nllb("-", "out.txt"), capture_output=True, text=True, cwd=tmp_path, preexec_fn=closing(0), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == "Error: standard input is closed: name an INPUT file instead of -.\n"
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("fd", [0, 1, 2])
+def test_a_closed_stream_the_job_does_not_use_changes_nothing(tmp_path, fd):
+    (tmp_path / "in.txt").write_text("Hello.\nGood night.\n")
+    stdout = None if fd == 1 else subprocess.PIPE
+    process = subprocess.run(nllb("in.txt", "-" if fd != 1 else "out.txt"), stdout=stdout, stderr=None if fd == 2 else subprocess.PIPE,
+                             cwd=tmp_path, preexec_fn=closing(fd), timeout=120)
+    assert process.returncode == 0, process.stderr
+    if fd == 1:
+        assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
+    else:
+        assert len(process.stdout.splitlines()) == 2  # the translations, and no summary line among them
+    if fd != 2:
+        assert process.stderr.decode().startswith("Done: 2 rows")
+
+
+@pytest.mark.parametrize("delay", [0.08, 0.12, 0.16, 0.2, 0.3, 0.45])
+def test_ctrl_c_during_start_up_has_no_traceback(tmp_path, delay):
+    (tmp_path / "in.txt").write_text("Hello.\n" * 50)
+    process = subprocess.Popen(nllb("in.txt", "out.txt"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert process.returncode in (130, 0), stderr
+    if process.returncode == 130:
+        assert os.listdir(tmp_path) == ["in.txt"] or (tmp_path / ".out.txt.nllb-state.json").exists()
+
+
+def test_the_nllb_command_starts_through_the_quiet_entry_point():
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "nllb"]
+    assert script.value == "nllbcli.__main__:main"
