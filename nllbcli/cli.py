@@ -9,7 +9,7 @@ import sys
 import click
 
 from .errors import NllbError
-from .io import FORMATS, format_of
+from .io import FORMATS, format_of, known_extension
 from .langs import resolve_lang
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions
 from .progress import PROGRESS_MODES
@@ -136,11 +136,14 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     from dataclasses import replace
 
     from .pipeline import Job, check_paths, translate_file
+    from .resume import is_stream
     from .signals import Stopped, stop_on_signals
 
     try:
         in_format = format_of(input, input_format)
-        out_format = output_format or (in_format if output == "-" else format_of(output, None))
+        # a stream (stdout, /dev/stdout, a FIFO) without a known extension takes the input's format
+        out_format = output_format or (in_format if output == "-" or (is_stream(output) and not known_extension(output))
+                                       else format_of(output, None))
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
     for path, stream, what in ((input, 0, "input"), (output, 1, "output")):
@@ -157,6 +160,10 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
     if resume and output == "-":
         raise InvalidUsage("--resume needs an OUTPUT file: what went to stdout cannot be continued.")
+    for option, path in (("OUTPUT", output), ("--errors", errors_file)):
+        if resume and path and path != "-" and is_stream(path):
+            raise InvalidUsage(f"--resume needs {option} to be a file: {path} is a stream (a FIFO or a device), and "
+                               "what went to it cannot be taken back.")
     job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
               field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
               split=not no_split, on_error=on_error, errors=errors_file)

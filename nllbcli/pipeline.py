@@ -35,8 +35,8 @@ from .io import Input, Position, Record, file_identity, is_regular_file, open_in
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
-from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, open_job_files,
-                     partial_paths, remove_state, save_state)
+from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, is_stream,
+                     open_job_files, partial_paths, remove_state, save_state)
 from .signals import Stopped, critical, job_finished
 from .split import join_sentences, split_text
 
@@ -107,21 +107,21 @@ def translate_file(
     if job.on_error == "record" and not job.errors:
         raise ValueError("--on-error record needs --errors FILE to record the rows in")
     check_paths(job)
+    job = replace(job, output=follow_link(job.output), errors=follow_link(job.errors))
     files = None
     with ExitStack() as stack:
         try:
             identity = job_identity(translator, job, decode, batching)
-            if job.output != "-":
-                warn = lambda message: print(message, file=reporter_stream or sys.stderr, flush=True)  # noqa: E731
-                files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
-                                       resume, warn)
-                stack.callback(files.close)
-                if files.finished:
-                    job_finished()
-                    counters = Counters(**files.saved.counters)
-                    Reporter(mode, None, counters, stream=reporter_stream, summary=summary).close()
-                    return counters
-            saved = files.saved if files else None
+            warn = lambda message: print(message, file=reporter_stream or sys.stderr, flush=True)  # noqa: E731
+            files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
+                                   resume, warn)
+            stack.callback(files.close)
+            if files.finished:
+                job_finished()
+                counters = Counters(**files.saved.counters)
+                Reporter(mode, None, counters, stream=reporter_stream, summary=summary).close()
+                return counters
+            saved = files.saved
             source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
                                                     start=saved.position if saved else None))
             counters = Counters(**saved.counters) if saved else Counters()
@@ -136,10 +136,18 @@ def translate_file(
             if files is not None and not files.finished:
                 files.discard_uncommitted()
             if isinstance(error, Stopped):
-                error.resumable = files is not None and os.path.exists(files.state)
+                error.resumable = files is not None and files.resumable
             raise
         reporter.close()
         return counters
+
+
+def follow_link(path: str | None) -> str | None:
+    """A destination that is a symbolic link is written where it points, as the shell's `>` does: the partial
+    file goes beside the link's target and is renamed onto it, and the link stays."""
+    if path and path != "-" and os.path.islink(path):
+        return os.path.realpath(path)
+    return path
 
 
 def check_paths(job: Job) -> None:
@@ -148,14 +156,18 @@ def check_paths(job: Job) -> None:
     through a symbolic or hard link."""
     written = []
     if job.output != "-":
-        written += [("OUTPUT", job.output), *(("OUTPUT's partial file", p) for p in partial_paths(job.output)),
-                    ("OUTPUT's temporary file", converting_path(job.output))]
+        written.append(("OUTPUT", job.output))
+        if not is_stream(job.output):
+            written += [*(("OUTPUT's partial file", p) for p in partial_paths(job.output)),
+                        ("OUTPUT's temporary file", converting_path(job.output))]
     if job.on_error == "record" and job.errors:
         if job.errors == "-":
             raise NllbError("--errors needs a file: - is not one (--on-error skip names the failed rows on stderr).")
-        if job.output != "-" and same_file(job.errors, job.output):
+        if job.output != "-" and not is_stream(job.errors) and same_file(job.errors, job.output):
             raise NllbError("--errors must be another file than OUTPUT.")
-        written += [("--errors", job.errors), ("--errors' partial file", partial_paths(job.errors)[0])]
+        written.append(("--errors", job.errors))
+        if not is_stream(job.errors):
+            written.append(("--errors' partial file", partial_paths(job.errors)[0]))
     if job.input == "-":
         return
     for what, path in written:
@@ -173,25 +185,23 @@ def same_file(a: str, b: str) -> bool:
 
 
 def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,
-        files: JobFiles | None, identity: dict) -> None:
+        files: JobFiles, identity: dict) -> None:
     """The chunk loop: translate, write, commit; then put the finished files in place."""
     counters = reporter.counters
-    saved = files.saved if files else None
-    output = files.output if files else None
-    errors = files.errors if files else None
-    errors_path = os.path.abspath(job.errors) if errors is not None else None  # named in the state
-    if files is None:
-        sink = open_sink(NamedStream(sys.stdout.buffer, "standard output") if job.output_format != "parquet"
-                         else sys.stdout.buffer, job.output_format, job.output_field, source.schema, job.field)
+    saved, output, errors, state = files.saved, files.output, files.errors, files.state
+    errors_path = os.path.abspath(job.errors) if state and isinstance(errors, PartialFile) else None  # in the state
+    if state is None:  # a stream: written as it goes
+        sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field)
     else:
         sink = open_frames(output, job, source, saved)
 
     def commit(chunk: list[Record], outcomes: list[Outcome], position: Position) -> None:
         with critical():
             write_chunk(chunk, outcomes, sink, errors, job, reporter)
-            if files is not None:
-                save_state(files.state, Saved(identity, position, output.sync(), errors.sync() if errors else 0,
-                                              vars(counters).copy(), errors=errors_path))
+            errors_bytes = errors.sync() if errors else 0
+            if state is not None:
+                save_state(state, Saved(identity, position, output.sync(), errors_bytes, vars(counters).copy(),
+                                        errors=errors_path))
 
     try:
         end = source.position
@@ -212,14 +222,15 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             end = reader.position
         with critical():
             sink.close()
-            if files is not None:
+            if state is not None:
                 reporter.tick()
-                save_state(files.state, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
-                                              vars(counters).copy(), done=True, errors=errors_path))
-                output.finish(parquet_converter(job, source) if job.output_format == "parquet" else None)
-                if errors is not None:
-                    errors.finish()
-                remove_state(files.state)
+                save_state(state, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
+                                        vars(counters).copy(), done=True, errors=errors_path))
+            output.finish(parquet_converter(job, source) if job.output_format == "parquet" and state else None)
+            if errors is not None:
+                errors.finish()
+            if state is not None:
+                remove_state(state)
             job_finished()
     except BaseException:
         sink.abort()

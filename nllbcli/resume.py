@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import stat
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -283,15 +284,75 @@ class PartialFile:
         self.close()
 
 
+def is_stream(path: str) -> bool:
+    """Whether a destination is written as a stream, as it goes: stdout (`-`), or an existing FIFO, terminal or
+    other device (`/dev/stderr`, `/dev/null`, a FIFO). What went to a stream cannot be taken back, so it has no
+    partial file, no state and no --resume; and a partial file renamed onto a device would replace it."""
+    if path == "-":
+        return True
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)  # through links: /dev/stderr is one
+    except FileNotFoundError:
+        return False
+
+
+class StreamFile:
+    """A destination that is a stream (is_stream), behind PartialFile's calls: written as it goes, nothing to
+    commit, cut back or rename."""
+
+    created = True
+
+    def __init__(self, path: str):
+        if path == "-":
+            raw, name, self.owned = sys.stdout.buffer, "standard output", False
+        else:
+            try:
+                raw, name, self.owned = os.fdopen(os.open(path, os.O_WRONLY | os.O_CLOEXEC), "wb"), path, True
+            except OSError as error:
+                raise NllbError(f"cannot write {path}: {error.strerror or error}.") from None
+        self.stream = NamedStream(raw, name)
+        self.closed = False
+
+    size = 0
+
+    def start(self, committed: int = 0) -> None:
+        pass
+
+    def sync(self) -> int:
+        self.stream.flush()
+        return 0
+
+    def finish(self, convert=None) -> None:
+        self.sync()
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed and self.owned:
+            self.stream.close()
+        self.closed = True
+
+    discard = close
+
+
+def open_destination(path: str) -> PartialFile | StreamFile:
+    return StreamFile(path) if is_stream(path) else PartialFile(path)
+
+
 @dataclass
 class JobFiles:
-    """A file job's partial files, locked, and where its state goes."""
+    """A job's destinations: the output and the errors file, each a locked partial file or a stream, and where
+    the state goes (None when the output is a stream: nothing can be resumed)."""
 
-    output: PartialFile
-    errors: PartialFile | None
-    state: str
+    output: PartialFile | StreamFile | None
+    errors: PartialFile | StreamFile | None
+    state: str | None
     saved: Saved | None  # the interrupted job this one continues; None: it starts afresh
     finished: bool = False  # an interrupted job had put its output in place: nothing is left to do
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a commit is saved for --resume to continue from."""
+        return self.state is not None and os.path.exists(self.state)
 
     def close(self) -> None:
         for partial in (self.output, self.errors):
@@ -300,7 +361,7 @@ class JobFiles:
 
     def discard_uncommitted(self) -> None:
         """After a failure: remove the partial files when no state refers to them (nothing was committed)."""
-        if not os.path.exists(self.state):
+        if not self.resumable:
             for partial in (self.output, self.errors):
                 if partial is not None:
                     partial.discard()
@@ -311,23 +372,31 @@ class JobFiles:
 
 
 def open_job_files(output: str, errors: str | None, job: dict, resume: bool, warn: Callable[[str], None]) -> JobFiles:
-    """Lock the job's partial files and find where it starts: the interrupted job's state with --resume (each
-    partial file cut back to its last commit), else afresh (the old state removed before its partial files are
-    emptied). A stale state is reported through `warn` and the job starts afresh."""
-    state = partial_paths(output)[1]
-    errors_path = os.path.abspath(errors) if errors else None  # as the state names it
-    saved = None
-    if resume:
-        try:
-            saved = load_state(state, job)
-        except StaleState as error:
-            warn(f"Starting afresh: {error}.")
-    if saved is not None and saved.done and finish_leftovers(output, saved, state):
-        return JobFiles(None, None, state, saved, finished=True)
-    files = JobFiles(PartialFile(output), None, state, None)
+    """Open the job's destinations (partial files locked) and find where it starts: the interrupted job's state
+    with --resume (each partial file cut back to its last commit), else afresh (the old state removed before its
+    partial files are emptied). A stale state is reported through `warn` and the job starts afresh."""
+    errors_path = os.path.abspath(errors) if errors and not is_stream(errors) else None  # as the state names it
+    if is_stream(output):
+        files = JobFiles(StreamFile(output), None, None, None)
+        state = None
+    else:
+        state = partial_paths(output)[1]
+        saved = None
+        if resume:
+            try:
+                saved = load_state(state, job)
+            except StaleState as error:
+                warn(f"Starting afresh: {error}.")
+        if saved is not None and saved.done and finish_leftovers(output, saved, state):
+            return JobFiles(None, None, state, saved, finished=True)
+        files = JobFiles(PartialFile(output), None, state, None)
     try:
         if errors is not None:
-            files.errors = PartialFile(errors)
+            files.errors = open_destination(errors)
+        if state is None:
+            if files.errors is not None:
+                files.errors.start(0)
+            return files
         if saved is not None:
             saved = check_saved(files, saved, errors_path, warn)
         if saved is None:

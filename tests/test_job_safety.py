@@ -166,6 +166,60 @@ def test_a_refused_errors_file_leaves_nothing_behind(fake, tmp_path, monkeypatch
     assert listing(tmp_path) == ["in.txt"]
 
 
+# -- destinations that are streams or links -----------------------------------------------------------------------
+
+def test_errors_are_recorded_when_the_output_is_stdout(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("in.jsonl").write_text('{"text": "ab"}\n{"text": 1}\n')
+    result = invoke("-q", "--errors", "e.jsonl", "in.jsonl", "-")
+    assert result.exit_code == 3
+    assert result.stdout == '{"text": "ab", "translation": "ba"}\n' and result.stderr == ""
+    assert [json.loads(line)["row"] for line in Path("e.jsonl").read_text().splitlines()] == [2]
+    assert listing(tmp_path) == ["e.jsonl", "in.jsonl"]
+
+
+@pytest.mark.skipif(not os.access("/dev/null", os.W_OK), reason="no /dev/null")
+def test_a_device_output_is_written_to_not_replaced(fake, tmp_path):
+    """A partial file renamed onto /dev/null would have replaced the device with a file."""
+    (tmp_path / "in.txt").write_text("ab\n")
+    before = os.stat("/dev/null")
+    result = invoke("-q", "--errors", "/dev/null", str(tmp_path / "in.txt"), "/dev/null")
+    assert result.exit_code == 0, result.output
+    after = os.stat("/dev/null")
+    assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev) and not os.path.lexists("/dev/.null.nllb-partial")
+
+
+def test_a_fifo_output_gets_the_rows_as_they_come(fake, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    os.mkfifo("out.txt")
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open("out.txt", "rb").read()), daemon=True)
+    reader.start()
+    result = invoke("-q", "--chunk-rows", "5", "in.txt", "out.txt")
+    reader.join(10)
+    assert result.exit_code == 0, result.output
+    assert got == ["".join(t + "\n" for t in REVERSED).encode()]
+    assert listing(tmp_path) == ["in.txt", "out.txt"] and not Path("out.txt").is_file()
+    result = invoke("--resume", "in.txt", "out.txt")
+    assert result.exit_code == 2
+    assert result.stderr == ("Error: --resume needs OUTPUT to be a file: out.txt is a stream (a FIFO or a device), and "
+                             "what went to it cannot be taken back.\n")
+
+
+@pytest.mark.parametrize("fmt", ["txt", "parquet"])
+def test_a_symlinked_output_is_written_where_it_points(fake, tmp_path, monkeypatch, fmt):
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    os.mkdir("data")
+    os.symlink(f"data/today.{fmt}", f"latest.{fmt}")  # dangling until the job writes its target
+    result = invoke("-q", "--output-format", "text" if fmt == "txt" else "parquet", "in.txt", f"latest.{fmt}")
+    assert result.exit_code == 0, result.output
+    assert os.path.islink(f"latest.{fmt}") and os.readlink(f"latest.{fmt}") == f"data/today.{fmt}"
+    assert read_texts(Path(f"data/today.{fmt}"), "text" if fmt == "txt" else "parquet") == REVERSED
+    assert listing(tmp_path / "data") == [f"today.{fmt}"]
+
+
 # -- links planted where the job writes ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("planted,fmt", [
@@ -351,6 +405,50 @@ def test_a_full_disk_names_the_output(fake, tmp_path, monkeypatch):
     result = invoke("-q", "in.txt", "out.txt")
     assert result.exit_code == 1
     assert result.stderr == "Error: cannot write out.txt: No space left on device.\n"
+    assert listing(tmp_path) == ["in.txt"]
+
+
+def test_a_full_temporary_directory_is_named(fake, monkeypatch):
+    """Parquet from stdin is spooled to $TMPDIR; a full one gave `Error: I/O: No space left on device.`"""
+    import tempfile
+
+    real = tempfile.NamedTemporaryFile
+
+    class Full:
+        def __init__(self, **options):
+            self.file = real(**options)
+            self.name = self.file.name
+
+        def write(self, block):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", Full)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--input-format", "parquet", "-", "-"], input=b"PAR1 stand-in")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: cannot copy <stdin> to a temporary file in {tempfile.gettempdir()} (Parquet is read "
+                             "from a file): No space left on device; set TMPDIR to a directory with room.\n")
+
+
+def test_a_read_error_names_the_input(fake, tmp_path, monkeypatch):
+    import nllbcli.io.text as text
+
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("ab\ncd\n")
+
+    def failing(stream, name, field, position):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+        yield
+
+    monkeypatch.setattr(text, "read_text", failing)
+    result = invoke("-q", "in.txt", "out.txt")
+    assert result.exit_code == 1
+    assert result.stderr == "Error: cannot read in.txt: Input/output error.\n"
     assert listing(tmp_path) == ["in.txt"]
 
 

@@ -73,6 +73,10 @@ def format_of(path: str, given: str | None) -> str:
     return EXTENSIONS[extension]
 
 
+def known_extension(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in EXTENSIONS
+
+
 def text_error(fields: dict, field: str, where: str) -> str | None:
     """Why the row has no text to translate, naming the row and the field; None when it has one."""
     if field not in fields:
@@ -106,7 +110,7 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             # Parquet needs to seek: stdin, a pipe or a FIFO is spooled to a temporary file, not held in memory
             if not regular:
                 stream = (stdin or sys.stdin.buffer) if path == "-" else stack.enter_context(open(path, "rb"))
-                source = stack.enter_context(spool(stream))
+                source = stack.enter_context(spool(stream, name))
             else:
                 source = path
             yield parquet.open_parquet(source, name, field, start, identity)
@@ -120,9 +124,18 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             stream = stack.enter_context(open(path, "rb"))
         skip_bytes(stream, start.offset)
         if fmt == "jsonl":
-            yield Input(jsonl.read_jsonl(stream, name, field, start), total, None, start, identity)
+            yield Input(name_read_errors(jsonl.read_jsonl(stream, name, field, start), name), total, None, start, identity)
         else:
-            yield Input(text.read_text(stream, name, field, start), total, pa.schema([(field, pa.string())]), start, identity)
+            yield Input(name_read_errors(text.read_text(stream, name, field, start), name), total,
+                        pa.schema([(field, pa.string())]), start, identity)
+
+
+def name_read_errors(records: Iterator[Record], name: str) -> Iterator[Record]:
+    """The records; a read error (a disk's EIO, a network file system gone) names the input."""
+    try:
+        yield from records
+    except OSError as error:
+        raise NllbError(f"cannot read {name}: {error.strerror or error}.") from None
 
 
 def is_regular_file(path: str) -> bool:
@@ -162,12 +175,16 @@ def skip_bytes(stream: BinaryIO, count: int) -> None:
 
 
 @contextmanager
-def spool(stream: BinaryIO) -> Iterator[str]:
-    """Copy a stream into a temporary file, for readers that need to seek; removed afterwards."""
+def spool(stream: BinaryIO, name: str) -> Iterator[str]:
+    """Copy a stream into a temporary file ($TMPDIR), for readers that need to seek; removed afterwards."""
     with tempfile.NamedTemporaryFile(prefix="nllb-stdin-", suffix=".parquet") as temp:
-        while block := stream.read(1 << 20):
-            temp.write(block)
-        temp.flush()
+        try:
+            while block := stream.read(1 << 20):
+                temp.write(block)
+            temp.flush()
+        except OSError as error:
+            raise NllbError(f"cannot copy {name} to a temporary file in {tempfile.gettempdir()} (Parquet is read "
+                            f"from a file): {error.strerror or error}; set TMPDIR to a directory with room.") from None
         yield temp.name
 
 
