@@ -192,3 +192,29 @@ def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fak
     assert result.exit_code == 0, result.output
     assert Path(f"out.{fmt}").read_bytes() == finished
     assert sorted(os.listdir(".")) == sorted(["errors.jsonl", f"in.{fmt}", f"out.{fmt}"])
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_kill_chains_of_fresh_runs_and_resumes_never_block_resume(tmp_path, straight, fmt):
+    """Runs with and without --resume, each killed (kill -9, SIGTERM, SIGINT) after a commit, or just as it
+    empties the partial file to start afresh, or at a random time; then one --resume to the end: byte-identical
+    output, nothing left behind. A fresh run that emptied the partial file before it removed the old state left
+    a state that failed every later --resume ("holds 0 bytes, fewer than the N committed")."""
+    expected, expected_errors, seconds = straight[fmt]
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    make_input(source, fmt)
+    state, partial = tmp_path / f".{target.name}.nllb-state.json", tmp_path / f".{target.name}.nllb-partial"
+    rng = random.Random(f"chain-{fmt}")
+    chain = [(False, state, signal.SIGKILL), (False, partial, signal.SIGTERM), (True, state, signal.SIGKILL),
+             (False, partial, signal.SIGKILL), (True, partial, signal.SIGINT), (False, None, signal.SIGTERM),
+             (True, state, signal.SIGTERM), (False, partial, signal.SIGINT)]
+    for resume, watch, sig in chain:
+        args = command(source, target, *(["--resume"] if resume else []))
+        if watch is None:
+            run(args, kill_after=rng.uniform(0.2, seconds), sig=sig, cwd=tmp_path)
+        else:  # killed at the next change of the watched file: a commit, or the partial file emptied
+            run(args, kill_after=0.0, sig=sig, cwd=tmp_path, after_commit=watch)
+    assert run(command(source, target, "--resume"), cwd=tmp_path) == (3 if fmt == "jsonl" else 0)
+    assert target.read_bytes() == expected
+    assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
+    assert sorted(os.listdir(tmp_path)) == sorted(["errors.jsonl", source.name, target.name])
