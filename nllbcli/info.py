@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .checkpoint import ModelConfig, read_safetensors_header, resolve_model_dir, weight_files
+from .checkpoint import TIED, ModelConfig, resolve_model_dir, select_weights, stored_tensors, weight_files
 from .errors import NllbError
 
 # engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
@@ -19,10 +19,6 @@ from .errors import NllbError
 POOL_FRACTION = 0.5
 MAX_POOL_BYTES = 24 << 30
 BF16_BYTES, F32_BYTES = 2, 4
-
-SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
-STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
-TIED = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
 
 # The published checkpoints by shape: (family, d_model, encoder layers, decoder layers, FFN, vocab) -> names
 KNOWN_SHAPES = {
@@ -50,18 +46,6 @@ class ModelInfo:
     max_length: int
     known_as: str | None = None
     notes: list[str] = field(default_factory=list)
-
-
-def stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype) of the floating-point tensors of one weight file, from its header alone."""
-    if path.name.endswith(".safetensors"):
-        header, _ = read_safetensors_header(path)
-        return {name: (tuple(t["shape"]), SAFETENSORS_NAMES.get(t["dtype"], t["dtype"].lower()))
-                for name, t in header.items() if t.get("dtype") in SAFETENSORS_NAMES}
-    from .torchbin import open_torch_checkpoint
-
-    checkpoint = open_torch_checkpoint(path)  # the pickle only: the tensor data stays in the file
-    return {name: (ref.shape, STORAGE_NAMES[ref.storage.kind.name]) for name, ref in checkpoint.tensors.items() if ref.floating}
 
 
 def count(shape) -> int:
@@ -92,9 +76,9 @@ def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     for path in files:
         tensors.update({name.removeprefix("model."): t for name, t in stored_tensors(path).items()})
     tensors = {name: t for name, t in tensors.items() if "embed_positions" not in name}  # sinusoidal, not learned
-    embedding = next((name for name in TIED if name in tensors), None)
-    if embedding is None:
-        raise NllbError(f"{model_dir}: no embedding found (looked for {', '.join(TIED)})")
+    # the loader's own check of the headers against config.json: what loading would refuse, info refuses too
+    select_weights(config, {name: shape for name, (shape, _) in tensors.items()}, model_dir)
+    embedding = next(name for name in TIED if name in tensors)
     tied = set(TIED) - {embedding} if config.tie_word_embeddings else set(TIED[:3]) - {embedding}
     counted = {name: t for name, t in tensors.items() if name not in tied}
     parameters = sum(count(shape) for shape, _ in counted.values())

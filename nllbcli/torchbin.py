@@ -49,6 +49,7 @@ STORAGE_DTYPES = {
     "BoolStorage": np.dtype("?"),
 }
 FLOATING = ("FloatStorage", "HalfStorage", "BFloat16Storage", "DoubleStorage")
+STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
 
 # The zip's central directory is parsed whole by zipfile (~500 bytes of memory a member): torch writes ~70 bytes
 # a member, one member a storage (509 for nllb-200-distilled-600M, ~35 KB), so 4 MiB is some 60,000 storages.

@@ -1,0 +1,183 @@
+"""Model directories as untrusted input: a malformed config.json is one `Error:` line (exit 1) from `nllb info`
+and from `nllb translate` alike, never a traceback, and is refused before any weight is read. (Hostile
+pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
+
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from nllbcli import checkpoint
+from nllbcli.checkpoint import INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig
+from nllbcli.cli import cli
+from nllbcli.errors import NllbError
+
+HERE = Path(__file__).parent
+MODELS = HERE / "models"
+TINY_A_CONFIG = json.loads((MODELS / "tiny-a" / "config.json").read_text())
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    """Copies of the test models, which the directories below link to: no test can change tests/models."""
+    root = tmp_path_factory.mktemp("sources")
+    for name in ("tiny-a", "tiny-b", "tiny-m2m", "tiny-bin-sharded", "tiny-a-lora"):
+        shutil.copytree(MODELS / name, root / name)
+    return root
+
+
+def linked(sources: Path, tmp_path: Path, name: str = "tiny-a") -> Path:
+    """A model directory of symlinks to a copy of tests/models/NAME (as the Hugging Face cache's snapshots are
+    symlinks into its blobs); a test replaces the file it corrupts."""
+    model = tmp_path / name
+    model.mkdir(parents=True)
+    for f in (sources / name).iterdir():
+        (model / f.name).symlink_to(f)
+    return model
+
+
+def replace(model: Path, name: str, content) -> None:
+    """Put `content` (bytes, text, or a value to write as JSON) in place of the model's file NAME."""
+    (model / name).unlink(missing_ok=True)
+    if isinstance(content, bytes):
+        (model / name).write_bytes(content)
+    else:
+        (model / name).write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+def info_and_translate(model: Path, tmp_path: Path, *options: str) -> list:
+    """`nllb info MODEL` and `nllb translate --model MODEL` of a one-line file, as a user runs them."""
+    (tmp_path / "in.txt").write_text("Hello world!\n")
+    return [
+        CliRunner().invoke(cli, ["info", str(model)]),
+        CliRunner().invoke(cli, ["translate", "--model", str(model), "--device", "cpu", "--src", "eng_Latn",
+                                 "--tgt", "fra_Latn", "-q", "--beam-size", "1", "--max-length", "4", *options,
+                                 str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]),
+    ]
+
+
+def one_error_line(result) -> str:
+    """The one line a refused command writes: `Error: ...` on stderr, exit 1, no exception but click's exit."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+def refused_by_both(model: Path, tmp_path: Path, *named: str) -> list[str]:
+    lines = [one_error_line(result) for result in info_and_translate(model, tmp_path)]
+    assert not (tmp_path / "out.txt").exists()
+    for line in lines:
+        for part in named:
+            assert part in line, line
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------- config.json
+
+INT_BAD = ["64", 64.0, 1.5, True, [64], {"n": 64}, -1, MAX_ID + 1, 10**30, float("nan")]
+BOOL_BAD = [1, 0, "true", 1.0, []]
+# Each field's bad values: the kinds no field of its type takes, then values of the right type out of range, and
+# values the engines could run but tiny-a's weights do not fit (the shapes are checked from the headers, so info
+# refuses them too). A bad value is named in the message with its key, except where the weights say it is wrong.
+CONFIG_BAD = {
+    "vocab_size": INT_BAD + [0, 605, 607],
+    "d_model": INT_BAD + [0, 1, 2, 3, 63, 128],
+    "encoder_layers": INT_BAD + [0, 4],
+    "decoder_layers": INT_BAD + [0, 3, 2**31 - 1],
+    "encoder_attention_heads": INT_BAD + [0, 3, 128],
+    "decoder_attention_heads": INT_BAD + [0, 7],
+    "encoder_ffn_dim": INT_BAD + [0, 100],
+    "decoder_ffn_dim": INT_BAD + [0, 128],
+    "max_position_embeddings": INT_BAD + [0, 1, 2, MAX_POSITIONS + 1],
+    "pad_token_id": INT_BAD + [606],
+    "bos_token_id": INT_BAD + [606, 10**6],
+    "eos_token_id": INT_BAD + [606, 99999],
+    "decoder_start_token_id": INT_BAD + [606],
+    "scale_embedding": BOOL_BAD,
+    "tie_word_embeddings": BOOL_BAD + [False],  # tiny-a stores no lm_head.weight
+    "activation_function": [5, True, [], {}, "", "swish", "RELU"],
+}
+
+
+def test_every_field_of_model_config_is_in_the_table():
+    assert set(CONFIG_BAD) == {f.name for f in fields(ModelConfig)}
+
+
+@pytest.mark.parametrize("field", sorted(CONFIG_BAD))
+def test_a_bad_config_value_is_one_error_line_from_info_and_translate(sources, tmp_path, field):
+    model = linked(sources, tmp_path)
+    for value in CONFIG_BAD[field]:
+        replace(model, "config.json", {**TINY_A_CONFIG, field: value})
+        for line in refused_by_both(model, tmp_path, "config.json"):
+            assert field in line or "implies" in line, (value, line)
+
+
+@pytest.mark.parametrize("content", ["[]", '"hello"', "5", "null", "true", "", "{", "[" * 100_000, b"\xff\xfe{}",
+                                     '{"model_type": ["m2m_100"]}'])
+def test_a_config_that_is_not_an_object_is_one_error_line(sources, tmp_path, content):
+    model = linked(sources, tmp_path)
+    replace(model, "config.json", content)
+    refused_by_both(model, tmp_path, "config.json")
+
+
+def test_a_json_file_too_large_is_refused_unread(sources, tmp_path, monkeypatch):
+    model = linked(sources, tmp_path)
+    monkeypatch.setattr(checkpoint, "MAX_JSON_BYTES", 100)
+    refused_by_both(model, tmp_path, "config.json: it is over 100 bytes")
+
+
+def test_null_is_the_default_as_in_transformers(sources, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "m2m_100", **{f.name: None for f in fields(ModelConfig)}}))
+    assert ModelConfig.from_json(path) == ModelConfig()
+    model = linked(sources, tmp_path)
+    nulls = ("pad_token_id", "eos_token_id", "scale_embedding", "activation_function", "tie_word_embeddings")
+    replace(model, "config.json", {**TINY_A_CONFIG, **{key: None for key in nulls}})
+    assert [r.exit_code for r in info_and_translate(model, tmp_path)] == [0, 0]
+
+
+def test_the_fewest_positions_translate(sources, tmp_path):
+    """max_position_embeddings 3 holds [src_lang, one piece, </s>]: the source is cut to that and translated."""
+    model = linked(sources, tmp_path)
+    replace(model, "config.json", {**TINY_A_CONFIG, "max_position_embeddings": 3})
+    assert [r.exit_code for r in info_and_translate(model, tmp_path)] == [0, 0]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+FIELD_VALUES = st.one_of(JSON_VALUES, *(st.integers(least - 2, least + 70) for least, _ in INT_RANGES.values()),
+                         st.sampled_from(["relu", "gelu"]))
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from([f.name for f in fields(ModelConfig)]), FIELD_VALUES, max_size=6))
+@example({"encoder_attention_heads": 0})
+@example({"d_model": 3, "encoder_attention_heads": 1, "decoder_attention_heads": 1})
+def test_any_config_is_refused_in_a_sentence_or_fit_to_run(tmp_path, changes):
+    """Whatever config.json holds: an NllbError naming the file, or a config every engine can take."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**TINY_A_CONFIG, **changes}))
+    try:
+        config = ModelConfig.from_json(path)
+    except NllbError as error:
+        assert str(error).startswith(str(path))
+        return
+    for f in fields(ModelConfig):
+        value = getattr(config, f.name)
+        assert type(value) is {"int": int, "bool": bool, "str": str}[f.type], f.name
+        least, most = INT_RANGES.get(f.name, (0, MAX_ID))
+        assert f.type != "int" or least <= value <= most, f.name
+    assert config.d_model % config.encoder_attention_heads == config.d_model % config.decoder_attention_heads == 0
+    assert max(config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id) < config.vocab_size
