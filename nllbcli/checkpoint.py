@@ -279,18 +279,58 @@ def download_model(repo_id: str, local_dir: Path | None = None, revision: str | 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
 
+# bytes per element of every dtype safetensors defines: an entry's data_offsets must span its shape's elements
+SAFETENSORS_ITEMSIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                         "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
-    """The JSON header of a safetensors file and the byte offset where its data starts."""
+    """The JSON header of a safetensors file, every entry checked, and the byte offset where its data starts.
+
+    The file is untrusted input: the header must be an object whose entries are {"dtype": a string, "shape": a
+    list of sizes, "data_offsets": [begin, end]} with begin <= end inside the file's data, spanning as many bytes
+    as the shape's elements take (for the dtypes safetensors defines), and __metadata__ an object of strings; an
+    NllbError names the file and the tensor otherwise, so that no reader of a header meets a wrong type."""
     try:
         with open(path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
             (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100_000_000:
+            if length > min(MAX_HEADER_BYTES, file_size - 8):
                 raise ValueError("header length out of range")
             header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as exc:
+    except (OSError, ValueError, RecursionError, struct.error) as exc:
         raise NllbError(f"{path} is not a readable safetensors file ({exc})") from None
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise NllbError(f"{path} is not a readable safetensors file (its header is {shown(header)}, not a JSON object)")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise NllbError(f"{path}: __metadata__ must be an object of strings, not {shown(metadata)}")
+    data_bytes = file_size - 8 - length
+    for name, entry in header.items():
+        check_safetensors_entry(path, name, entry, data_bytes)
     return header, 8 + length
+
+
+def check_safetensors_entry(path: Path, name: str, entry, data_bytes: int) -> None:
+    """One tensor's entry of a safetensors header, as read_safetensors_header says."""
+    if not isinstance(entry, dict):
+        raise NllbError(f"{path}: tensor {name} is described by {shown(entry)}, not an object of dtype, shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if type(dtype) is not str:
+        raise NllbError(f"{path}: tensor {name}'s dtype must be a string, not {shown(dtype)}")
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise NllbError(f"{path}: tensor {name}'s shape must be a list of sizes (integers from 0), not {shown(shape)}")
+    if type(offsets) is not list or len(offsets) != 2 or not all(type(n) is int for n in offsets):
+        raise NllbError(f"{path}: tensor {name}'s data_offsets must be two integers [begin, end], not {shown(offsets)}")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        raise NllbError(f"{path}: tensor {name}'s data_offsets {offsets} do not fit the file ({data_bytes} bytes of "
+                        "data after the header)")
+    itemsize = SAFETENSORS_ITEMSIZES.get(dtype)
+    if itemsize is not None and end - begin != math.prod(shape) * itemsize:
+        raise NllbError(f"{path}: tensor {name}'s data_offsets {offsets} do not fit its shape {shape} of {dtype} "
+                        f"({math.prod(shape) * itemsize} bytes)")
 
 
 def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool = False) -> dict[str, np.ndarray]:
@@ -300,8 +340,7 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
     Each tensor is mapped from the file on its own and the map dropped once converted: mapping the whole file
     at once kept every page read so far resident until the end (+1.2 GB of RSS for the 600M model in bf16).
     """
-    header, start = read_safetensors_header(path)
-    file_size = path.stat().st_size
+    header, start = read_safetensors_header(path)  # checked: offsets inside the file, spanning each shape
     arrays: dict[str, np.ndarray] = {}
     for name, info in header.items():
         if wanted is not None and name not in wanted:
@@ -309,13 +348,9 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
         dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
         if dtype is None:
             raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16 and bfloat16 are supported")
-        begin, end = info["data_offsets"]
+        begin, _ = info["data_offsets"]
         shape = tuple(info["shape"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if end - begin != count * np.dtype(dtype).itemsize or begin < 0 or start + end > file_size:
-            raise NllbError(f"{path}: tensor {name}'s data_offsets {info['data_offsets']} do not fit its shape {list(shape)} "
-                            f"or the file ({file_size} bytes)")
-        if count == 0:
+        if math.prod(shape) == 0:
             raw = np.zeros(shape, dtype=dtype)
         else:
             raw = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape).view(np.ndarray)

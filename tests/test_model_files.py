@@ -1,19 +1,23 @@
-"""Model directories as untrusted input: a malformed config.json is one `Error:` line (exit 1) from `nllb info`
-and from `nllb translate` alike, never a traceback, and is refused before any weight is read. (Hostile
-pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
+"""Model directories as untrusted input: a malformed config.json or safetensors header is one `Error:` line (exit 1)
+from `nllb info` and from `nllb translate` alike, never a traceback, and is refused before any weight is read.
+(Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
 
 import json
+import math
 import shutil
+import struct
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nllbcli import checkpoint
-from nllbcli.checkpoint import INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig
+from nllbcli.checkpoint import (INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig, read_safetensors, read_safetensors_header,
+                                write_safetensors)
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
 
@@ -181,3 +185,101 @@ def test_any_config_is_refused_in_a_sentence_or_fit_to_run(tmp_path, changes):
         assert f.type != "int" or least <= value <= most, f.name
     assert config.d_model % config.encoder_attention_heads == config.d_model % config.decoder_attention_heads == 0
     assert max(config.pad_token_id, config.bos_token_id, config.eos_token_id, config.decoder_start_token_id) < config.vocab_size
+
+
+# -------------------------------------------------------------------------------------- safetensors headers
+
+
+def safetensors_bytes(header, data: bytes = bytes(16), length: int | None = None) -> bytes:
+    encoded = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<Q", len(encoded) if length is None else length) + encoded + data
+
+
+F32 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+
+
+@pytest.mark.parametrize("header, named", [
+    ([], "its header is the list [], not a JSON object"),
+    ("x", "its header is the string"),
+    (b"{", "is not a readable safetensors file"),
+    (b"[" * 100_000, "is not a readable safetensors file"),
+    ({"w": 5}, "tensor w is described by 5"),
+    ({"w": []}, "tensor w is described by the list []"),
+    ({"w": {"dtype": "F32", "shape": [2]}}, "tensor w's data_offsets must be two integers [begin, end], not null"),
+    ({"w": {**F32, "dtype": 5}}, "tensor w's dtype must be a string, not 5"),
+    ({"w": {**F32, "dtype": None}}, "tensor w's dtype must be a string, not null"),
+    ({"w": {**F32, "shape": "2"}}, "tensor w's shape must be a list of sizes"),
+    ({"w": {**F32, "shape": [2.0]}}, "tensor w's shape must be a list of sizes"),
+    ({"w": {**F32, "shape": [-2]}}, "tensor w's shape must be a list of sizes"),
+    ({"w": {**F32, "shape": [True, 2]}}, "tensor w's shape must be a list of sizes"),
+    ({"w": {**F32, "data_offsets": [0]}}, "tensor w's data_offsets must be two integers"),
+    ({"w": {**F32, "data_offsets": [0, 8, 16]}}, "tensor w's data_offsets must be two integers"),
+    ({"w": {**F32, "data_offsets": [0, "8"]}}, "tensor w's data_offsets must be two integers"),
+    ({"w": {**F32, "data_offsets": [0, 8.0]}}, "tensor w's data_offsets must be two integers"),
+    ({"w": {**F32, "data_offsets": [8, 0]}}, "tensor w's data_offsets [8, 0] do not fit the file"),
+    ({"w": {**F32, "data_offsets": [-8, 0]}}, "tensor w's data_offsets [-8, 0] do not fit the file"),
+    ({"w": {**F32, "data_offsets": [16, 24]}}, "tensor w's data_offsets [16, 24] do not fit the file (16 bytes"),
+    ({"w": {**F32, "data_offsets": [0, 4]}}, "tensor w's data_offsets [0, 4] do not fit its shape [2] of F32 (8 bytes)"),
+    ({"w": {**F32, "shape": [2**40, 2**40]}}, "do not fit its shape"),  # the element count overflowed int64 to 0
+    ({"__metadata__": [], "w": F32}, "__metadata__ must be an object of strings, not the list []"),
+    ({"__metadata__": {"format": 5}, "w": F32}, "__metadata__ must be an object of strings"),
+])
+def test_a_bad_safetensors_header_is_one_error_line(sources, tmp_path, header, named):
+    model = linked(sources, tmp_path)
+    replace(model, "model.safetensors", safetensors_bytes(header))
+    refused_by_both(model, tmp_path, "model.safetensors", named)
+
+
+def test_a_header_longer_than_the_file_is_refused(tmp_path):
+    (tmp_path / "x.safetensors").write_bytes(safetensors_bytes({"w": F32}, length=10_000))
+    with pytest.raises(NllbError, match="header length out of range"):
+        read_safetensors_header(tmp_path / "x.safetensors")
+
+
+ENTRY_VALUES = st.one_of(
+    JSON_VALUES,
+    st.sampled_from(["F32", "F16", "BF16", "I64", "F64", "X"]),
+    st.lists(st.integers(-2, 40), max_size=3),
+)
+ENTRIES = st.fixed_dictionaries({}, optional={"dtype": ENTRY_VALUES, "shape": ENTRY_VALUES, "data_offsets": ENTRY_VALUES})
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["a", "b", "__metadata__"]), ENTRIES | JSON_VALUES, max_size=3) | JSON_VALUES)
+@example({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}})
+def test_any_header_is_refused_in_a_sentence_or_read(tmp_path, header):
+    """Whatever a safetensors header holds: an NllbError naming the file, or entries every reader can take."""
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(safetensors_bytes(header, data=bytes(40)))
+    try:
+        entries, start = read_safetensors_header(path)
+    except NllbError as error:
+        assert str(error).startswith(str(path))
+        return
+    for entry in entries.values():
+        begin, end = entry["data_offsets"]
+        assert 0 <= begin <= end <= path.stat().st_size - start
+        assert all(type(n) is int and n >= 0 for n in entry["shape"]) and type(entry["dtype"]) is str
+    try:
+        arrays = read_safetensors(path)
+    except NllbError as error:  # a dtype nllbcli does not read
+        assert "is supported" in str(error) or "are supported" in str(error)
+    else:
+        assert all(a.shape == tuple(entries[n]["shape"]) for n, a in arrays.items())
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4))
+def test_a_damaged_safetensors_file_is_refused_in_a_sentence_or_read(tmp_path, damage):
+    """Bytes of a small safetensors file changed anywhere (its header mostly): NllbError, or it reads."""
+    path = tmp_path / "x.safetensors"
+    write_safetensors(path, {"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float32)}, "F32")
+    raw = bytearray(path.read_bytes())
+    for at, byte in damage:
+        raw[at % len(raw)] = byte
+    path.write_bytes(bytes(raw))
+    try:
+        arrays = read_safetensors(path)
+    except NllbError:
+        return
+    assert sum(math.prod(a.shape) for a in arrays.values()) * 4 <= len(raw)
