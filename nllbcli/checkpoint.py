@@ -430,12 +430,24 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def index_shards(index: Path) -> list[Path]:
-    """The shard files a `*.index.json` lists, checked to be there."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise NllbError(f"cannot read {index}: {exc}") from None
+    """The shard files a `*.index.json` lists, checked before any is opened.
+
+    weight_map must be an object of tensor name -> file name, and each file a plain name (no directory, no `..`,
+    not absolute) of the index's format beside the index: an index cannot make the loader open /etc/passwd or
+    another model's files. A shard may be a symlink, wherever it points, as any file of a model directory may: the
+    Hugging Face cache's snapshots are symlinks into its blobs; it is whoever made the directory who chose it.
+    """
+    weight_map = json_value(index, "weight_map", read_json_object(index).get("weight_map"), dict)
+    suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
+    for tensor, shard in weight_map.items():
+        key = f"weight_map[{quoted(tensor)}]"
+        json_value(index, key, shard, str)
+        if Path(shard).name != shard or not shard.endswith(suffix) or any(c in shard for c in "/\\\0"):
+            raise NllbError(f"{index}: {key} is {shown(shard)}, not a plain file name ending in {suffix}: the shards "
+                            "must lie beside the index")
+    shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise NllbError(f"{index}: weight_map lists no shards")
     model_dir = index.parent
     missing = [s for s in shards if not (model_dir / s).is_file()]
     if missing:

@@ -1,6 +1,6 @@
-"""Model directories as untrusted input: a malformed config.json or safetensors header is one `Error:` line (exit 1)
-from `nllb info` and from `nllb translate` alike, never a traceback, and is refused before any weight is read.
-(Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
+"""Model directories as untrusted input: a malformed config.json, safetensors header or shard index is one `Error:`
+line (exit 1) from `nllb info` and from `nllb translate` alike, never a traceback, and is refused before any weight
+is read. (Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
 
 import json
 import math
@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nllbcli import checkpoint
-from nllbcli.checkpoint import (INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig, read_safetensors, read_safetensors_header,
-                                write_safetensors)
+from nllbcli.checkpoint import (INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig, load_checkpoint, read_safetensors,
+                                read_safetensors_header, write_safetensors)
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
 
@@ -283,3 +283,60 @@ def test_a_damaged_safetensors_file_is_refused_in_a_sentence_or_read(tmp_path, d
     except NllbError:
         return
     assert sum(math.prod(a.shape) for a in arrays.values()) * 4 <= len(raw)
+
+
+# -------------------------------------------------------------------------------------------- shard indexes
+
+
+@pytest.mark.parametrize("weight_map, named", [
+    (None, "weight_map must be an object, not null"),
+    ([], "weight_map must be an object, not the list []"),
+    ({}, "weight_map lists no shards"),
+    ({"model.shared.weight": 5}, 'weight_map["model.shared.weight"] must be a string, not 5'),
+    ({"model.shared.weight": "../../etc/passwd"}, "not a plain file name ending in .safetensors"),
+    ({"model.shared.weight": "/etc/passwd"}, "not a plain file name"),
+    ({"model.shared.weight": "sub/model-00001-of-00002.safetensors"}, "not a plain file name"),
+    ({"model.shared.weight": "..\\model.safetensors"}, "not a plain file name"),
+    ({"model.shared.weight": "config.json"}, "not a plain file name ending in .safetensors"),
+])
+def test_a_bad_shard_index_is_one_error_line(sources, tmp_path, weight_map, named):
+    model = linked(sources, tmp_path, "tiny-b")
+    replace(model, "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
+    refused_by_both(model, tmp_path, "model.safetensors.index.json", named)
+
+
+@pytest.mark.parametrize("how", ["relative", "absolute"])
+@pytest.mark.parametrize("model_name, single, index", [
+    ("tiny-a", "model.safetensors", "model.safetensors.index.json"),
+    ("tiny-bin-sharded", "pytorch_model-00001-of-00002.bin", "pytorch_model.bin.index.json"),
+])
+def test_an_index_cannot_name_a_file_outside_the_model(sources, tmp_path, how, model_name, single, index):
+    """A working checkpoint beside the directory, named by its index: it is never opened (it loaded before)."""
+    model = linked(sources, tmp_path, model_name)
+    outside = tmp_path / ("outside" + Path(single).suffix)
+    shutil.copy(sources / model_name / single, outside)
+    name = f"../{outside.name}" if how == "relative" else str(outside)
+    for f in model.glob("*" + Path(single).suffix):
+        f.unlink()
+    replace(model, index, {"weight_map": {"model.shared.weight": name}})
+    opened = []
+    real_open = open
+
+    def watch(file, *args, **kwargs):
+        opened.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("builtins.open", watch)
+        refused_by_both(model, tmp_path, index, "not a plain file name")
+    assert outside.name not in opened
+
+
+def test_shards_that_are_symlinks_out_of_the_directory_load(sources, tmp_path):
+    """The Hugging Face cache's layout: every file of a snapshot is a symlink into ../../blobs."""
+    model = linked(sources, tmp_path, "tiny-b")
+    assert (model / "model-00001-of-00002.safetensors").is_symlink()
+    _, weights = load_checkpoint(model)
+    _, expected = load_checkpoint(MODELS / "tiny-b")
+    assert weights.keys() == expected.keys()
+    assert all(np.array_equal(weights[n], expected[n]) for n in expected)

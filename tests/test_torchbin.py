@@ -304,7 +304,7 @@ def test_tensors_outside_their_storage_are_refused(tmp_path, size, stride, numel
 def test_broken_json_index_is_explained(tmp_path):
     shutil.copytree(TINY_BIN_SHARDED, tmp_path / "m")
     (tmp_path / "m" / "pytorch_model.bin.index.json").write_text(json.dumps({"weights": {}}))
-    with pytest.raises(NllbError, match="cannot read .*pytorch_model.bin.index.json"):
+    with pytest.raises(NllbError, match="pytorch_model.bin.index.json: weight_map must be an object, not null"):
         load_checkpoint(tmp_path / "m")
 
 
