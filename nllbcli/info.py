@@ -34,7 +34,7 @@ KNOWN_SHAPES = {
 class ModelInfo:
     model_dir: str
     family: str  # "NLLB-200" or "M2M-100"
-    languages: int | None  # language tokens of the tokenizer; None when its files cannot be read
+    languages: int | None  # language tokens of the tokenizer; None without sentencepiece.bpe.model
     config: dict
     files: list[str]
     file_bytes: int
@@ -57,20 +57,23 @@ def count(shape) -> int:
 
 def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     """Describe a model directory (or a cached hub id) from its config and headers."""
-    from .tokenizer import tokenizer_family, tokenizer_from_model_dir
+    from .tokenizer import check_special_ids, tokenizer_family, tokenizer_from_model_dir
 
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
+    check_special_ids(config, model_dir)  # refused by translate whatever the tokenizer, so not a note
     family = "M2M-100" if tokenizer_family(model_dir) == "m2m100" else "NLLB-200"
     notes = []
-    try:
-        languages: int | None = len(tokenizer_from_model_dir(model_dir, config).lang_codes)
-    except NllbError as error:
-        languages = None
-        notes.append(f"the tokenizer cannot be loaded: {error}")
+    # a directory of weights without a tokenizer is described all the same; tokenizer files that are there must be
+    # what translate would accept
+    languages: int | None = None
+    if (model_dir / "sentencepiece.bpe.model").is_file():
+        languages = len(tokenizer_from_model_dir(model_dir, config).lang_codes)
+    else:
+        notes.append("the directory has no sentencepiece.bpe.model: the languages are unknown, and translate needs it")
     files = weight_files(model_dir)
     tensors: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in files:

@@ -142,3 +142,13 @@ def test_errors_are_one_line(tmp_path):
     assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path} has no weights:")
     assert "Traceback" not in result.output
 
+
+def test_weights_without_a_tokenizer_are_described_with_a_note(tmp_path):
+    """A directory of weights alone is described; tokenizer files that are there must load (tests/test_model_files.py)."""
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((MODELS / "tiny-a" / name).read_bytes())
+    result = CliRunner().invoke(cli, ["info", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Family:      NLLB-200 (languages unknown)\n" in result.output
+    assert result.output.endswith(
+        "Note:        the directory has no sentencepiece.bpe.model: the languages are unknown, and translate needs it\n")

@@ -1,6 +1,6 @@
-"""Model directories as untrusted input: a malformed config.json, safetensors header or shard index is one `Error:`
-line (exit 1) from `nllb info` and from `nllb translate` alike, never a traceback, and is refused before any weight
-is read. (Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
+"""Model directories as untrusted input: a malformed config.json, safetensors header, shard index or tokenizer file
+is one `Error:` line (exit 1) from `nllb info` and from `nllb translate` alike, never a traceback, and is refused
+before any weight is read. (Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
 
 import json
 import math
@@ -102,9 +102,9 @@ CONFIG_BAD = {
     "encoder_ffn_dim": INT_BAD + [0, 100],
     "decoder_ffn_dim": INT_BAD + [0, 128],
     "max_position_embeddings": INT_BAD + [0, 1, 2, MAX_POSITIONS + 1],
-    "pad_token_id": INT_BAD + [606],
+    "pad_token_id": INT_BAD + [0, 3, 606],
     "bos_token_id": INT_BAD + [606, 10**6],
-    "eos_token_id": INT_BAD + [606, 99999],
+    "eos_token_id": INT_BAD + [1, 606, 99999],
     "decoder_start_token_id": INT_BAD + [606],
     "scale_embedding": BOOL_BAD,
     "tie_word_embeddings": BOOL_BAD + [False],  # tiny-a stores no lm_head.weight
@@ -340,3 +340,64 @@ def test_shards_that_are_symlinks_out_of_the_directory_load(sources, tmp_path):
     _, expected = load_checkpoint(MODELS / "tiny-b")
     assert weights.keys() == expected.keys()
     assert all(np.array_equal(weights[n], expected[n]) for n in expected)
+
+
+# ------------------------------------------------------------------------------------------ tokenizer files
+
+
+def tokenizer_json_with_id(old: int, new: int) -> dict:
+    """tiny-a's tokenizer.json with the piece of id `old` given id `new`."""
+    data = json.loads((MODELS / "tiny-a" / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab[next(piece for piece, i in vocab.items() if i == old)] = new
+    return data
+
+
+@pytest.mark.parametrize("content, named", [
+    ("[]", "must hold a JSON object, not the list []"),
+    ('{"tokenizer_class": 5}', "tokenizer_class must be a string, not 5"),
+    ('{"tokenizer_class": ["NllbTokenizer"]}', "tokenizer_class must be a string"),
+    ("{", "cannot read"),
+    (b"\xff", "cannot read"),
+])
+def test_a_bad_tokenizer_config_json_is_one_error_line(sources, tmp_path, content, named):
+    model = linked(sources, tmp_path)
+    replace(model, "tokenizer_config.json", content)
+    refused_by_both(model, tmp_path, "tokenizer_config.json", named)
+
+
+@pytest.mark.parametrize("content, named", [
+    ("[]", "must hold a JSON object"),
+    ({"model": []}, "model must be an object, not the list []"),
+    ({"model": {"vocab": 5}}, "model.vocab must be an object, not 5"),
+    ({"model": {"vocab": {"<s>": "0"}}}, 'model.vocab["<s>"] must be an integer, not the string "0"'),
+    ({"model": {"vocab": {"<s>": -1}}}, 'model.vocab["<s>"] must be an integer from 0'),
+    ({"model": {"vocab": {"<s>": 0, "x": 1e400}}}, 'model.vocab["x"] must be an integer, not Infinity'),
+    ({"model": {"vocab": [["<s>"]]}}, "model.vocab[0] must be a [piece, score] pair"),
+    ({"model": {"vocab": [[5, 0.0]]}}, "model.vocab[0] must be a [piece, score] pair"),
+    ({"model": {"vocab": {}}, "added_tokens": {}}, "added_tokens must be a list, not the object {}"),
+    ({"model": {"vocab": {}}, "added_tokens": [5]}, "added_tokens[0] must be an object, not 5"),
+    ({"model": {"vocab": {}}, "added_tokens": [{"content": 5, "id": 0}]}, "added_tokens[0].content must be a string"),
+    ({"model": {"vocab": {}}, "added_tokens": [{"content": "<s>", "id": True}]}, "added_tokens[0].id must be an integer, not true"),
+    (tokenizer_json_with_id(10, 5000), "the tokenizer has 5001 ids but the model's vocab_size is 606"),  # past the embedding
+])
+def test_a_bad_tokenizer_json_is_one_error_line(sources, tmp_path, content, named):
+    model = linked(sources, tmp_path)
+    replace(model, "tokenizer.json", content)
+    refused_by_both(model, tmp_path, named)
+
+
+def m2m_vocab_with(**changes) -> dict:
+    return {**json.loads((MODELS / "tiny-m2m" / "vocab.json").read_text()), **changes}
+
+
+@pytest.mark.parametrize("content, named", [
+    ("[]", "vocab.json must hold a JSON object"),
+    (m2m_vocab_with(**{"<pad>": True}), '"<pad>" must be an integer, not true'),  # True == 1 passed for <pad>
+    (m2m_vocab_with(hello="5"), '"hello" must be an integer, not the string "5"'),
+    (m2m_vocab_with(hello=1.5), '"hello" must be an integer, not 1.5'),
+])
+def test_a_bad_m2m_vocab_json_is_one_error_line(sources, tmp_path, content, named):
+    model = linked(sources, tmp_path, "tiny-m2m")
+    replace(model, "vocab.json", content)
+    refused_by_both(model, tmp_path, named)
