@@ -1,6 +1,7 @@
-"""Model directories as untrusted input: a malformed config.json, safetensors header, shard index or tokenizer file
-is one `Error:` line (exit 1) from `nllb info` and from `nllb translate` alike, never a traceback, and is refused
-before any weight is read. (Hostile pytorch_model.bin archives and pickles: tests/test_torchbin.py.)"""
+"""Model and adapter directories as untrusted input: a malformed config.json, tokenizer file, safetensors header,
+shard index or adapter config is one `Error:` line (exit 1) from `nllb info` and from `nllb translate` alike,
+never a traceback, and is refused before any weight is read. (Hostile pytorch_model.bin archives and pickles:
+tests/test_torchbin.py.)"""
 
 import json
 import math
@@ -401,3 +402,39 @@ def test_a_bad_m2m_vocab_json_is_one_error_line(sources, tmp_path, content, name
     model = linked(sources, tmp_path, "tiny-m2m")
     replace(model, "vocab.json", content)
     refused_by_both(model, tmp_path, named)
+
+
+# ------------------------------------------------------------------------------------------------- adapters
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"r": 0}, "r must be an integer from 1"),
+    ({"r": 4.0}, "r must be an integer, not 4.0"),
+    ({"r": True}, "r must be an integer, not true"),
+    ({"r": None}, "r must be an integer, not null"),
+    ({"lora_alpha": "8"}, 'lora_alpha must be a number, not the string "8"'),
+    ({"lora_alpha": True}, "lora_alpha must be a number, not true"),
+    ({"lora_alpha": float("nan")}, "lora_alpha must be a number, not NaN"),
+    ({"lora_alpha": -8}, "lora_alpha must be a positive number, not -8"),
+    ({"use_rslora": "yes"}, "use_rslora must be true or false"),
+    ({"alpha_pattern": []}, "alpha_pattern must be an object, not the list []"),
+    ({"alpha_pattern": {"v_proj": "3"}}, 'alpha_pattern["v_proj"] must be a number'),
+    ({"alpha_pattern": {"(": 3.0}}, "alpha_pattern's key the string \"(\" is not a regular expression"),
+    ({"base_model_name_or_path": 5}, "base_model_name_or_path must be a string, not 5"),
+])
+def test_a_bad_adapter_config_is_one_error_line(sources, tmp_path, changes, named):
+    adapter = linked(sources, tmp_path, "tiny-a-lora")
+    settings_ = json.loads((sources / "tiny-a-lora" / "adapter_config.json").read_text())
+    replace(adapter, "adapter_config.json", {**settings_, **changes})
+    result = info_and_translate(MODELS / "tiny-a", tmp_path, "--adapter", str(adapter))[1]
+    assert "adapter_config.json" in one_error_line(result) and named in result.stderr
+
+
+def test_an_adapter_of_rank_0_is_one_error_line(sources, tmp_path):
+    adapter = linked(sources, tmp_path, "tiny-a-lora")
+    lora = read_safetensors(sources / "tiny-a-lora" / "adapter_model.safetensors")
+    empty = {n: a[:0] if ".lora_A." in n else a[:, :0] for n, a in lora.items()}
+    (adapter / "adapter_model.safetensors").unlink()
+    write_safetensors(adapter / "adapter_model.safetensors", empty, "F32")
+    result = info_and_translate(MODELS / "tiny-a", tmp_path, "--adapter", str(adapter))[1]
+    assert "LoRA matrices" in one_error_line(result)  # (it divided by the rank 0)
