@@ -9,6 +9,7 @@ embedding may be stored once (`model.shared.weight`) or several times.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass, fields
@@ -48,21 +49,35 @@ class ModelConfig:
 
     @classmethod
     def from_json(cls, path: Path) -> "ModelConfig":
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise NllbError(f"cannot read {path}: {exc}") from None
+        """The config of `path`, every field checked for type and range: a model directory is untrusted input, so
+        a value the engines cannot run is refused here, naming the key, before anything is loaded. null means the
+        default, as transformers takes it."""
+        raw = read_json_object(path)
         model_type = raw.get("model_type")
         if model_type not in ("m2m_100", "m2m100"):
+            named = repr(model_type) if isinstance(model_type, str) and len(model_type) <= 40 else shown(model_type)
             raise NllbError(
-                f"{path} describes a {model_type!r} model; nllbcli runs NLLB-200 and M2M-100 models (model_type m2m_100)"
+                f"{path} describes a {named} model; nllbcli runs NLLB-200 and M2M-100 models (model_type m2m_100)"
             )
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in raw.items() if k in known and v is not None}
+        values = {}
+        for f in fields(cls):
+            value = raw.get(f.name)
+            if value is None:
+                continue
+            if f.type == "int":
+                least, most = INT_RANGES.get(f.name, (0, MAX_ID))
+                value = json_int(path, f.name, value, least, most)
+            else:
+                value = json_value(path, f.name, value, {"bool": bool, "str": str}[f.type])
+            values[f.name] = value
         config = cls(**values)
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if config.d_model % getattr(config, name):
                 raise NllbError(f"{path}: d_model {config.d_model} is not a multiple of {name} {getattr(config, name)}")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            if getattr(config, name) >= config.vocab_size:
+                raise NllbError(f"{path}: {name} {getattr(config, name)} is not a token of the model's vocabulary "
+                                f"(vocab_size {config.vocab_size}: ids 0 to {config.vocab_size - 1})")
         if config.activation_function not in ACTIVATIONS:
             raise NllbError(
                 f"{path}: activation_function {config.activation_function!r} is not supported (use one of "
@@ -72,6 +87,98 @@ class ModelConfig:
 
 
 ACTIVATIONS = ("relu", "gelu")
+
+MAX_ID = 2**31 - 1  # sizes and token ids: the CUDA engine holds ids, positions and sizes as 32-bit integers
+# A source is cut to max_position_embeddings tokens (pipeline.cut_source keeps the first P - 1 and </s>): it must
+# hold [src_lang, one piece, </s>], and the decoder's inputs [decoder_start, tgt_lang, piece] likewise (its </s>
+# is predicted, never fed). Positions start past the padding index (fairseq's offset of 2, see
+# engine/reference.py) in a table of P + 2 rows, so P positions hold P tokens: the offset costs rows, not
+# positions. Hence 3. The table is made whole at load, P + 2 rows of d_model floats on each engine (and the GPU
+# keeps cross K/V rows for a source of P tokens), so no more than 64 times NLLB's 1,024.
+MIN_POSITIONS, MAX_POSITIONS = 3, 1 << 16
+# least and most value of each int field of config.json (token ids: 0 to MAX_ID, then checked against vocab_size)
+INT_RANGES = {
+    "vocab_size": (1, MAX_ID),
+    # transformers' sinusoidal table divides by d_model // 2 - 1 (ZeroDivisionError at 2 and 3; ours gives NaN)
+    "d_model": (4, MAX_ID),
+    "encoder_layers": (1, MAX_ID),
+    "decoder_layers": (1, MAX_ID),
+    "encoder_attention_heads": (1, MAX_ID),
+    "decoder_attention_heads": (1, MAX_ID),
+    "encoder_ffn_dim": (1, MAX_ID),
+    "decoder_ffn_dim": (1, MAX_ID),
+    "max_position_embeddings": (MIN_POSITIONS, MAX_POSITIONS),
+}
+
+
+# ---------------------------------------------------------------------------------------------- JSON files
+
+# a model's or adapter's JSON files (NLLB-200's tokenizer.json, the largest, is 17 MB): refused above this unread
+MAX_JSON_BYTES = 100_000_000
+
+
+def read_json(path: Path):
+    """The JSON value a model or adapter file holds. Its files are untrusted input: one too large, not UTF-8, not
+    JSON, or nested too deep for the parser (RecursionError) is an NllbError that names it."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_JSON_BYTES + 1)
+    except OSError as exc:
+        raise NllbError(f"cannot read {path}: {exc}") from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise NllbError(f"cannot read {path}: it is over {MAX_JSON_BYTES:,} bytes, too large for a model's JSON file")
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise NllbError(f"cannot read {path}: {exc}") from None
+
+
+def read_json_object(path: Path) -> dict:
+    """read_json's value, which must be a JSON object."""
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise NllbError(f"{path} must hold a JSON object, not {shown(value)}")
+    return value
+
+
+KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+              dict: "an object"}
+
+
+def json_value(path: Path, key: str, value, kind: type):
+    """`value` (the one at `key` in the file `path`), checked to be of `kind` as JSON has it: int an integer (not
+    true, not 1.0), float a finite number, bool true or false, str, list, dict; else an NllbError naming both."""
+    if kind is float:
+        fits = type(value) is int or (type(value) is float and math.isfinite(value))
+    else:
+        fits = type(value) is kind
+    if not fits:
+        raise NllbError(f"{path}: {key} must be {KIND_NAMES[kind]}, not {shown(value)}")
+    return value
+
+
+def json_int(path: Path, key: str, value, least: int = 0, most: int = MAX_ID) -> int:
+    """json_value's integer, from `least` to `most`."""
+    json_value(path, key, value, int)
+    if not least <= value <= most:
+        raise NllbError(f"{path}: {key} must be an integer from {least:,} to {most:,}, not {shown(value)}")
+    return value
+
+
+def shown(value) -> str:
+    """A JSON value as a message names it: `the string "256"`, `1.5`, `null`, `the list [1, 2]` (cut when long;
+    a long or nested list or object by its kind alone)."""
+    if isinstance(value, (list, dict)):
+        items = value.values() if isinstance(value, dict) else value
+        if len(value) > 8 or any(isinstance(item, (list, dict)) for item in items):
+            return "a list" if isinstance(value, list) else "an object"
+    return {str: "the string ", list: "the list ", dict: "the object "}.get(type(value), "") + quoted(value)
+
+
+def quoted(value) -> str:
+    """A JSON value as JSON writes it, cut when long: `"model.shared.weight"` (a key of an object, in a message)."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def hf_cache_dirs() -> list[Path]:
@@ -172,18 +279,58 @@ def download_model(repo_id: str, local_dir: Path | None = None, revision: str | 
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
 
 
+# bytes per element of every dtype safetensors defines: an entry's data_offsets must span its shape's elements
+SAFETENSORS_ITEMSIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+                         "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
 def read_safetensors_header(path: Path) -> tuple[dict, int]:
-    """The JSON header of a safetensors file and the byte offset where its data starts."""
+    """The JSON header of a safetensors file, every entry checked, and the byte offset where its data starts.
+
+    The file is untrusted input: the header must be an object whose entries are {"dtype": a string, "shape": a
+    list of sizes, "data_offsets": [begin, end]} with begin <= end inside the file's data, spanning as many bytes
+    as the shape's elements take (for the dtypes safetensors defines), and __metadata__ an object of strings; an
+    NllbError names the file and the tensor otherwise, so that no reader of a header meets a wrong type."""
     try:
         with open(path, "rb") as f:
+            file_size = os.fstat(f.fileno()).st_size
             (length,) = struct.unpack("<Q", f.read(8))
-            if length > 100_000_000:
+            if length > min(MAX_HEADER_BYTES, file_size - 8):
                 raise ValueError("header length out of range")
             header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as exc:
+    except (OSError, ValueError, RecursionError, struct.error) as exc:
         raise NllbError(f"{path} is not a readable safetensors file ({exc})") from None
-    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise NllbError(f"{path} is not a readable safetensors file (its header is {shown(header)}, not a JSON object)")
+    metadata = header.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise NllbError(f"{path}: __metadata__ must be an object of strings, not {shown(metadata)}")
+    data_bytes = file_size - 8 - length
+    for name, entry in header.items():
+        check_safetensors_entry(path, name, entry, data_bytes)
     return header, 8 + length
+
+
+def check_safetensors_entry(path: Path, name: str, entry, data_bytes: int) -> None:
+    """One tensor's entry of a safetensors header, as read_safetensors_header says."""
+    if not isinstance(entry, dict):
+        raise NllbError(f"{path}: tensor {name} is described by {shown(entry)}, not an object of dtype, shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if type(dtype) is not str:
+        raise NllbError(f"{path}: tensor {name}'s dtype must be a string, not {shown(dtype)}")
+    if type(shape) is not list or not all(type(n) is int and n >= 0 for n in shape):
+        raise NllbError(f"{path}: tensor {name}'s shape must be a list of sizes (integers from 0), not {shown(shape)}")
+    if type(offsets) is not list or len(offsets) != 2 or not all(type(n) is int for n in offsets):
+        raise NllbError(f"{path}: tensor {name}'s data_offsets must be two integers [begin, end], not {shown(offsets)}")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        raise NllbError(f"{path}: tensor {name}'s data_offsets {offsets} do not fit the file ({data_bytes} bytes of "
+                        "data after the header)")
+    itemsize = SAFETENSORS_ITEMSIZES.get(dtype)
+    if itemsize is not None and end - begin != math.prod(shape) * itemsize:
+        raise NllbError(f"{path}: tensor {name}'s data_offsets {offsets} do not fit its shape {shape} of {dtype} "
+                        f"({math.prod(shape) * itemsize} bytes)")
 
 
 def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool = False) -> dict[str, np.ndarray]:
@@ -193,8 +340,7 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
     Each tensor is mapped from the file on its own and the map dropped once converted: mapping the whole file
     at once kept every page read so far resident until the end (+1.2 GB of RSS for the 600M model in bf16).
     """
-    header, start = read_safetensors_header(path)
-    file_size = path.stat().st_size
+    header, start = read_safetensors_header(path)  # checked: offsets inside the file, spanning each shape
     arrays: dict[str, np.ndarray] = {}
     for name, info in header.items():
         if wanted is not None and name not in wanted:
@@ -202,13 +348,9 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
         dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
         if dtype is None:
             raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16 and bfloat16 are supported")
-        begin, end = info["data_offsets"]
+        begin, _ = info["data_offsets"]
         shape = tuple(info["shape"])
-        count = int(np.prod(shape, dtype=np.int64))
-        if end - begin != count * np.dtype(dtype).itemsize or begin < 0 or start + end > file_size:
-            raise NllbError(f"{path}: tensor {name}'s data_offsets {info['data_offsets']} do not fit its shape {list(shape)} "
-                            f"or the file ({file_size} bytes)")
-        if count == 0:
+        if math.prod(shape) == 0:
             raw = np.zeros(shape, dtype=dtype)
         else:
             raw = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape).view(np.ndarray)
@@ -288,12 +430,24 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def index_shards(index: Path) -> list[Path]:
-    """The shard files a `*.index.json` lists, checked to be there."""
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise NllbError(f"cannot read {index}: {exc}") from None
+    """The shard files a `*.index.json` lists, checked before any is opened.
+
+    weight_map must be an object of tensor name -> file name, and each file a plain name (no directory, no `..`,
+    not absolute) of the index's format beside the index: an index cannot make the loader open /etc/passwd or
+    another model's files. A shard may be a symlink, wherever it points, as any file of a model directory may: the
+    Hugging Face cache's snapshots are symlinks into its blobs; it is whoever made the directory who chose it.
+    """
+    weight_map = json_value(index, "weight_map", read_json_object(index).get("weight_map"), dict)
+    suffix = ".safetensors" if index.name.startswith("model.safetensors") else ".bin"
+    for tensor, shard in weight_map.items():
+        key = f"weight_map[{quoted(tensor)}]"
+        json_value(index, key, shard, str)
+        if Path(shard).name != shard or not shard.endswith(suffix) or any(c in shard for c in "/\\\0"):
+            raise NllbError(f"{index}: {key} is {shown(shard)}, not a plain file name ending in {suffix}: the shards "
+                            "must lie beside the index")
+    shards = sorted(set(weight_map.values()))
+    if not shards:
+        raise NllbError(f"{index}: weight_map lists no shards")
     model_dir = index.parent
     missing = [s for s in shards if not (model_dir / s).is_file()]
     if missing:
@@ -301,17 +455,39 @@ def index_shards(index: Path) -> list[Path]:
     return [model_dir / s for s in shards]
 
 
-def read_weights(path: Path, bf16_bits: bool = False) -> dict[str, np.ndarray]:
-    """Named float32 arrays from one weight file, safetensors or a PyTorch .bin (bf16_bits: read_safetensors')."""
+# safetensors dtypes -> the names `nllb info` gives them: the floating-point tensors, the only ones a model uses
+SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, dtype) of the floating-point tensors of one weight file, from its header alone (the
+    safetensors JSON header, the pickle of a .bin): no weight is read."""
     if path.name.endswith(".safetensors"):
-        return read_safetensors(path, bf16_bits=bf16_bits)
+        header, _ = read_safetensors_header(path)
+        return {name: (tuple(t["shape"]), SAFETENSORS_NAMES[t["dtype"]])
+                for name, t in header.items() if t["dtype"] in SAFETENSORS_NAMES}
+    from .torchbin import STORAGE_NAMES, open_torch_checkpoint
+
+    checkpoint = open_torch_checkpoint(path)  # the pickle only: the tensor data stays in the file
+    return {name: (ref.shape, STORAGE_NAMES[ref.storage.kind.name]) for name, ref in checkpoint.tensors.items() if ref.floating}
+
+
+def read_weights(path: Path, bf16_bits: bool = False, wanted: set[str] | None = None) -> dict[str, np.ndarray]:
+    """Named float32 arrays from one weight file, safetensors or a PyTorch .bin (bf16_bits: read_safetensors';
+    only the `wanted` names when given)."""
+    if path.name.endswith(".safetensors"):
+        return read_safetensors(path, wanted, bf16_bits=bf16_bits)
     from .torchbin import read_torch_bin
 
-    return read_torch_bin(path)
+    return read_torch_bin(path, wanted)
 
 
 def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read a model directory: its config and every weight the model uses, as float32 arrays named as below.
+
+    The files' headers come first: the tensors the engines use are chosen and their shapes checked against
+    config.json before any data is read, and only those are read, so what is read is what the model needs, once
+    each, whatever else a file holds or claims.
 
     bf16_bits: a checkpoint stored in bf16 throughout (`nllb convert`'s) comes as the bits of its values
     (uint16 arrays), for the GPU engine, which holds bf16: a third of the work of widening to float32 and
@@ -320,36 +496,50 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConf
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
+    files = weight_files(model_dir)
+    file_of: dict[str, Path] = {}  # stored name -> its file (a name in a later file wins, as when they were merged)
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in files:
+        for name, (shape, _) in stored_tensors(path).items():
+            file_of[name], shapes[name] = path, shape
+    chosen = select_weights(config, shapes, model_dir)
     stored: dict[str, np.ndarray] = {}
-    for path in weight_files(model_dir):
-        stored.update(read_weights(path, bf16_bits))
+    for path in files:
+        wanted = {name for name in chosen.values() if file_of[name] == path}
+        if wanted:
+            stored.update(read_weights(path, bf16_bits, wanted))
     if bf16_bits and any(a.dtype != np.uint16 for a in stored.values()):  # mixed: float32 for all
         stored = {name: bf16_to_float32(a) if a.dtype == np.uint16 else a for name, a in stored.items()}
-    return config, canonical_weights(config, stored, model_dir)
+    return config, {name: stored[source] for name, source in chosen.items()}
 
 
-def canonical_weights(config: ModelConfig, stored: dict[str, np.ndarray], where: Path) -> dict[str, np.ndarray]:
-    """Map stored names to the names the engines use (`shared`, `encoder.layers.0.fc1.weight`, ...).
+TIED = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+
+
+def select_weights(config: ModelConfig, shapes: dict[str, tuple[int, ...]], where: Path) -> dict[str, str]:
+    """The stored tensor each weight of the engines comes from (`encoder.layers.0.fc1.weight` ->
+    `model.encoder.layers.0.fc1.weight`), every shape checked against config.json: from the stored names and
+    shapes alone, so before any weight is read (and by `nllb info`, which reads none).
 
     Checkpoints saved from M2M100ForConditionalGeneration prefix everything with `model.`; those saved from
-    M2M100Model do not. The tied embedding may be stored as shared, as either embed_tokens, or as lm_head.
+    M2M100Model do not. The tied embedding may be stored as shared, as either embed_tokens, or as lm_head;
+    tied, the three embedding weights come from one stored tensor, so the engines hold one 256k-row table.
     """
-    weights = {name.removeprefix("model."): array for name, array in stored.items()}
-    tied = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
-    shared = next((weights[n] for n in tied if n in weights), None)
+    names = {name.removeprefix("model."): name for name in shapes}
+    shared = next((n for n in TIED if n in names), None)
     if shared is None:
-        raise NllbError(f"{where}: no embedding found (looked for {', '.join(tied)})")
-    out = {
-        "encoder.embed_tokens.weight": weights.get("encoder.embed_tokens.weight", shared),
-        "decoder.embed_tokens.weight": weights.get("decoder.embed_tokens.weight", shared),
-        "lm_head.weight": shared if config.tie_word_embeddings else weights.get("lm_head.weight", shared),
-    }
-    if not config.tie_word_embeddings and "lm_head.weight" not in weights:
+        raise NllbError(f"{where}: no embedding found (looked for {', '.join(TIED)})")
+    if not config.tie_word_embeddings and "lm_head.weight" not in names:
         raise NllbError(f"{where}: config.json says tie_word_embeddings false but there is no lm_head.weight")
-    # Tied weights are one array: the engines must not keep three copies of a 256k-row table.
-    if config.tie_word_embeddings:
-        out = {k: shared for k in out}
+    embeddings = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    chosen = {n: names[shared] if config.tie_word_embeddings else names.get(n, names[shared]) for n in embeddings}
     d = config.d_model
+    # layers first: the names expected below grow with the layer counts config.json gives, the layers held do not
+    for side, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
+        held = {name.split(".")[2] for name in names if name.startswith(f"{side}.layers.")}
+        if layers > len(held):
+            raise NllbError(f"{where}: the weights do not match config.json: it says {side}_layers {layers}, the "
+                            f"weights hold {len(held)} {side} layers")
     expected: dict[str, tuple[int, ...]] = {"lm_head.weight": (config.vocab_size, d)}
     for side, layers, ffn in (
         ("encoder", config.encoder_layers, config.encoder_ffn_dim),
@@ -372,16 +562,12 @@ def canonical_weights(config: ModelConfig, stored: dict[str, np.ndarray], where:
             expected[p + "final_layer_norm.bias"] = (d,)
         expected[f"{side}.layer_norm.weight"] = (d,)
         expected[f"{side}.layer_norm.bias"] = (d,)
-    missing = [n for n in expected if n not in weights and n not in out]
+    missing = [n for n in expected if n not in names and n not in chosen]
     if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise NllbError(f"{where}: the weights do not match config.json: missing {shown}")
-    for name, shape in expected.items():
-        array = out.get(name, weights.get(name))
-        if tuple(array.shape) != shape:
-            raise NllbError(f"{where}: {name} has shape {tuple(array.shape)} but config.json implies {shape}")
-        out[name] = array
-    for name in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-        if out[name].shape != (config.vocab_size, d):
-            raise NllbError(f"{where}: {name} has shape {out[name].shape} but config.json implies {(config.vocab_size, d)}")
-    return out
+        shown_names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise NllbError(f"{where}: the weights do not match config.json: missing {shown_names}")
+    chosen.update({name: names[name] for name in expected if name not in chosen})
+    for name, shape in [*expected.items(), *((n, (config.vocab_size, d)) for n in embeddings[:2])]:
+        if tuple(shapes[chosen[name]]) != shape:
+            raise NllbError(f"{where}: {name} has shape {tuple(shapes[chosen[name]])} but config.json implies {shape}")
+    return chosen

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .checkpoint import load_checkpoint, resolve_model_dir, write_safetensors
+from .checkpoint import load_checkpoint, read_json_object, resolve_model_dir, write_safetensors
 from .errors import NllbError
 
 # Files of a hub repo that are weights in some format: everything else at the top of the directory is copied.
@@ -46,7 +46,7 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
         for f in sorted(source.iterdir()):
             if f.is_file() and not f.name.startswith(".") and not f.name.endswith(WEIGHT_SUFFIXES) and f.name != "config.json":
                 shutil.copyfile(f, staging / f.name)  # copyfile follows the hub cache's symlinks to the blobs
-        raw_config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+        raw_config = read_json_object(source / "config.json")  # a JSON object: load_checkpoint checked it
         raw_config["torch_dtype"] = "bfloat16"
         if "dtype" in raw_config:  # transformers 5 writes `dtype` instead
             raw_config["dtype"] = "bfloat16"

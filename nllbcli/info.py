@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .checkpoint import ModelConfig, read_safetensors_header, resolve_model_dir, weight_files
+from .checkpoint import TIED, ModelConfig, resolve_model_dir, select_weights, stored_tensors, weight_files
 from .errors import NllbError
 
 # engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
@@ -19,10 +19,6 @@ from .errors import NllbError
 POOL_FRACTION = 0.5
 MAX_POOL_BYTES = 24 << 30
 BF16_BYTES, F32_BYTES = 2, 4
-
-SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
-STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
-TIED = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
 
 # The published checkpoints by shape: (family, d_model, encoder layers, decoder layers, FFN, vocab) -> names
 KNOWN_SHAPES = {
@@ -38,7 +34,7 @@ KNOWN_SHAPES = {
 class ModelInfo:
     model_dir: str
     family: str  # "NLLB-200" or "M2M-100"
-    languages: int | None  # language tokens of the tokenizer; None when its files cannot be read
+    languages: int | None  # language tokens of the tokenizer; None without sentencepiece.bpe.model
     config: dict
     files: list[str]
     file_bytes: int
@@ -52,18 +48,6 @@ class ModelInfo:
     notes: list[str] = field(default_factory=list)
 
 
-def stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (shape, dtype) of the floating-point tensors of one weight file, from its header alone."""
-    if path.name.endswith(".safetensors"):
-        header, _ = read_safetensors_header(path)
-        return {name: (tuple(t["shape"]), SAFETENSORS_NAMES.get(t["dtype"], t["dtype"].lower()))
-                for name, t in header.items() if t.get("dtype") in SAFETENSORS_NAMES}
-    from .torchbin import open_torch_checkpoint
-
-    checkpoint = open_torch_checkpoint(path)  # the pickle only: the tensor data stays in the file
-    return {name: (ref.shape, STORAGE_NAMES[ref.storage.kind.name]) for name, ref in checkpoint.tensors.items() if ref.floating}
-
-
 def count(shape) -> int:
     n = 1
     for s in shape:
@@ -73,28 +57,31 @@ def count(shape) -> int:
 
 def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     """Describe a model directory (or a cached hub id) from its config and headers."""
-    from .tokenizer import tokenizer_family, tokenizer_from_model_dir
+    from .tokenizer import check_special_ids, tokenizer_family, tokenizer_from_model_dir
 
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
+    check_special_ids(config, model_dir)  # refused by translate whatever the tokenizer, so not a note
     family = "M2M-100" if tokenizer_family(model_dir) == "m2m100" else "NLLB-200"
     notes = []
-    try:
-        languages: int | None = len(tokenizer_from_model_dir(model_dir, config).lang_codes)
-    except NllbError as error:
-        languages = None
-        notes.append(f"the tokenizer cannot be loaded: {error}")
+    # a directory of weights without a tokenizer is described all the same; tokenizer files that are there must be
+    # what translate would accept
+    languages: int | None = None
+    if (model_dir / "sentencepiece.bpe.model").is_file():
+        languages = len(tokenizer_from_model_dir(model_dir, config).lang_codes)
+    else:
+        notes.append("the directory has no sentencepiece.bpe.model: the languages are unknown, and translate needs it")
     files = weight_files(model_dir)
     tensors: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in files:
         tensors.update({name.removeprefix("model."): t for name, t in stored_tensors(path).items()})
     tensors = {name: t for name, t in tensors.items() if "embed_positions" not in name}  # sinusoidal, not learned
-    embedding = next((name for name in TIED if name in tensors), None)
-    if embedding is None:
-        raise NllbError(f"{model_dir}: no embedding found (looked for {', '.join(TIED)})")
+    # the loader's own check of the headers against config.json: what loading would refuse, info refuses too
+    select_weights(config, {name: shape for name, (shape, _) in tensors.items()}, model_dir)
+    embedding = next(name for name in TIED if name in tensors)
     tied = set(TIED) - {embedding} if config.tie_word_embeddings else set(TIED[:3]) - {embedding}
     counted = {name: t for name, t in tensors.items() if name not in tied}
     parameters = sum(count(shape) for shape, _ in counted.values())

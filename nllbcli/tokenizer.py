@@ -15,7 +15,6 @@ offer encode(text, src_lang), decode(ids), lang_codes and lang_id(code): the eng
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from .checkpoint import MAX_ID, json_int, json_value, quoted, read_json_object, shown
 from .errors import NllbError
 from .langs import FLORES_200_CODES, M2M100_CODES, check_lang
 
@@ -73,6 +73,7 @@ class NllbTokenizer(BatchEncode):
         self.mask_id = mask_id
         self.piece_of_id = {int(nllb): sp_id for sp_id, nllb in enumerate(piece_ids) if sp_id >= 3 and nllb > UNK_ID}
         self.id_to_lang = {i: code for code, i in lang_ids.items()}
+        self.size = max(mask_id, max(lang_ids.values(), default=0), int(piece_ids.max(initial=0))) + 1  # ids the model must have
         self.piece_table: list[str] | None = None  # id -> piece text ("" where decode skips), made on first decode
         # transformers' tokenizer keeps a whitespace at the end of the text as a lone "▁" piece, where
         # sentencepiece drops it; its normaliser without whitespace removal tells whether the text ends in one.
@@ -91,11 +92,7 @@ class NllbTokenizer(BatchEncode):
             tokenizer = cls.from_tokenizer_json(sp, tokenizer_json)
         else:
             tokenizer = cls.from_rules(sp)
-        if config is not None and tokenizer.mask_id >= config.vocab_size:
-            raise NllbError(
-                f"{model_dir}: the tokenizer has {tokenizer.mask_id + 1} ids but the model's vocab_size is "
-                f"{config.vocab_size}: the tokenizer files do not belong to this model"
-            )
+        check_fits_model(tokenizer, model_dir, config)
         return tokenizer
 
     @classmethod
@@ -109,15 +106,22 @@ class NllbTokenizer(BatchEncode):
 
     @classmethod
     def from_tokenizer_json(cls, sp: spm.SentencePieceProcessor, path: Path) -> "NllbTokenizer":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            vocab: dict[str, int] = data["model"]["vocab"]
-            added = data.get("added_tokens", [])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise NllbError(f"cannot read {path}: {exc}") from None
+        data = read_json_object(path)
+        model = json_value(path, "model", data.get("model"), dict)
+        vocab = model.get("vocab")
         if isinstance(vocab, list):  # a Unigram model stores [piece, score] pairs, ids by position
+            for i, pair in enumerate(vocab):
+                if not (type(pair) is list and len(pair) == 2 and type(pair[0]) is str):
+                    raise NllbError(f"{path}: model.vocab[{i}] must be a [piece, score] pair, not {shown(pair)}")
             vocab = {piece: i for i, (piece, _score) in enumerate(vocab)}
-        added_ids = {t["content"]: t["id"] for t in added}
+        else:
+            check_ids(path, json_value(path, "model.vocab", vocab, dict), "model.vocab")
+        added = data.get("added_tokens")
+        added_ids = {}
+        for n, token in enumerate(json_value(path, "added_tokens", [] if added is None else added, list)):
+            json_value(path, f"added_tokens[{n}]", token, dict)
+            content = json_value(path, f"added_tokens[{n}].content", token.get("content"), str)
+            added_ids[content] = json_int(path, f"added_tokens[{n}].id", token.get("id"))
         ids = {**vocab, **added_ids}
         for token, expected in zip(SPECIAL_TOKENS, (BOS_ID, PAD_ID, EOS_ID, UNK_ID)):
             if ids.get(token) != expected:
@@ -200,30 +204,18 @@ class M2M100Tokenizer(BatchEncode):
         """Load `vocab.json` and `sentencepiece.bpe.model`, as M2M-100's hub repositories ship them."""
         sp = load_sentencepiece(model_dir)
         path = model_dir / "vocab.json"
-        try:
-            vocab = json.loads(path.read_text(encoding="utf-8"))
-            if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-                raise ValueError("not a JSON object of piece -> id")
-        except (OSError, ValueError) as exc:
-            raise NllbError(f"cannot read {path}: {exc}") from None
+        vocab = check_ids(path, read_json_object(path))
         for token, expected in zip(SPECIAL_TOKENS, (BOS_ID, PAD_ID, EOS_ID, UNK_ID)):
             if vocab.get(token) != expected:
                 raise NllbError(f"{path}: {token} has id {vocab.get(token)}, not {expected}: not an M2M-100 vocabulary")
         if sorted(vocab.values()) != list(range(len(vocab))):
             raise NllbError(f"{path}: the ids are not 0..{len(vocab) - 1} each once: not an M2M-100 vocabulary")
-        try:
-            declared = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            declared = {}
-        codes = declared.get("language_codes", "m2m100") if isinstance(declared, dict) else "m2m100"
+        codes = read_tokenizer_config(model_dir).get("language_codes")
+        codes = "m2m100" if codes is None else codes
         if codes != "m2m100":  # wmt21's 8 languages and others: their ids would silently be wrong
             raise NllbError(f"{model_dir}: tokenizer_config.json sets language_codes {codes!r}; nllbcli knows M2M-100's 100 (m2m100)")
         tokenizer = cls(sp, vocab)
-        if config is not None and tokenizer.size > config.vocab_size:
-            raise NllbError(
-                f"{model_dir}: the tokenizer has {tokenizer.size} ids but the model's vocab_size is "
-                f"{config.vocab_size}: the tokenizer files do not belong to this model"
-            )
+        check_fits_model(tokenizer, model_dir, config)
         return tokenizer
 
     @property
@@ -265,13 +257,53 @@ def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
     return sp
 
 
+def check_ids(path: Path, ids: dict, key: str = "") -> dict:
+    """A vocabulary's piece -> id object, every id an integer from 0 to MAX_ID, else an error naming the piece."""
+    if not all(type(i) is int and 0 <= i <= MAX_ID for i in ids.values()):  # one pass; the key only for an error
+        piece = next(p for p, i in ids.items() if not (type(i) is int and 0 <= i <= MAX_ID))
+        json_int(path, f"{key}[{quoted(piece)}]" if key else f"the id of {quoted(piece)}", ids[piece])
+    return ids
+
+
+def check_fits_model(tokenizer: "NllbTokenizer | M2M100Tokenizer", model_dir: Path, config) -> None:
+    """The tokenizer's ids must be rows of the model's embedding (vocab_size), and config.json's <pad> and </s> the
+    tokenizer's: it ends every source with </s>, while the engines pad and mask by pad_token_id and the search
+    stops at eos_token_id (nothing to check without a config)."""
+    if config is None:
+        return
+    if tokenizer.size > config.vocab_size:
+        raise NllbError(
+            f"{model_dir}: the tokenizer has {tokenizer.size} ids but the model's vocab_size is "
+            f"{config.vocab_size}: the tokenizer files do not belong to this model"
+        )
+    check_special_ids(config, model_dir)
+
+
+def check_special_ids(config, model_dir: Path) -> None:
+    """config.json's pad_token_id and eos_token_id must be <pad>'s and </s>'s ids in both tokenizers (1 and 2)."""
+    for key, token, expected in (("pad_token_id", "<pad>", PAD_ID), ("eos_token_id", "</s>", EOS_ID)):
+        if getattr(config, key) != expected:
+            raise NllbError(f"{model_dir / 'config.json'}: {key} is {getattr(config, key)}, but {token} is token "
+                            f"{expected} in NLLB's and M2M-100's vocabularies: the config does not belong to this tokenizer")
+
+
+def read_tokenizer_config(model_dir: Path) -> dict:
+    """tokenizer_config.json's object ({} where the directory has none), the keys nllbcli reads checked: a
+    string or null each."""
+    path = model_dir / "tokenizer_config.json"
+    if not path.is_file():
+        return {}
+    declared = read_json_object(path)
+    for key in ("tokenizer_class", "language_codes"):
+        if declared.get(key) is not None:
+            json_value(path, key, declared[key], str)
+    return declared
+
+
 def tokenizer_family(model_dir: Path) -> str:
     """"m2m100" or "nllb", from the files present: tokenizer_config.json's tokenizer_class when it names one,
     else vocab.json without tokenizer.json means M2M-100 (its hub repositories ship no tokenizer.json)."""
-    try:
-        declared = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8")).get("tokenizer_class")
-    except (OSError, ValueError, AttributeError):
-        declared = None
+    declared = read_tokenizer_config(model_dir).get("tokenizer_class")
     if isinstance(declared, str) and declared.startswith("M2M100"):
         return "m2m100"
     if isinstance(declared, str) and declared.startswith("Nllb"):

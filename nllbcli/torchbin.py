@@ -11,12 +11,19 @@ where `storage` is a persistent id `('storage', torch.FloatStorage, KEY, 'cpu', 
 calls whatever globals it names, so a .bin file can run any code: here `find_class` hands out only harmless
 stand-ins for the few globals a state dict needs and refuses every other one, so no code from the file ever runs.
 Tensor data is never read whole: each storage is a view of the zip member mapped from disk.
+
+The archive is untrusted input as much as the pickle: every member must be stored as torch.save stores them
+(a compressed or encrypted member is refused before anything is read, so nothing is ever inflated), the central
+directory and data.pkl are bounded in size before zipfile or the unpickler sees them, and every tensor must lie
+inside a member that lies inside the file. What a checkpoint claims then costs at most what its bytes are.
 """
 
 from __future__ import annotations
 
 import _compat_pickle
 import io
+import math
+import os
 import pickle
 import struct
 import zipfile
@@ -42,6 +49,14 @@ STORAGE_DTYPES = {
     "BoolStorage": np.dtype("?"),
 }
 FLOATING = ("FloatStorage", "HalfStorage", "BFloat16Storage", "DoubleStorage")
+STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
+
+# The zip's central directory is parsed whole by zipfile (~500 bytes of memory a member): torch writes ~70 bytes
+# a member, one member a storage (509 for nllb-200-distilled-600M, ~35 KB), so 4 MiB is some 60,000 storages.
+MAX_DIRECTORY_BYTES = 4 << 20
+# data.pkl is read whole and unpickled: the index of the tensors, ~160 bytes a tensor (the 600M model's ~80 KB)
+MAX_PICKLE_BYTES = 100_000_000
+ZIP_METHODS = {zipfile.ZIP_DEFLATED: "deflate", zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "lzma"}
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,11 @@ def make_ref(storage, offset, size, stride) -> TensorRef:
     last = offset + sum((n - 1) * s for n, s in zip(shape, strides)) if all(shape) else offset - 1
     if last >= storage.numel:
         raise pickle.UnpicklingError(f"a tensor of shape {shape} reaches past the end of its storage ({storage.numel} elements)")
+    # each tensor is copied out: one of more elements than its storage (an expanded tensor, stride 0) would cost
+    # more memory than the file holds
+    if math.prod(shape) > storage.numel:
+        raise pickle.UnpicklingError(f"a tensor of shape {shape} has more elements than its storage ({storage.numel}): "
+                                     "an expanded tensor (stride 0), which a state dict of weights does not hold")
     return TensorRef(storage, offset, shape, strides)
 
 
@@ -140,7 +160,10 @@ class StateDictUnpickler(pickle.Unpickler):
         _, kind, key, _location, numel = pid
         if not isinstance(kind, StorageType):
             raise pickle.UnpicklingError(f"a storage of type {kind!r}, not one of the torch.*Storage types")
-        return Storage(kind, str(key), int(numel))
+        numel = int(numel)
+        if numel < 0:
+            raise pickle.UnpicklingError(f"a storage of {numel} elements")
+        return Storage(kind, str(key), numel)
 
 
 @dataclass
@@ -149,39 +172,29 @@ class TorchCheckpoint:
 
     path: Path
     tensors: dict[str, TensorRef]
-    members: dict[str, tuple[int, int, int]]  # storage key -> (data offset in the file, size, compress_type)
+    members: dict[str, tuple[int, int]]  # storage key -> (data offset in the file, size), inside the file
     prefix: str
 
     def array(self, ref: TensorRef) -> np.ndarray:
         """The tensor's elements in their stored dtype (bf16 as uint16), copied out in the tensor's shape."""
         storage = self.storage_array(ref.storage)
         itemsize = storage.itemsize
-        count = int(np.prod(ref.shape, dtype=np.int64))
-        if count == 0:
+        if math.prod(ref.shape) == 0:
             return np.zeros(ref.shape, dtype=storage.dtype)
         view = np.lib.stride_tricks.as_strided(
             storage[ref.offset :], shape=ref.shape, strides=tuple(s * itemsize for s in ref.stride), writeable=False
         )
         return view.copy(order="C")  # a plain array of the default strides (np.ascontiguousarray makes 0-d 1-d)
 
-    def storage_array(self, storage: Storage) -> np.ndarray:
-        try:
-            start, size, compression = self.members[storage.key]
-        except KeyError:
-            raise NllbError(f"{self.path}: the archive has no data/{storage.key} for a tensor that uses it") from None
-        dtype = storage.kind.dtype
-        if storage.numel * dtype.itemsize > size:
-            raise NllbError(f"{self.path}: data/{storage.key} holds {size} bytes, fewer than its {storage.numel} elements need")
-        if compression == zipfile.ZIP_STORED:
-            # torch stores members uncompressed: map them straight from the file instead of reading them
-            return np.memmap(self.path, dtype=dtype, mode="r", offset=start, shape=(storage.numel,))
-        with zipfile.ZipFile(self.path) as archive:
-            raw = archive.read(f"{self.prefix}data/{storage.key}")
-        return np.frombuffer(raw, dtype=dtype, count=storage.numel)
+    def storage_array(self, storage: Storage) -> np.memmap:
+        """The storage's elements, mapped from the file (open_torch_checkpoint checked that they are there)."""
+        start, _ = self.members[storage.key]
+        return np.memmap(self.path, dtype=storage.kind.dtype, mode="r", offset=start, shape=(storage.numel,))
 
 
 def open_torch_checkpoint(path: Path) -> TorchCheckpoint:
-    """Read the tensor index of a `torch.save` zip file (without any of the tensor data)."""
+    """Read the tensor index of a `torch.save` zip file (without any of the tensor data), every tensor checked
+    to lie inside a stored member that lies inside the file."""
     path = Path(path)
     try:
         is_zip = zipfile.is_zipfile(path)
@@ -190,6 +203,8 @@ def open_torch_checkpoint(path: Path) -> TorchCheckpoint:
                 head = f.read(2)
     except OSError as exc:
         raise NllbError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except zipfile.BadZipFile as exc:  # an end record is there but names several disks: is_zipfile lets it out
+        raise NllbError(f"cannot read {path}: {exc}") from None
     if not is_zip:
         if head[:1] == b"\x80":
             raise NllbError(
@@ -198,31 +213,37 @@ def open_torch_checkpoint(path: Path) -> TorchCheckpoint:
             )
         raise NllbError(f"{path} is not a PyTorch checkpoint (not a zip archive written by torch.save)")
     try:
-        with zipfile.ZipFile(path) as archive:
-            infos = archive.infolist()
-            pickles = [i.filename for i in infos if i.filename.endswith("data.pkl") and i.filename.count("/") <= 1]
-            if len(pickles) != 1:
-                raise NllbError(f"{path} is a zip archive but not one written by torch.save (no NAME/data.pkl)")
-            prefix = pickles[0][: -len("data.pkl")]
-            if prefix + "byteorder" in archive.namelist():
-                order = archive.read(prefix + "byteorder").decode("ascii", "replace").strip()
-                if order != "little":
-                    raise NllbError(f"{path} was saved on a {order}-endian machine; nllbcli reads little-endian checkpoints")
-            pickled = archive.read(pickles[0])
-            members = {}
-            with open(path, "rb") as raw:
+        with open(path, "rb") as raw:
+            file_size = os.fstat(raw.fileno()).st_size
+            # the end record, as zipfile reads it, before zipfile parses the directory it points to
+            end = zipfile._EndRecData(raw)
+            if end is None:
+                raise zipfile.BadZipFile("no end of central directory record")
+            if end[zipfile._ECD_SIZE] > MAX_DIRECTORY_BYTES:
+                raise NllbError(f"{path}: the zip's central directory is {end[zipfile._ECD_SIZE]:,} bytes, more than "
+                                f"a checkpoint's ({MAX_DIRECTORY_BYTES:,} at most): not a file torch.save wrote")
+            with zipfile.ZipFile(raw) as archive:
+                infos = archive.infolist()
                 for info in infos:
-                    if not info.filename.startswith(prefix + "data/"):
-                        continue
-                    raw.seek(info.header_offset)
-                    local = raw.read(30)
-                    if local[:4] != b"PK\x03\x04":
-                        raise NllbError(f"{path}: the zip entry of {info.filename} is damaged")
-                    name_length, extra_length = struct.unpack("<HH", local[26:30])
-                    start = info.header_offset + 30 + name_length + extra_length
-                    members[info.filename[len(prefix + "data/") :]] = (start, info.file_size, info.compress_type)
-    except (OSError, zipfile.BadZipFile, struct.error) as exc:
+                    refuse_packed(path, info)
+                pickles = [i for i in infos if i.filename.endswith("data.pkl") and i.filename.count("/") <= 1]
+                if len(pickles) != 1:
+                    raise NllbError(f"{path} is a zip archive but not one written by torch.save (no NAME/data.pkl)")
+                prefix = pickles[0].filename[: -len("data.pkl")]
+                spans = {info.filename: member_span(path, raw, info, file_size) for info in infos
+                         if info.filename.startswith(prefix) and not info.filename.endswith("/")}
+                if pickles[0].file_size > MAX_PICKLE_BYTES:
+                    raise NllbError(f"{path}: its data.pkl is {pickles[0].file_size:,} bytes, more than a state dict's "
+                                    f"index of tensors ({MAX_PICKLE_BYTES:,} at most)")
+                if prefix + "byteorder" in spans:
+                    order = archive.open(prefix + "byteorder").read(16).decode("ascii", "replace").strip()
+                    if order != "little":
+                        raise NllbError(f"{path} was saved on a {order}-endian machine; nllbcli reads little-endian checkpoints")
+                pickled = archive.read(pickles[0])
+    # (ValueError: a member name that is not the UTF-8 its flag says; RuntimeError: what zipfile cannot read)
+    except (OSError, EOFError, ValueError, RuntimeError, zipfile.BadZipFile, struct.error) as exc:
         raise NllbError(f"cannot read {path}: {exc}") from None
+    members = {name[len(prefix + "data/") :]: span for name, span in spans.items() if name.startswith(prefix + "data/")}
     try:
         state = StateDictUnpickler(io.BytesIO(pickled)).load()
     except NllbError:
@@ -234,7 +255,39 @@ def open_torch_checkpoint(path: Path) -> TorchCheckpoint:
     if not isinstance(state, dict):
         raise NllbError(f"{path} holds a {type(state).__name__}, not a state dict of named tensors")
     tensors = {str(name): ref for name, ref in state.items() if isinstance(ref, TensorRef)}
+    for ref in {ref.storage for ref in tensors.values()}:
+        if ref.key not in members:
+            raise NllbError(f"{path}: the archive has no data/{ref.key} for a tensor that uses it")
+        size = members[ref.key][1]
+        if ref.numel * ref.kind.dtype.itemsize > size:
+            raise NllbError(f"{path}: data/{ref.key} holds {size} bytes, fewer than its {ref.numel} elements need")
     return TorchCheckpoint(path, tensors, members, prefix)
+
+
+def refuse_packed(path: Path, info: zipfile.ZipInfo) -> None:
+    """torch.save stores every member as it is: a compressed member (a zip bomb inflates a few MB into GBs) or an
+    encrypted one is refused before any member is read."""
+    if info.flag_bits & 0x1:
+        raise NllbError(f"{path}: the archive member {info.filename} is encrypted; torch.save never encrypts, so this "
+                        "is not a checkpoint it wrote")
+    if info.compress_type != zipfile.ZIP_STORED:
+        method = ZIP_METHODS.get(info.compress_type, f"method {info.compress_type}")
+        raise NllbError(f"{path}: the archive member {info.filename} is compressed ({method}); torch.save stores "
+                        "its members uncompressed and nllbcli inflates none: re-save the checkpoint with torch.save, "
+                        "or convert it to safetensors")
+
+
+def member_span(path: Path, raw, info: zipfile.ZipInfo, file_size: int) -> tuple[int, int]:
+    """(offset in the file, size) of a stored member's data, which must lie inside the file."""
+    raw.seek(info.header_offset)
+    local = raw.read(30)
+    if local[:4] != b"PK\x03\x04" or info.compress_size != info.file_size:
+        raise NllbError(f"{path}: the zip entry of {info.filename} is damaged")
+    name_length, extra_length = struct.unpack("<HH", local[26:30])
+    start = info.header_offset + 30 + name_length + extra_length
+    if start + info.file_size > file_size:
+        raise NllbError(f"{path}: the zip entry of {info.filename} claims {info.file_size:,} bytes, past the end of the file")
+    return start, info.file_size
 
 
 def read_torch_bin(path: Path, wanted: set[str] | None = None) -> dict[str, np.ndarray]:

@@ -56,8 +56,8 @@ def test_info_reads_no_weights(monkeypatch):
 
 
 def full_size_dir(tmp_path: Path, d: int, layers: int, ffn: int, vocab: int, tokenizer_from: str) -> Path:
-    """A model directory with a full-size config and a safetensors file that is a header alone: info must not
-    need the data (the file would be gigabytes)."""
+    """A model directory with a full-size config and a safetensors file that is a header and a hole: info must not
+    need the data (the file is gigabytes long, sparse: nothing of it is written or read)."""
     shapes = {"model.shared.weight": [vocab, d]}
     for side in ("encoder", "decoder"):
         for i in range(layers):
@@ -77,7 +77,9 @@ def full_size_dir(tmp_path: Path, d: int, layers: int, ffn: int, vocab: int, tok
         header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header).encode()
-    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(encoded)) + encoded)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        f.truncate(8 + len(encoded) + offset)  # the data's length, as a hole: the offsets are inside the file
     config = {"model_type": "m2m_100", "vocab_size": vocab, "d_model": d, "encoder_layers": layers, "decoder_layers": layers,
               "encoder_ffn_dim": ffn, "decoder_ffn_dim": ffn, "encoder_attention_heads": 16, "decoder_attention_heads": 16}
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -139,3 +141,14 @@ def test_errors_are_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["info", str(tmp_path)])
     assert result.exit_code == 1 and result.output.startswith(f"Error: {tmp_path} has no weights:")
     assert "Traceback" not in result.output
+
+
+def test_weights_without_a_tokenizer_are_described_with_a_note(tmp_path):
+    """A directory of weights alone is described; tokenizer files that are there must load (tests/test_model_files.py)."""
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((MODELS / "tiny-a" / name).read_bytes())
+    result = CliRunner().invoke(cli, ["info", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "Family:      NLLB-200 (languages unknown)\n" in result.output
+    assert result.output.endswith(
+        "Note:        the directory has no sentencepiece.bpe.model: the languages are unknown, and translate needs it\n")

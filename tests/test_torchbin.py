@@ -6,18 +6,24 @@ import os
 import pickle
 import re
 import shutil
+import struct
+import time
+import tracemalloc
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from nllbcli.checkpoint import load_checkpoint, weight_files, write_safetensors
 from nllbcli.cli import cli
 from nllbcli.engine.reference import bf16_round
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
+from nllbcli import torchbin
 from nllbcli.torchbin import open_torch_checkpoint, read_torch_bin
 from nllbcli.translator import load_translator
 
@@ -287,6 +293,8 @@ def test_a_hand_made_state_dict_reads(tmp_path):
     ((2, 3), (3, 1), 6, 1, "reaches past the end of its storage"),
     ((2, 3), (3,), 6, 0, "malformed size"),
     ((2, 3), (3, 1), 1000, 0, "holds 24 bytes, fewer than its 1000 elements need"),
+    ((1000, 1000), (0, 0), 6, 0, "more elements than its storage"),  # expanded: 4 MB copied out of 24 bytes
+    ((6,), (1,), -1, 0, "a storage of -1 elements"),
 ])
 def test_tensors_outside_their_storage_are_refused(tmp_path, size, stride, numel, offset, message):
     with pytest.raises(NllbError, match=message):
@@ -296,5 +304,142 @@ def test_tensors_outside_their_storage_are_refused(tmp_path, size, stride, numel
 def test_broken_json_index_is_explained(tmp_path):
     shutil.copytree(TINY_BIN_SHARDED, tmp_path / "m")
     (tmp_path / "m" / "pytorch_model.bin.index.json").write_text(json.dumps({"weights": {}}))
-    with pytest.raises(NllbError, match="cannot read .*pytorch_model.bin.index.json"):
+    with pytest.raises(NllbError, match="pytorch_model.bin.index.json: weight_map must be an object, not null"):
         load_checkpoint(tmp_path / "m")
+
+
+# ------------------------------------------------------------------------------------------- hostile archives
+
+BOMB_BYTES = 256 << 20  # zeros, deflated into ~260 KB (the bug report's bomb: 3 GiB in 14 MB)
+
+
+def bomb_pickle(numel: int) -> bytes:
+    """A state dict of one float tensor, named as no model weight is, over all of storage 0."""
+    pid = ("storage", FloatStorage, "0", "cpu", numel)
+    return pickle_state({"unused.weight": TensorLike(StorageId(pid), 0, (numel,), (1,))})
+
+
+@pytest.fixture(scope="module")
+def bomb_model(tmp_path_factory) -> Path:
+    """tiny-a's config and tokenizer with a pytorch_model.bin of well under 1 MB whose data/0 is a deflated
+    member of BOMB_BYTES (made once: deflating takes ~1 s)."""
+    model = tmp_path_factory.mktemp("bomb") / "model"
+    model.mkdir()
+    for name in ("config.json", "sentencepiece.bpe.model", "tokenizer_config.json"):
+        shutil.copy(TINY_A / name, model)
+    with zipfile.ZipFile(model / "pytorch_model.bin", "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", bomb_pickle(BOMB_BYTES // 4))
+        archive.writestr("archive/byteorder", "little")
+        member = zipfile.ZipInfo("archive/data/0")
+        member.compress_type = zipfile.ZIP_DEFLATED
+        with archive.open(member, "w") as stream:
+            for _ in range(BOMB_BYTES >> 20):
+                stream.write(bytes(1 << 20))
+    assert (model / "pytorch_model.bin").stat().st_size < 1 << 20
+    return model
+
+
+def traced(call):
+    """(the NllbError `call` raises, the most bytes allocated at once meanwhile, seconds it took)."""
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        with pytest.raises(NllbError) as raised:
+            call()
+        return raised.value, tracemalloc.get_traced_memory()[1], time.perf_counter() - started
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("read", [read_torch_bin, open_torch_checkpoint], ids=["read_torch_bin", "open_torch_checkpoint"])
+def test_a_deflated_member_is_refused_before_anything_is_inflated(bomb_model, read):
+    error, peak, seconds = traced(lambda: read(bomb_model / "pytorch_model.bin"))
+    assert "the archive member archive/data/0 is compressed (deflate); torch.save stores its members uncompressed" in str(error)
+    assert peak < 2 << 20 and seconds < 2, (peak, seconds)  # inflated, it took 256 MiB
+
+
+def test_the_zip_bomb_is_one_error_line_from_translate_and_info(bomb_model, tmp_path):
+    (tmp_path / "in.txt").write_text("Hello\n")
+    for args in (["info", str(bomb_model)],
+                 ["translate", "--model", str(bomb_model), "--device", "cpu", "--src", "en", "--tgt", "fr", "-q",
+                  str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+        assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1
+        assert "is compressed (deflate)" in result.stderr
+
+
+def test_a_compressed_data_pkl_is_refused(tmp_path):
+    path = tmp_path / "pytorch_model.bin"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", bomb_pickle(4))
+        archive.writestr("archive/data/0", bytes(16))
+    with pytest.raises(NllbError, match=r"archive/data.pkl is compressed \(deflate\)"):
+        open_torch_checkpoint(path)
+
+
+def test_real_checkpoints_are_stored_throughout():
+    """What torch.save writes (the fixtures): every member stored, so refusing compressed ones refuses none of them."""
+    for path in [TINY_BIN / "pytorch_model.bin", *sorted(TINY_BIN_SHARDED.glob("*.bin")), TENSORS / "tensors.bin"]:
+        with zipfile.ZipFile(path) as archive:
+            assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}, path
+        assert open_torch_checkpoint(path).tensors
+
+
+def patch_directory_entry(path: Path, member: str, offset: int, fmt: str, value: int) -> None:
+    """Overwrite a field of `member`'s central directory entry (offsets as in APPNOTE.TXT 4.3.12)."""
+    raw = bytearray(path.read_bytes())
+    name, at = member.encode(), 0
+    while True:
+        at = raw.index(b"PK\x01\x02", at + 1)
+        (length,) = struct.unpack_from("<H", raw, at + 28)
+        if raw[at + 46 : at + 46 + length] == name:
+            break
+    struct.pack_into(fmt, raw, at + offset, value)
+    path.write_bytes(bytes(raw))
+
+
+def test_a_member_that_claims_more_bytes_than_the_file_is_refused(tmp_path):
+    path = hand_made(tmp_path, (2, 3), (3, 1))
+    for offset in (20, 24):  # compressed and uncompressed size: both say 1 GB
+        patch_directory_entry(path, "archive/data/0", offset, "<I", 1 << 30)
+    with pytest.raises(NllbError, match="archive/data/0 claims 1,073,741,824 bytes, past the end of the file"):
+        read_torch_bin(path)
+
+
+def test_an_encrypted_member_is_refused(tmp_path):
+    path = hand_made(tmp_path, (2, 3), (3, 1))
+    patch_directory_entry(path, "archive/data.pkl", 8, "<H", 0x1)
+    with pytest.raises(NllbError, match="archive/data.pkl is encrypted"):
+        read_torch_bin(path)
+
+
+def test_the_directory_and_the_pickle_are_bounded_before_they_are_read(tmp_path, monkeypatch):
+    """zipfile parses the whole central directory (~500 bytes of memory a member) and data.pkl is read whole: both
+    sizes are checked first, from the end record and the directory, so no member count or size an archive
+    claims costs more than the bound."""
+    path = hand_made(tmp_path, (2, 3), (3, 1))
+    monkeypatch.setattr(torchbin, "MAX_DIRECTORY_BYTES", 100)
+    with pytest.raises(NllbError, match=r"the zip's central directory is [0-9,]+ bytes, more than a checkpoint's \(100 at most\)"):
+        read_torch_bin(path)
+    monkeypatch.undo()
+    monkeypatch.setattr(torchbin, "MAX_PICKLE_BYTES", 10)
+    with pytest.raises(NllbError, match=r"its data.pkl is [0-9,]+ bytes, more than a state dict's index of tensors"):
+        read_torch_bin(path)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), min_size=1, max_size=4))
+def test_a_damaged_checkpoint_is_refused_in_a_sentence_or_read(tmp_path, damage):
+    """Bytes of torch's tensors.bin changed anywhere (the zip's records, the pickle, the data): an NllbError, or
+    arrays no larger than the file could hold (each tensor at most its storage, in float32)."""
+    raw = bytearray((TENSORS / "tensors.bin").read_bytes())
+    for at, byte in damage:
+        raw[at % len(raw)] = byte
+    path = tmp_path / "damaged.bin"
+    path.write_bytes(bytes(raw))
+    try:
+        arrays = read_torch_bin(path)
+    except NllbError:
+        return
+    assert sum(a.nbytes for a in arrays.values()) <= 4 * len(raw) * len(arrays)
