@@ -26,10 +26,15 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
     """Write a bf16 safetensors copy of `model` (a directory or a cached hub id) to the directory `out`."""
     source = resolve_model_dir(model)
     out = Path(out).expanduser()
+    if out.is_symlink():  # written where it points, as the shell's `>` does: the link stays
+        out = out.resolve()
     if out.exists() and not out.is_dir():
         raise NllbError(f"{out} exists and is not a directory")
     if out.exists() and out.resolve() == source.resolve():
         raise NllbError(f"OUT {out} is the model directory itself: convert into another directory")
+    if out.exists() and out.resolve() in source.resolve().parents:
+        raise NllbError(f"OUT {out} holds the model directory {source}: replacing it would delete the model; convert "
+                        "into another directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise NllbError(f"{out} is not empty: pass --force to replace it, or choose another OUT")
     # checked against config.json (a converted copy always loads); a bf16 checkpoint's weights as their bits,
@@ -54,6 +59,9 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
         if out.exists():
             shutil.rmtree(out)
         os.rename(staging, out)
+    except OSError as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise NllbError(f"cannot write {out}: {error.strerror or error}") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -134,6 +134,42 @@ def test_convert_refuses_to_write_over_its_source(tmp_path):
     assert (TINY_BIN / "pytorch_model.bin").is_file()
 
 
+def test_convert_refuses_an_out_that_holds_its_source(tmp_path):
+    """--force replaces OUT: an OUT above the model directory would have been deleted with the model in it."""
+    import shutil
+
+    shutil.copytree(TINY_BIN, tmp_path / "models" / "tiny")
+    (tmp_path / "models" / "other.txt").write_text("mine")
+    result = convert(tmp_path / "models" / "tiny", tmp_path / "models", "--force")
+    assert result.exit_code == 1
+    assert result.output == (f"Error: OUT {tmp_path / 'models'} holds the model directory {tmp_path / 'models' / 'tiny'}: "
+                             "replacing it would delete the model; convert into another directory\n")
+    assert (tmp_path / "models" / "tiny" / "pytorch_model.bin").is_file() and (tmp_path / "models" / "other.txt").is_file()
+
+
+def test_convert_writes_through_a_symlinked_out(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to("real")
+    assert convert(TINY_BIN, tmp_path / "link").exit_code == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "real" / "model.safetensors").is_file()
+
+
+def test_a_full_disk_while_converting_names_out(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import nllbcli.convert
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(nllbcli.convert, "write_safetensors", full)
+    result = convert(TINY_BIN, tmp_path / "out")
+    assert result.exit_code == 1
+    assert result.output == f"Error: cannot write {tmp_path / 'out'}: No space left on device\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_failed_convert_leaves_nothing_behind(tmp_path):
     model = tmp_path / "broken"
     model.mkdir()
