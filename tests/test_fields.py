@@ -3,7 +3,11 @@ and out, through the CLI with the fake translator (which reverses each text)."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import io
+import json
+import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,10 +23,25 @@ def translate(*args):
     return CliRunner().invoke(cli, TRANSLATE + list(args))
 
 
+def read_parquet(path):
+    """The whole file (pq.read_table goes through datasets, which refuse duplicate column names)."""
+    return pq.ParquetFile(path).read()
+
+
 @pytest.fixture
 def here(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def test_parquet_duplicate_column_names_pass_through(fake, here):
+    table = pa.Table.from_arrays([pa.array(["ab", "cd", "ef"]), pa.array([1, 2, 3]), pa.array([4, 5, 6])], names=["text", "a", "a"])
+    pq.write_table(table, "in.parquet")
+    result = translate("in.parquet", "out.parquet")
+    assert result.exit_code == 0, result.output
+    output = read_parquet("out.parquet")
+    assert output.column_names == ["text", "a", "a", "translation"]
+    assert [column.to_pylist() for column in output.columns] == [["ab", "cd", "ef"], [1, 2, 3], [4, 5, 6], ["ba", "dc", "fe"]]
 
 
 HUGE = "1" * 5000
@@ -65,3 +84,242 @@ def test_huge_python_int_reaches_the_jsonl_writer():
     records = [Record(0, "a", {"text": "a", "n": -(10 ** 5000) - 7, "m": [10 ** 4300]}, where="in:1")]
     assert LineSink(stream, "jsonl", "translation").write(records, ["A"]) == []
     assert stream.getvalue() == ('{"text": "a", "n": -1' + "0" * 4999 + '7, "m": [1' + "0" * 4300 + '], "translation": "A"}\n').encode()
+
+
+NANOSECONDS = pa.table({
+    "text": ["ab", "cd", "ef"],
+    "when": pa.array([1_700_000_000_123_456_789, 1_000, None], pa.timestamp("ns")),
+    "utc": pa.array([-1, 0, 5_000_000], pa.timestamp("ns", tz="UTC")),
+    "took": pa.array([1_001, -1, 86_400_000_000_000], pa.duration("ns")),
+    "at": pa.array([1_001, 45_296_000_000_500, None], pa.time64("ns")),
+    "nested": pa.array([[1_001], [], None], pa.list_(pa.timestamp("ns"))),
+})
+
+
+def test_nanosecond_columns_pass_through_parquet_untouched(fake, here):
+    pq.write_table(NANOSECONDS, "in.parquet")
+    result = translate("in.parquet", "out.parquet")
+    assert result.exit_code == 0, result.output
+    output = read_parquet("out.parquet")
+    assert output.drop_columns(["translation"]).equals(NANOSECONDS)
+
+
+def test_nanosecond_columns_in_jsonl(fake, here):
+    """Python's text of the microseconds, with the three digits more where there are nanoseconds."""
+    pq.write_table(NANOSECONDS, "in.parquet")
+    result = translate("in.parquet", "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in open("out.jsonl")] == [
+        {"text": "ab", "when": "2023-11-14T22:13:20.123456789", "utc": "1969-12-31T23:59:59.999999999+00:00",
+         "took": "0:00:00.000001001", "at": "00:00:00.000001001", "nested": ["1970-01-01T00:00:00.000001001"], "translation": "ba"},
+        {"text": "cd", "when": "1970-01-01T00:00:00.000001", "utc": "1970-01-01T00:00:00+00:00",
+         "took": "-1 day, 23:59:59.999999999", "at": "12:34:56.000000500", "nested": [], "translation": "dc"},
+        {"text": "ef", "when": None, "utc": "1970-01-01T00:00:00.005000+00:00", "took": "1 day, 0:00:00", "at": None,
+         "nested": None, "translation": "fe"}]
+
+
+def other_types() -> pa.Table:
+    """Columns of the types the tool does not translate, each as Parquet writes and reads it back."""
+    table = pa.table({
+        "text": pa.array(["ab", "cd", "ef"]).dictionary_encode(),
+        "price": pa.array([decimal.Decimal("1.50"), None, decimal.Decimal("-0.01")], pa.decimal128(9, 2)),
+        "big": pa.array([decimal.Decimal(10 ** 40), None, 1], pa.decimal256(60, 0)),
+        "tag": pa.array(["x", "y", "x"]).dictionary_encode(),
+        "nested": pa.array([{"a": [1, 2], "b": {"c": "d"}}, None, {"a": None, "b": None}]),
+        "pairs": pa.array([[("k", 1)], [], None], pa.map_(pa.string(), pa.int64())),
+        "large": pa.array(["l", None, "m"], pa.large_string()),
+        "blob": pa.array([b"\x00\xff", b"", None], pa.large_binary()),
+        "fixed": pa.array([[1, 2], [3, 4], None], pa.list_(pa.int8(), 2)),
+        "day": pa.array([0, 3_000_000, None], pa.date32()),
+        "id": pa.array([b"0123456789abcdef", None, b"fedcba9876543210"], pa.uuid()),
+        "half": pa.array([0.5, None, 2.0], pa.float16()),
+    })
+    table = table.replace_schema_metadata({"origin": "test", "pandas": "{}"})
+    stream = io.BytesIO()
+    pq.write_table(table, stream)
+    return pq.ParquetFile(io.BytesIO(stream.getvalue())).read()
+
+
+def test_every_other_column_type_passes_through_parquet(fake, here):
+    table = other_types()
+    pq.write_table(table, "in.parquet")
+    result = translate("in.parquet", "out.parquet")
+    assert result.exit_code == 0, result.output
+    output = read_parquet("out.parquet")
+    assert output.schema.equals(table.schema.append(pa.field("translation", pa.string())), check_metadata=True)
+    assert output.drop_columns(["translation"]).equals(table)
+    assert output.column("translation").to_pylist() == ["ba", "dc", "fe"]
+
+
+def test_every_other_column_type_in_jsonl(fake, here):
+    pq.write_table(other_types(), "in.parquet")
+    result = translate("in.parquet", "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line) for line in open("out.jsonl")][1:] == [
+        {"text": "cd", "price": None, "big": None, "tag": "y", "nested": None, "pairs": [], "large": None, "blob": "",
+         "fixed": [3, 4], "day": "10183-09-21", "id": None, "half": None, "translation": "dc"},
+        {"text": "ef", "price": "-0.01", "big": "1", "tag": "x", "nested": {"a": None, "b": None}, "pairs": None, "large": "m",
+         "blob": None, "fixed": None, "day": None, "id": "66656463-6261-3938-3736-353433323130", "half": 2.0, "translation": "fe"}]
+
+
+def test_a_language_column_with_unreadable_values_fails_those_rows(fake, here):
+    """Only the columns the job reads become Python values: the rest (here text that is not UTF-8) is carried."""
+    bad = pa.Array.from_buffers(pa.string(), 2, [None, pa.py_buffer(b"\x00\x00\x00\x00\x02\x00\x00\x00\x03\x00\x00\x00"), pa.py_buffer(b"de\xff")])
+    pq.write_table(pa.table({"text": ["ab", "cd"], "tgt_lang": bad, "other": bad}), "in.parquet")
+    result = translate("--on-error", "skip", "in.parquet", "out.parquet")
+    assert result.exit_code == 3
+    assert result.stderr == ("Skipped: in.parquet: row 2: cannot read column 'tgt_lang': 'utf-8' codec can't decode byte 0xff "
+                             "in position 0: invalid start byte\n")
+    assert read_parquet("out.parquet").column("translation").to_pylist() == ["ba"]
+
+
+# Property tests (hypothesis): rows and tables of drawn fields and types through the CLI at drawn --chunk-rows.
+
+import math  # noqa: E402
+import re  # noqa: E402
+import tempfile  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def quick(fake, monkeypatch):
+    """The fake translator, and jobs without the full collection a job starts with (which tunes the collector
+    only, and takes a while in a process holding all that hypothesis holds)."""
+    import contextlib
+
+    monkeypatch.setattr("nllbcli.pipeline.fewer_collections", contextlib.nullcontext)
+    return fake
+
+
+def run_job(directory, source, target, chunk_rows):
+    """The failed rows' numbers and reasons; `target` "-" is Parquet on stdout, then returned too."""
+    path = os.path.join(directory, source)
+    if target == "-":
+        result = CliRunner().invoke(cli, TRANSLATE + ["--chunk-rows", str(chunk_rows), "--on-error", "skip", "--output-format", "parquet", path, "-"])
+        failed = re.findall(rf"^Skipped: ({re.escape(path)}(?::|: row )(\d+): .*)$", result.stderr, re.M)
+        assert result.exit_code == (3 if failed else 0), result.output
+        return {int(number): reason for reason, number in failed}, read_parquet(io.BytesIO(result.stdout_bytes))
+    result = CliRunner().invoke(cli, TRANSLATE + ["--chunk-rows", str(chunk_rows), "--errors", os.path.join(directory, "errors.jsonl"),
+                                                  path, os.path.join(directory, target)])
+    assert result.exit_code in (0, 3), result.output
+    assert "Traceback" not in result.output
+    failed = {}
+    for line in open(os.path.join(directory, "errors.jsonl")):
+        entry = json.loads(line)
+        failed[entry["row"]] = entry["error"]
+    return failed
+
+
+NS = (st.sampled_from([1_001, -1, 999, 1_000, 86_400 * 10 ** 9 + 1, -86_400 * 10 ** 9 - 1_001, 2 ** 62])
+      | st.builds(lambda seconds, micros, nanos: seconds * 10 ** 9 + micros * 1_000 + nanos,
+                  st.integers(-2 ** 32, 2 ** 32), st.integers(0, 999_999), st.integers(0, 999)))
+COLUMNS = [
+    (pa.int64(), st.integers(-2 ** 63, 2 ** 63 - 1)),
+    (pa.float64(), st.floats() | st.sampled_from([float("nan"), float("inf"), -0.0]).map(float)),
+    (pa.string(), st.text(max_size=4)),
+    (pa.timestamp("ns"), NS),
+    (pa.duration("ns"), NS),
+    (pa.time64("ns"), NS.map(lambda n: n % (86_400 * 10 ** 9))),
+    (pa.decimal128(12, 3), st.decimals(-10 ** 8, 10 ** 8, places=3, allow_nan=False, allow_infinity=False)),
+    (pa.dictionary(pa.int32(), pa.string()), st.sampled_from(["x", "y", "zz"])),
+    (pa.list_(pa.int64()), st.lists(st.integers(-5, 5), max_size=3)),
+    (pa.struct([("p", pa.int32()), ("q", pa.string())]), st.fixed_dictionaries({"p": st.integers(-5, 5), "q": st.text(max_size=3)})),
+    (pa.list_(pa.timestamp("ns")), st.lists(NS, max_size=2)),
+    (pa.large_binary(), st.binary(max_size=4)),
+]
+
+
+@st.composite
+def tables(draw, duplicates: bool):
+    rows = draw(st.integers(0, 9))
+    names, arrays = ["text"], [pa.array(draw(st.lists(st.none() | st.text(max_size=4), min_size=rows, max_size=rows)), pa.string())]
+    for _ in range(draw(st.integers(0, 4))):
+        kind, values = draw(st.sampled_from(COLUMNS))
+        drawn = draw(st.lists(st.none() | values, min_size=rows, max_size=rows))
+        if pa.types.is_dictionary(kind):
+            arrays.append(pa.array(drawn, pa.string()).dictionary_encode())
+        else:
+            storage = kind if not (pa.types.is_temporal(kind) or pa.types.is_list(kind) and pa.types.is_temporal(kind.value_type)) else None
+            arrays.append(pa.array(drawn, storage) if storage else pa.array(drawn, pa.list_(pa.int64()) if pa.types.is_list(kind) else pa.int64()).cast(kind))
+        names.append(draw(st.sampled_from(["a", "b"] if duplicates else [n for n in "abcdefgh" if n not in names])))
+    return pa.Table.from_arrays(arrays, names=names), draw(st.integers(1, 4))
+
+
+@SETTINGS
+@given(tables(duplicates=True), st.integers(1, 5))
+def test_parquet_columns_pass_through_parquet(quick, drawn, chunk_rows):
+    """Every column of every written row is in the output as it was, its type too (names that occur twice
+    included), and the output is the same at every --chunk-rows."""
+    table, group = drawn
+    with tempfile.TemporaryDirectory() as directory:
+        pq.write_table(table, os.path.join(directory, "in.parquet"), row_group_size=group)
+        table = read_parquet(os.path.join(directory, "in.parquet"))  # as Parquet gives it back
+        failed = run_job(directory, "in.parquet", "out.parquet", chunk_rows)
+        output = read_parquet(os.path.join(directory, "out.parquet"))
+        one_by_one, stdout = run_job(directory, "in.parquet", "-", 1)
+        assert one_by_one == failed and stdout.equals(output)
+    texts = table.column("text").to_pylist()
+    assert sorted(failed) == [n + 1 for n, text in enumerate(texts) if text is None]
+    assert all(reason.endswith("field 'text' is null, not a string.") for reason in failed.values())
+    kept = table.filter(pa.array([text is not None for text in texts], pa.bool_()))
+    assert output.schema == table.schema.append(pa.field("translation", pa.string()))
+    assert output.drop_columns(["translation"]).equals(kept)
+    assert output.column("translation").null_count == 0
+
+
+def nanoseconds(text: str, kind: pa.DataType) -> int:
+    """The count of nanoseconds a JSONL output's text of a nanosecond value stands for."""
+    whole, _, fraction = text.partition(".")
+    extra = int(fraction.ljust(9, "0")) if fraction else 0
+    if pa.types.is_timestamp(kind):
+        return (datetime.datetime.fromisoformat(whole) - datetime.datetime(1970, 1, 1)) // datetime.timedelta(seconds=1) * 10 ** 9 + extra
+    days = 0
+    if "day" in whole:
+        day_part, whole = whole.split(", ")
+        days = int(day_part.split()[0])
+    hours, minutes, seconds = map(int, whole.split(":"))
+    return ((days * 24 + hours) * 60 + minutes) * 60 * 10 ** 9 + seconds * 10 ** 9 + extra
+
+
+@SETTINGS
+@given(tables(duplicates=False), st.integers(1, 5))
+def test_parquet_columns_reach_jsonl(quick, drawn, chunk_rows):
+    """Every column of every written row is in the JSONL output, in order, its value as Python holds it (JSON
+    text for dates, decimals and bytes) and nanosecond values to the nanosecond; a row with a NaN or an infinity
+    fails, naming the field."""
+    table, group = drawn
+    with tempfile.TemporaryDirectory() as directory:
+        pq.write_table(table, os.path.join(directory, "in.parquet"), row_group_size=group)
+        table = read_parquet(os.path.join(directory, "in.parquet"))
+        failed = run_job(directory, "in.parquet", "out.jsonl", chunk_rows)
+        written = [json.loads(line) for line in open(os.path.join(directory, "out.jsonl"))]
+    from nllbcli.io.jsonl import to_json
+
+    rows = iter(written)
+    for n in range(table.num_rows):
+        values = {name: table.column(name)[n] for name in table.column_names}
+        nonfinite = {float("nan"): "NaN", float("inf"): "Infinity", float("-inf"): "-Infinity"}
+        nan = [(name, nonfinite.get(value.as_py(), "NaN")) for name, value in values.items()
+               if pa.types.is_floating(value.type) and value.is_valid and not math.isfinite(value.as_py())]
+        if values["text"].as_py() is None:
+            assert failed[n + 1].endswith("field 'text' is null, not a string.")
+            continue
+        if nan:
+            assert failed[n + 1].endswith(f"field {nan[0][0]!r} is {nan[0][1]}, which JSON has no number for.")
+            continue
+        row = next(rows)
+        assert list(row) == table.column_names + ["translation"]
+        for name, value in values.items():
+            kind = value.type
+            nested_ns = pa.types.is_list(kind) and pa.types.is_temporal(kind.value_type)
+            if value.is_valid and (pa.types.is_temporal(kind) and getattr(kind, "unit", "") == "ns"):
+                assert nanoseconds(row[name], kind) == value.cast(pa.int64()).as_py()
+            elif value.is_valid and nested_ns:
+                assert [nanoseconds(v, kind.value_type) for v in row[name]] == value.values.cast(pa.int64()).to_pylist()
+            else:
+                assert row[name] == json.loads(json.dumps(value.as_py(), default=to_json))
+    assert next(rows, None) is None

@@ -12,7 +12,7 @@ import base64
 import datetime
 import json
 import math
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Mapping
 
 from . import Position, Record, record_of
 
@@ -43,6 +43,19 @@ class RawNumber:
         if len(self.text) <= SHOWN_DIGITS:
             return self.text
         return f"{self.text[:SHOWN_DIGITS]}... ({len(self.text)} characters)"
+
+
+class Unreadable:
+    """A value a reader could not turn into Python (text that is not UTF-8, say), with why: a writer that needs
+    the value fails the row with that reason."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.reason!r})"
 
 
 class NotJson(Exception):
@@ -127,10 +140,21 @@ def count_rows(path: str) -> int:
         return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
 
 
-def encode_jsonl_row(record: Record, translation: str, output_field: str) -> tuple[bytes, str | None]:
+def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:
+    """The fields of each row to be written (translation not None), in order: a Parquet row's from its Arrow
+    data, converted a chunk at a time."""
+    from .parquet import python_rows
+
+    written = [r for r, t in zip(records, translations) if t is not None]
+    if any(r.batch is not None for r in written):
+        return iter(python_rows(written))
+    return (r.fields for r in written)
+
+
+def encode_jsonl_row(record: Record, fields: Mapping, translation: str, output_field: str) -> tuple[bytes, str | None]:
     """The row's fields plus the translation as one UTF-8 line of strict JSON, key order kept; or the reason it
     cannot be one."""
-    row = dict(record.fields)
+    row = dict(fields)
     row[output_field] = translation
     try:
         try:
@@ -156,7 +180,7 @@ class Unwritable(Exception):
 
 def to_json(value: object) -> object:
     """Values a Parquet row can hold that JSON has no type for: dates as ISO 8601, bytes as base64."""
-    if isinstance(value, RawNumber):
+    if isinstance(value, (RawNumber, Unreadable)):
         raise Exact
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
@@ -167,10 +191,12 @@ def to_json(value: object) -> object:
 
 def exact_json(value: object, path: str) -> str:
     """json.dumps's text of `value` (the same separators), with what json.dumps cannot write: RawNumbers as
-    their text and integers past str()'s digit limit in full; NaN and infinities raise Unwritable naming the
-    field (`path`)."""
+    their text and integers past str()'s digit limit in full; NaN, infinities and unreadable values raise
+    Unwritable naming the field (`path`)."""
     if isinstance(value, RawNumber):
         return value.text
+    if isinstance(value, Unreadable):
+        raise Unwritable(f"field {path!r} cannot be read: {value.reason}")
     if isinstance(value, float) and not math.isfinite(value):
         name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
         raise Unwritable(f"field {path!r} is {name}, which JSON has no number for.")

@@ -1,20 +1,30 @@
 """Parquet: rows are read batch by batch (row group by row group); the output is the input's schema plus a string
 column, written one row group per chunk as the translation goes.
 
+A Parquet row stays Arrow data from reader to writer. Only the columns the pipeline reads (the text, a row's
+languages) become Python values; the output is taken from the input's batches with the translation column
+added or replaced, so every other column passes through as it was, whatever its type (nanosecond timestamps,
+decimals, dictionaries, nested and extension types, names that occur twice) and the schema's metadata with it.
+
 Files are written in two steps so that a killed job can go on (--resume): each chunk is appended to a partial
 file as an Arrow IPC stream behind its length (`frame`), and at the end the frames become the row groups of the
 Parquet file. A Parquet file cannot be appended to once its writer is gone; the frames can."""
 
 from __future__ import annotations
 
+import datetime
 import io
+from collections.abc import Mapping
+from itertools import groupby
 from typing import BinaryIO, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import NllbError
-from . import Input, Position, Record, record_of
+from . import Input, Position, Record, text_error
+from .jsonl import Unreadable
 
 READ_BATCH_ROWS = 1024  # rows decoded from Parquet at a time
 FRAME_HEADER = 8  # bytes of the little-endian length before each frame
@@ -54,27 +64,160 @@ def read_parquet(parquet: pq.ParquetFile, name: str, field: str, position: Posit
             return
         if skip:
             batch, skip = batch.slice(min(skip, batch.num_rows)), skip - min(skip, batch.num_rows)
-        for fields, error in rows_of(batch):
+        columns = BatchColumns(batch, name, position.rows)
+        for row, text in enumerate(columns.values(field)):
             position.rows += 1
             where = f"{name}: row {position.rows}"
-            if error:
-                yield Record(position.rows - 1, "", {}, f"{where}: cannot read it: {error}", where)
-            else:
-                yield record_of(position.rows - 1, fields, field, where)
+            fields = RowFields(columns, row)
+            error = None
+            if isinstance(text, Unreadable):
+                error = f"{where}: cannot read it: {text.reason}"
+            elif not isinstance(text, str):
+                error = text_error(fields, field, where)
+            yield Record(position.rows - 1, "" if error else text, fields, error, where, batch, row)
 
 
-def rows_of(batch: pa.RecordBatch) -> Iterator[tuple[dict, str | None]]:
-    """Each row as a dict; a row Python cannot hold (text that is not UTF-8, a date out of range) as its error."""
+class BatchColumns:
+    """A batch's columns as Python values, each converted when a row first asks for it."""
+
+    def __init__(self, batch: pa.RecordBatch, name: str, rows_before: int):
+        self.batch, self.name, self.rows_before = batch, name, rows_before
+        self.converted: dict[str, list] = {}
+
+    def values(self, column: str) -> list | None:
+        """None where the batch has no such column (or several: check_columns refuses those the job names)."""
+        values = self.converted.get(column)
+        if values is None:
+            index = self.batch.schema.get_field_index(column)
+            if index < 0:
+                return None
+            values = self.converted[column] = python_values(self.batch.column(index))
+        return values
+
+
+class RowFields(Mapping):
+    """One Parquet row's columns by name, as Python values (python_values), converted as they are asked for."""
+
+    __slots__ = ("columns", "row")
+
+    def __init__(self, columns: BatchColumns, row: int):
+        self.columns, self.row = columns, row
+
+    def __getitem__(self, name: str) -> object:
+        values = self.columns.values(name)
+        if values is None:
+            raise KeyError(name)
+        value = values[self.row]
+        if isinstance(value, Unreadable):
+            where = f"{self.columns.name}: row {self.columns.rows_before + self.row + 1}"
+            raise NllbError(f"{where}: cannot read column {name!r}: {value.reason}")
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.columns.batch.schema.names)
+
+    def __len__(self) -> int:
+        return self.columns.batch.num_columns
+
+
+def python_values(array: pa.Array) -> list:
+    """An Arrow array's values as Python objects: what to_pylist gives, where it can. Where it cannot, value by
+    value: a nanosecond timestamp, time or duration that is not whole microseconds (to_pylist leaves those to
+    pandas) is the ISO 8601 text of its microseconds with three more digits (a duration: Python's text of a
+    timedelta, likewise); a value Python cannot hold (a date past year 9999) is Arrow's text of it; one that
+    Arrow cannot give either (text that is not UTF-8) is an Unreadable with the reason."""
     try:
-        yield from ((row, None) for row in batch.to_pylist())
-        return
-    except (pa.ArrowException, ValueError, OverflowError) as error:  # UnicodeDecodeError is a ValueError
-        first_error = error
-    for i in range(batch.num_rows):
-        try:
-            yield batch.slice(i, 1).to_pylist()[0], None
-        except (pa.ArrowException, ValueError, OverflowError) as error:
-            yield {}, str(error or first_error)
+        return array.to_pylist()
+    except (pa.ArrowException, ValueError, OverflowError, TypeError):  # UnicodeDecodeError is a ValueError
+        pass
+    kind = array.type
+    if isinstance(array, pa.ExtensionArray):
+        return python_values(array.storage)
+    if pa.types.is_dictionary(kind):
+        dictionary = python_values(array.dictionary)
+        return [None if i is None else dictionary[i] for i in array.indices.to_pylist()]
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        if len(set(names)) < len(names):
+            unreadable = Unreadable("it holds several fields of one name, which a JSON object cannot")
+            return [unreadable if valid else None for valid in array.is_valid().to_pylist()]
+        children = [python_values(child) for child in array.flatten()]
+        return [dict(zip(names, values)) if valid else None
+                for valid, *values in zip(array.is_valid().to_pylist(), *children)]
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind):
+        items = python_values(array.values)
+        if pa.types.is_map(kind):
+            items = [None if item is None else tuple(item.values()) for item in items]
+        offsets = array.offsets.to_pylist()
+        return [items[start:end] if valid else None
+                for valid, start, end in zip(array.is_valid().to_pylist(), offsets, offsets[1:])]
+    if pa.types.is_fixed_size_list(kind):
+        items, size = python_values(array.flatten()), kind.list_size
+        return [items[n * size:(n + 1) * size] if valid else None for n, valid in enumerate(array.is_valid().to_pylist())]
+    if (pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_time64(kind)) and kind.unit == "ns":
+        return nanosecond_values(array)
+    return [scalar_value(array, n) for n in range(len(array))]
+
+
+def scalar_value(array: pa.Array, n: int) -> object:
+    try:
+        return array[n].as_py()
+    except (pa.ArrowException, ValueError, OverflowError, TypeError) as error:
+        reason = str(error)
+    try:
+        return pc.cast(array.slice(n, 1), pa.string())[0].as_py()
+    except (pa.ArrowException, ValueError, OverflowError, TypeError):
+        return Unreadable(reason)
+
+
+def nanosecond_values(array: pa.Array) -> list:
+    """Nanosecond timestamps, times and durations as their microseconds in Python, with the nanoseconds left
+    over written out (see python_values); whole microseconds stay Python objects, as to_pylist gives them."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        micro_type = pa.timestamp("us", kind.tz)
+    else:
+        micro_type = pa.duration("us") if pa.types.is_duration(kind) else pa.time64("us")
+    counts = array.cast(pa.int64()).to_pylist()
+    micros = python_values(pa.array([None if n is None else n // 1000 for n in counts], pa.int64()).cast(micro_type))
+    return [value if n is None or n % 1000 == 0 else with_nanoseconds(value, n % 1000) for value, n in zip(micros, counts)]
+
+
+def with_nanoseconds(value: object, extra: int) -> object:
+    if isinstance(value, datetime.timedelta):
+        return f"{value}{extra:03d}" if value.microseconds else f"{value}.000000{extra:03d}"
+    if isinstance(value, (datetime.datetime, datetime.time)):
+        text = value.isoformat(timespec="microseconds")
+        end = text.index(".") + 7
+        return f"{text[:end]}{extra:03d}{text[end:]}"
+    return value  # Arrow's text of a value Python cannot hold, or an Unreadable
+
+
+def take_rows(batch: pa.RecordBatch, rows: list[int]) -> pa.RecordBatch:
+    """The batch's rows at these (increasing) positions: a slice where they are consecutive, as most are."""
+    if rows[-1] - rows[0] + 1 == len(rows):
+        return batch.slice(rows[0], len(rows))
+    return batch.take(pa.array(rows, pa.int64()))
+
+
+def batch_groups(records: list[Record]) -> Iterator[tuple[pa.RecordBatch | None, list[Record]]]:
+    """The records in runs that share a batch (None for rows without one), in order."""
+    for _, group in groupby(records, key=lambda record: id(record.batch)):
+        group = list(group)
+        yield group[0].batch, group
+
+
+def python_rows(records: list[Record]) -> list[dict]:
+    """Each row as a dict of Python values (python_values), converted a column at a time."""
+    rows: list[dict] = []
+    for batch, group in batch_groups(records):
+        if batch is None:
+            rows += [dict(record.fields) for record in group]
+            continue
+        taken = take_rows(batch, [record.row for record in group])
+        names = taken.schema.names
+        rows += [dict(zip(names, values)) for values in zip(*(python_values(column) for column in taken.columns))]
+    return rows
 
 
 def output_schema(schema: pa.Schema, output_field: str) -> pa.Schema:
@@ -85,10 +228,12 @@ def output_schema(schema: pa.Schema, output_field: str) -> pa.Schema:
 
 
 class TableMaker:
-    """Chunks of rows with their translations as Arrow tables of the output schema. Without an input schema
-    (JSONL input) the first rows set it; a row that does not fit it fails alone."""
+    """Chunks of rows with their translations as Arrow tables of the output schema: a Parquet input's rows
+    taken from their batches, other rows from their Python values. Without an input schema (JSONL input) the
+    first rows set it; a row that does not fit it fails alone."""
 
     def __init__(self, schema: pa.Schema | None, output_field: str, field: str):
+        self.input_schema = schema
         self.schema = None if schema is None else output_schema(schema, output_field)
         self.output_field = output_field
         self.empty_schema = output_schema(pa.schema([(field, pa.string())]), output_field)  # an empty input with no schema
@@ -98,6 +243,8 @@ class TableMaker:
         pairs = [(r, t) for r, t in zip(records, translations) if t is not None]
         if not pairs:
             return None, []
+        if self.input_schema is not None and all(record.batch is not None for record, _ in pairs):
+            return self.taken_table(pairs), []
         rows = [{**r.fields, self.output_field: t} for r, t in pairs]
         if self.schema is None:
             self.schema = infer_schema(rows)
@@ -113,6 +260,21 @@ class TableMaker:
             except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
                 failed.append((record, f"{record.where}: does not fit the Parquet schema of the first rows: {error}"))
         return (pa.Table.from_pylist(kept, schema=self.schema) if kept else None), failed
+
+    def taken_table(self, pairs: list[tuple[Record, str]]) -> pa.Table:
+        """The rows from their batches, untouched, with the translation column added or replaced."""
+        place = self.input_schema.get_field_index(self.output_field)
+        batches, done = [], 0
+        for batch, group in batch_groups([record for record, _ in pairs]):
+            columns = take_rows(batch, [record.row for record in group]).columns
+            translations = pa.array([t for _, t in pairs[done:done + len(group)]], pa.string())
+            done += len(group)
+            if place >= 0:
+                columns[place] = translations
+            else:
+                columns.append(translations)
+            batches.append(pa.RecordBatch.from_arrays(columns, schema=self.schema))
+        return pa.Table.from_batches(batches, schema=self.schema)
 
 
 def infer_schema(rows: list[dict]) -> pa.Schema:
