@@ -44,6 +44,27 @@ def test_parquet_duplicate_column_names_pass_through(fake, here):
     assert [column.to_pylist() for column in output.columns] == [["ab", "cd", "ef"], [1, 2, 3], [4, 5, 6], ["ba", "dc", "fe"]]
 
 
+def test_parquet_duplicate_names_refused_for_jsonl_output(fake, here):
+    struct = pa.StructArray.from_arrays([pa.array([1]), pa.array([2])], names=["x", "x"])
+    pq.write_table(pa.Table.from_arrays([pa.array(["ab"]), pa.array([1]), pa.array([4]), struct], names=["text", "a", "a", "s"]), "in.parquet")
+    result = translate("--on-error", "skip", "in.parquet", "out.jsonl")
+    assert result.exit_code == 1
+    assert result.stderr == ("Error: in.parquet: more than one column (or struct field) is named 'a', 's.x', and a JSON object holds each "
+                             "name once: rename them, or write Parquet, which keeps them.\n")
+    assert os.listdir(here) == ["in.parquet"]
+
+
+@pytest.mark.parametrize("name,option", [("text", "--field"), ("tgt_lang", "--tgt-lang-field"), ("translation", "--output-field")])
+def test_parquet_duplicate_column_the_job_names_is_refused(fake, here, name, option):
+    columns = {"text": pa.array(["ab"]), name: pa.array(["de"])}
+    pq.write_table(pa.Table.from_arrays(list(columns.values()) + [pa.array(["fr"])], names=list(columns) + [name]), "in.parquet")
+    result = translate("--on-error", "skip", "in.parquet", "out.parquet")
+    assert result.exit_code == 1
+    assert result.stderr == (f"Error: in.parquet: 2 columns are named {name!r}, so which one {option} means is ambiguous: "
+                             f"rename them, or name another column with {option}.\n")
+    assert os.listdir(here) == ["in.parquet"]
+
+
 HUGE = "1" * 5000
 
 

@@ -23,11 +23,50 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import NllbError
-from . import Input, Position, Record, text_error
+from . import STDIN_NAME, Input, Position, Record, text_error
 from .jsonl import Unreadable
 
 READ_BATCH_ROWS = 1024  # rows decoded from Parquet at a time
 FRAME_HEADER = 8  # bytes of the little-endian length before each frame
+
+
+def check_columns(schema: pa.Schema | None, input: str, output_format: str, fields: dict[str, str]) -> None:
+    """Refuse, before any work, column names that make the job ambiguous: a column the job names (`fields`:
+    option -> name) that several columns have, and for JSONL output, whose objects hold a name once, any name
+    that several columns (or several fields of one struct) have."""
+    if schema is None:
+        return
+    name = STDIN_NAME if input == "-" else input
+    for option, column in fields.items():
+        count = schema.names.count(column) if column else 0
+        if count > 1:
+            raise NllbError(f"{name}: {count} columns are named {column!r}, so which one {option} means is ambiguous: "
+                            f"rename them, or name another column with {option}.")
+    if output_format == "jsonl":
+        repeated = repeated_names(pa.struct(list(schema)), "")
+        if repeated:
+            names = ", ".join(repr(path) for path in repeated)
+            raise NllbError(f"{name}: more than one column (or struct field) is named {names}, and a JSON object holds "
+                            "each name once: rename them, or write Parquet, which keeps them.")
+
+
+def repeated_names(kind: pa.DataType, path: str) -> list[str]:
+    """The paths of the field names that occur more than once in a struct, at any depth."""
+    if isinstance(kind, pa.ExtensionType):
+        return repeated_names(kind.storage_type, path)
+    if pa.types.is_dictionary(kind):
+        return repeated_names(kind.value_type, path)
+    if pa.types.is_map(kind):
+        return repeated_names(kind.key_type, path + "[]") + repeated_names(kind.item_type, path + "[]")
+    if pa.types.is_struct(kind):
+        names = [kind.field(i).name for i in range(kind.num_fields)]
+        repeated = [f"{path}.{n}" if path else n for n in dict.fromkeys(names) if names.count(n) > 1]
+        for i, child in enumerate(names):
+            repeated += repeated_names(kind.field(i).type, f"{path}.{child}" if path else child)
+        return repeated
+    if hasattr(kind, "value_type"):  # lists of every kind
+        return repeated_names(kind.value_type, path + "[]")
+    return []
 
 
 def open_parquet(source: str, name: str, field: str, start: Position, identity: dict) -> Input:
@@ -39,6 +78,7 @@ def open_parquet(source: str, name: str, field: str, start: Position, identity: 
     schema = parquet.schema_arrow
     if field not in schema.names:
         raise NllbError(f"{name}: no column {field!r} to translate (columns: {', '.join(schema.names) or 'none'}); name the text column with --field.")
+    check_columns(schema, name, "parquet", {"--field": field})
     kind = schema.field(field).type
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
@@ -216,12 +256,16 @@ def python_rows(records: list[Record]) -> list[dict]:
             continue
         taken = take_rows(batch, [record.row for record in group])
         names = taken.schema.names
+        if len(set(names)) < len(names):  # check_columns refuses these jobs before they start
+            check_columns(taken.schema, "the input", "jsonl", {})
         rows += [dict(zip(names, values)) for values in zip(*(python_values(column) for column in taken.columns))]
     return rows
 
 
 def output_schema(schema: pa.Schema, output_field: str) -> pa.Schema:
     """The input schema with the translation as a string column: in place if it exists, else last."""
+    if schema.names.count(output_field) > 1:
+        check_columns(schema, "the input", "parquet", {"--output-field": output_field})
     if output_field in schema.names:
         return schema.set(schema.get_field_index(output_field), pa.field(output_field, pa.string()))
     return schema.append(pa.field(output_field, pa.string()))
