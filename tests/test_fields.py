@@ -34,6 +34,47 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
+def test_jsonl_to_parquet_keeps_fields_the_first_rows_lack(fake, here):
+    (here / "in.jsonl").write_text('{"text": "ab"}\n{"text": "cd", "id": 5, "note": "keep me"}\n{"id": "str", "text": "ef"}\n')
+    result = translate("--on-error", "skip", "in.jsonl", "out.parquet")
+    assert result.exit_code == 3
+    assert result.stderr == "Skipped: in.jsonl:3: does not fit the Parquet schema of the rows before it: field 'id' is string where it was int64.\n"
+    output = read_parquet("out.parquet")
+    assert output.schema == pa.schema([("text", pa.string()), ("translation", pa.string()), ("id", pa.int64()), ("note", pa.string())])
+    assert output.to_pylist() == [{"text": "ab", "translation": "ba", "id": None, "note": None},
+                                  {"text": "cd", "translation": "dc", "id": 5, "note": "keep me"}]
+
+
+ROWS = [{"text": "a"}, {"text": "b", "n": None, "m": {}}, {"text": "c", "n": 1, "m": {"x": 1}}, {"text": "d", "n": 2.5, "m": {"y": "s"}},
+        {"text": "e", "n": "s", "tags": [1]}, {"text": "f", "m": {}, "tags": [2.5, None], "n": 2 ** 60},
+        {"text": "g", "tags": [], "m": {"x": 2.5, "z": [True]}}, {"text": "h", "tags": [True]}, {"text": "i", "tags": [1.5]}]
+
+
+@pytest.mark.parametrize("chunk_rows", ["1", "2", "3", "100"])
+def test_jsonl_to_parquet_schema_does_not_depend_on_chunk_rows(fake, here, chunk_rows):
+    """A column's type follows from the rows in input order: null goes to any type, int64 to double, structs gain
+    fields; a row that does not fit what the rows before it made the column fails alone, at any --chunk-rows."""
+    (here / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    result = translate("--chunk-rows", chunk_rows, "--errors", "errors.jsonl", "in.jsonl", "out.parquet")
+    assert result.exit_code == 3, result.output
+    output = read_parquet("out.parquet")
+    assert output.schema == pa.schema([
+        ("text", pa.string()), ("translation", pa.string()), ("n", pa.float64()),
+        ("m", pa.struct([("x", pa.float64()), ("y", pa.string()), ("z", pa.list_(pa.field("element", pa.bool_())))])),
+        ("tags", pa.list_(pa.field("element", pa.bool_())))])  # (Parquet names a list's items "element")
+    assert output.to_pylist() == [
+        {"text": "a", "translation": "a", "n": None, "m": None, "tags": None},
+        {"text": "c", "translation": "c", "n": 1.0, "m": {"x": 1.0, "y": None, "z": None}, "tags": None},
+        {"text": "d", "translation": "d", "n": 2.5, "m": {"x": None, "y": "s", "z": None}, "tags": None},
+        {"text": "g", "translation": "g", "n": None, "m": {"x": 2.5, "y": None, "z": [True]}, "tags": []},
+        {"text": "h", "translation": "h", "n": None, "m": None, "tags": [True]}]
+    assert [json.loads(line) for line in open("errors.jsonl")] == [
+        {"row": 2, "error": "in.jsonl:2: cannot be written to Parquet: field 'm' is an empty object, which Parquet holds only where the rows before it gave the object fields."},
+        {"row": 5, "error": "in.jsonl:5: does not fit the Parquet schema of the rows before it: field 'n' is string where it was double."},
+        {"row": 6, "error": "in.jsonl:6: does not fit the Parquet schema of the rows before it: field 'n' is int64 where it was double, with integers a double cannot hold exactly."},
+        {"row": 9, "error": "in.jsonl:9: does not fit the Parquet schema of the rows before it: field 'tags[]' is double where it was bool."}]
+
+
 def test_parquet_duplicate_column_names_pass_through(fake, here):
     table = pa.Table.from_arrays([pa.array(["ab", "cd", "ef"]), pa.array([1, 2, 3]), pa.array([4, 5, 6])], names=["text", "a", "a"])
     pq.write_table(table, "in.parquet")
@@ -76,6 +117,18 @@ def test_jsonl_numbers_python_cannot_hold_keep_their_text(fake, here):
     assert (here / "out.jsonl").read_text() == (
         f'{{"text": "ab", "n": {HUGE}, "m": [-{HUGE}, 1e400, -1E+400, 1e-400, 5e-324, 0.0, 0.0], "translation": "ba"}}\n'
         '{"text": "cd", "id": 1e400, "translation": "dc"}\n')
+
+
+def test_jsonl_numbers_parquet_cannot_hold_fail_their_row(fake, here):
+    (here / "in.jsonl").write_text(f'{{"text": "ab", "n": {HUGE}}}\n{{"text": "cd", "id": 1e400}}\n{{"text": "ef", "id": 2}}\n')
+    result = translate("--on-error", "skip", "in.jsonl", "out.parquet")
+    assert result.exit_code == 3
+    assert result.stderr == (
+        "Skipped: in.jsonl:1: cannot be written to Parquet: field 'n' is the number 11111111111111111111... (5000 characters), "
+        "beyond what a Parquet number holds (a 64-bit integer, a double).\n"
+        "Skipped: in.jsonl:2: cannot be written to Parquet: field 'id' is the number 1e400, beyond what a Parquet number holds "
+        "(a 64-bit integer, a double).\n")
+    assert read_parquet("out.parquet").to_pylist() == [{"text": "ef", "id": 2, "translation": "fe"}]
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
@@ -192,6 +245,51 @@ def test_a_language_column_with_unreadable_values_fails_those_rows(fake, here):
     assert result.stderr == ("Skipped: in.parquet: row 2: cannot read column 'tgt_lang': 'utf-8' codec can't decode byte 0xff "
                              "in position 0: invalid start byte\n")
     assert read_parquet("out.parquet").column("translation").to_pylist() == ["ba"]
+
+
+@pytest.mark.parametrize("commits", [1, 3, 5])
+def test_jsonl_to_parquet_resumed_gives_the_same_bytes(fake, here, monkeypatch, commits):
+    """A resumed job takes up the columns' types (and which int64 columns hold integers a double cannot) from the
+    frames it wrote, so it widens and fails rows as a job run straight through does."""
+    import nllbcli.pipeline as pipeline
+
+    rows = ROWS + [{"text": "j", "w": 2 ** 60}, {"text": "k", "w": 1.5}, {"text": "l", "w": 3, "n": 7}]
+    (here / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["--chunk-rows", "2", "--errors", "errors.jsonl", "in.jsonl", "out.parquet"]
+    assert translate(*args).exit_code == 3
+    straight = (here / "out.parquet").read_bytes(), (here / "errors.jsonl").read_bytes()
+    assert b"field 'w' is double where it was int64" in straight[1]
+    os.unlink("out.parquet")
+    os.unlink("errors.jsonl")
+    saved = []
+
+    def stop_after_commits(path, state):
+        if len(saved) == commits:
+            raise KeyboardInterrupt  # stands for a kill after the next chunk is written, before it is committed
+        pipeline_save_state(path, state)
+        saved.append(state)
+
+    pipeline_save_state = pipeline.save_state
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "save_state", stop_after_commits)
+        assert translate(*args).exit_code == 130
+    assert not (here / "out.parquet").exists() and saved[-1].position.rows == 2 * commits
+    result = translate(*args, "--resume")
+    assert result.exit_code == 3, result.output
+    assert ((here / "out.parquet").read_bytes(), (here / "errors.jsonl").read_bytes()) == straight
+
+
+def test_stdout_parquet_from_jsonl_has_the_schema_of_every_row(fake, here):
+    """Without a schema up front the chunks wait in a temporary file until the last has set the columns."""
+    (here / "in.jsonl").write_text('{"text": "ab", "n": null}\n{"text": "cd", "n": 1}\n{"text": "ef", "n": 2.5, "x": "new"}\n')
+    result = translate("--chunk-rows", "1", "--output-format", "parquet", "in.jsonl", "-")
+    assert result.exit_code == 0, result.output
+    output = read_parquet(io.BytesIO(result.stdout_bytes))
+    assert output.to_pylist() == [{"text": "ab", "n": None, "translation": "ba", "x": None},
+                                  {"text": "cd", "n": 1.0, "translation": "dc", "x": None},
+                                  {"text": "ef", "n": 2.5, "translation": "fe", "x": "new"}]
+    assert pq.ParquetFile(io.BytesIO(result.stdout_bytes)).metadata.num_row_groups == 3
+    assert os.listdir(here) == ["in.jsonl"]
 
 
 # Property tests (hypothesis): rows and tables of drawn fields and types through the CLI at drawn --chunk-rows.
@@ -344,3 +442,135 @@ def test_parquet_columns_reach_jsonl(quick, drawn, chunk_rows):
             else:
                 assert row[name] == json.loads(json.dumps(value.as_py(), default=to_json))
     assert next(rows, None) is None
+
+
+NAMES = st.sampled_from(["a", "b", "c", "text2"])
+RAW = ["1" * 4500, "-" + "9" * 5000, "1e400", "-2.5E+999", "1e-400"]  # numbers int and float cannot hold
+# values that meet each rule (null to anything, int to double, integers a double cannot hold, empty objects,
+# structs gaining fields, numbers past int and float) more often than drawn ones would
+EDGES = [None, True, 0, -7, 2 ** 53, 2 ** 53 + 1, -2 ** 60, 2 ** 63, 0.5, -0.0, 1e300, "", "s", [], {}, [1], [2.5], [True], [None],
+         {"a": 1}, {"a": 2.5}, {"b": "x"}, {"a": {}}, [{}], [[1]], [2 ** 60], [1.5, 2 ** 60]] + [("raw", text) for text in RAW]
+SCALAR = (st.sampled_from(EDGES) | st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+          | st.text(max_size=5))
+JSON_VALUE = st.recursive(SCALAR, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(NAMES, inner, max_size=3), max_leaves=6)
+SMALL = st.integers(-3, 3) | st.floats(-2, 2, allow_nan=False)
+KINDS = [st.integers(-3, 3), st.floats(-2, 2, allow_nan=False), SMALL, st.sampled_from([2 ** 60, -2 ** 53 - 1, 3]), st.text(max_size=3),
+         st.booleans(), st.none(), st.lists(SMALL, max_size=2), st.lists(st.lists(st.integers(-3, 3), max_size=2), max_size=2),
+         st.fixed_dictionaries({}, optional={"a": SMALL, "b": st.text(max_size=2), "c": st.lists(st.booleans(), max_size=2)})]
+
+
+@st.composite
+def jsonl_rows(draw):
+    """Rows whose fields mostly keep a type of their own (drawn for the example), now and then another value: so
+    that chunks often widen the columns whole, and now and then meet a row that does not fit."""
+    kinds = {name: draw(st.sampled_from(KINDS)) for name in ["a", "b", "c"]}
+    rows = []
+    for _ in range(draw(st.integers(3, 12))):
+        row = {"text": draw(st.text(max_size=6)) if draw(st.integers(0, 9)) else None}
+        for name, kind in kinds.items():
+            if draw(st.booleans()):
+                pick = draw(st.integers(0, 9))
+                row[name] = draw(st.sampled_from(EDGES) if pick == 0 else JSON_VALUE if pick == 1 else kind)
+        rows.append(row)
+    return rows
+
+
+def json_line(row: dict) -> str:
+    """json.dumps, with ("raw", text) written as the number `text`."""
+    raws = []
+
+    def mark(value):
+        if isinstance(value, tuple):
+            raws.append(value[1])
+            return f"\x00{len(raws) - 1}\x00"
+        if isinstance(value, list):
+            return [mark(item) for item in value]
+        if isinstance(value, dict):
+            return {key: mark(item) for key, item in value.items()}
+        return value
+
+    return re.sub(r'"\\u0000(\d+)\\u0000"', lambda match: raws[int(match[1])], json.dumps(mark(row), ensure_ascii=False))
+
+
+def exact(line: str) -> object:
+    """A JSON line with every number as its text: what must come out as it went in."""
+    return json.loads(line, parse_int=lambda text: ("number", text), parse_float=lambda text: ("number", text))
+
+
+def same(given, written) -> bool:
+    """`written` (read back from Parquet) holds `given` (a JSON value): bools stay bools, ints may be doubles now,
+    and a struct may have gained fields (null here)."""
+    if isinstance(given, bool) or given is None or isinstance(given, str):
+        return type(written) is type(given) and written == given
+    if isinstance(given, (int, float)):
+        return type(written) in (int, float) and written == given and (type(written) is float or type(given) is int)
+    if isinstance(given, list):
+        return isinstance(written, list) and len(written) == len(given) and all(map(same, given, written))
+    return (isinstance(written, dict) and all(k in written and same(v, written[k]) for k, v in given.items())
+            and all(v is None for k, v in written.items() if k not in given))
+
+
+@SETTINGS
+@given(jsonl_rows(), st.integers(1, 5))
+def test_jsonl_rows_keep_every_field(quick, rows, chunk_rows):
+    """JSONL to JSONL: a row is written as it was read, numbers to the letter, or fails as not JSON Python can take
+    (never here); to Parquet: every field of every row that is written holds its value, a row that fails is
+    named with a reason that names one of its fields, and the schema and the failed rows are those of a job
+    of one-row chunks."""
+    lines = [json_line(row) for row in rows]
+    with tempfile.TemporaryDirectory() as directory:
+        with open(os.path.join(directory, "in.jsonl"), "w") as stream:
+            stream.write("".join(line + "\n" for line in lines))
+        failed = run_job(directory, "in.jsonl", "out.jsonl", chunk_rows)
+        written = [exact(line) for line in open(os.path.join(directory, "out.jsonl"))]
+        assert sorted(failed) == [n + 1 for n, row in enumerate(rows) if not isinstance(row["text"], str)]
+        kept = [exact(line) for n, line in enumerate(lines) if n + 1 not in failed]
+        assert [{k: v for k, v in row.items() if k != "translation"} for row in written] == kept
+        assert all(isinstance(row["translation"], str) for row in written)
+
+        failed = run_job(directory, "in.jsonl", "out.parquet", chunk_rows)
+        output = read_parquet(os.path.join(directory, "out.parquet"))
+        one_by_one, stdout = run_job(directory, "in.jsonl", "-", 1)
+        assert failed == one_by_one
+        assert output.equals(stdout)
+    for number, reason in failed.items():
+        row = rows[number - 1]
+        named = re.search(r"field '([^'.\[]*)", reason)[1]
+        assert reason.startswith(f"{directory}/in.jsonl:{number}: ") and named in row, reason
+    kept = [row for n, row in enumerate(rows) if n + 1 not in failed]
+    written = output.to_pylist()
+    assert len(written) == len(kept)
+    for given_row, written_row in zip(kept, written):
+        assert isinstance(written_row["translation"], str)
+        for name in output.column_names:
+            if name != "translation":
+                assert same(given_row.get(name), written_row[name]), (name, given_row, written_row)
+
+
+@settings(max_examples=300, deadline=None)
+@given(jsonl_rows(), st.lists(st.integers(1, 6), min_size=1, max_size=4))
+def test_jsonl_rows_typed_as_chunks_of_one_row(rows, sizes):
+    """The writer's typing alone, over many more drawn rows than the CLI's tests take: chunks of drawn sizes
+    give the tables (cast to the last schema) and failed rows that chunks of one row give."""
+    from nllbcli.io import Record
+    from nllbcli.io.parquet import TableMaker, conform
+
+    records = [Record(n, "", {k: v for k, v in row.items() if k != "text"}, where=f"in:{n + 1}") for n, row in enumerate(rows)]
+
+    def write(chunk_sizes):
+        maker, tables, failed, done = TableMaker(None, "translation", "text"), [], [], 0
+        while done < len(records):
+            size = chunk_sizes[len(tables) % len(chunk_sizes)]
+            chunk = records[done:done + size]
+            table, bad = maker.table(chunk, ["t"] * len(chunk))
+            tables += [table] if table is not None else []
+            failed += [(record.index, reason) for record, reason in bad]
+            done += size
+        schema = maker.schema
+        return schema, [conform(table, schema).to_pylist() for table in tables], failed
+
+    schema, tables, failed = write(sizes)
+    one_schema, one_tables, one_failed = write([1])
+    assert schema == one_schema and failed == one_failed
+    assert [row for table in tables for row in table] == [row for table in one_tables for row in table]
+

@@ -6,14 +6,24 @@ languages) become Python values; the output is taken from the input's batches wi
 added or replaced, so every other column passes through as it was, whatever its type (nanosecond timestamps,
 decimals, dictionaries, nested and extension types, names that occur twice) and the schema's metadata with it.
 
+Rows that come as Python values (JSONL) have no schema up front. A column's type follows from the rows in input
+order: null goes to any type, int64 to double (unless the column holds integers a double cannot hold exactly),
+a list's items and a struct's fields the same way, a struct gains the fields later rows bring, a column new in
+a later row is null in the rows before. A row whose value does not go with its column's type so far fails
+alone, naming the field and both types. So the schema, and which rows fail, do not depend on --chunk-rows.
+
 Files are written in two steps so that a killed job can go on (--resume): each chunk is appended to a partial
 file as an Arrow IPC stream behind its length (`frame`), and at the end the frames become the row groups of the
-Parquet file. A Parquet file cannot be appended to once its writer is gone; the frames can."""
+Parquet file, each cast to the schema of the last (a frame of a JSONL input may have been written when its
+columns were narrower). A Parquet file cannot be appended to once its writer is gone; the frames can."""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import io
+import os
+import tempfile
 from collections.abc import Mapping
 from itertools import groupby
 from typing import BinaryIO, Iterator
@@ -24,10 +34,12 @@ import pyarrow.parquet as pq
 
 from ..errors import NllbError
 from . import STDIN_NAME, Input, Position, Record, text_error
-from .jsonl import Unreadable
+from .jsonl import RawNumber, Unreadable
 
 READ_BATCH_ROWS = 1024  # rows decoded from Parquet at a time
 FRAME_HEADER = 8  # bytes of the little-endian length before each frame
+EXACT_INT = 2 ** 53  # a double holds every integer up to this exactly (Arrow's casts check this range)
+LIST_ITEM = None  # a path's step into a list's items (field names are strings)
 
 
 def check_columns(schema: pa.Schema | None, input: str, output_format: str, fields: dict[str, str]) -> None:
@@ -271,16 +283,30 @@ def output_schema(schema: pa.Schema, output_field: str) -> pa.Schema:
     return schema.append(pa.field(output_field, pa.string()))
 
 
+class Unfit(Exception):
+    """Why a row's value does not go into its column, naming the field."""
+
+
+BEFORE = "does not fit the Parquet schema of the rows before it"
+UNWRITABLE = "cannot be written to Parquet"
+
+
+SCALAR_TYPES = {type(None): pa.null(), bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}
+SCALAR_KINDS = frozenset(SCALAR_TYPES)
+
+
 class TableMaker:
     """Chunks of rows with their translations as Arrow tables of the output schema: a Parquet input's rows
     taken from their batches, other rows from their Python values. Without an input schema (JSONL input) the
-    first rows set it; a row that does not fit it fails alone."""
+    columns' types follow from the rows in input order (the module's docstring); a row that does not fit fails
+    alone."""
 
     def __init__(self, schema: pa.Schema | None, output_field: str, field: str):
         self.input_schema = schema
         self.schema = None if schema is None else output_schema(schema, output_field)
-        self.output_field = output_field
+        self.output_field, self.field = output_field, field
         self.empty_schema = output_schema(pa.schema([(field, pa.string())]), output_field)  # an empty input with no schema
+        self.wide: set[tuple] = set()  # paths of int64 columns holding integers a double cannot hold exactly
 
     def table(self, records: list[Record], translations: list[str | None]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
         """The written rows (failed rows, translation None, left out) and the rows that do not fit."""
@@ -290,20 +316,12 @@ class TableMaker:
         if self.input_schema is not None and all(record.batch is not None for record, _ in pairs):
             return self.taken_table(pairs), []
         rows = [{**r.fields, self.output_field: t} for r, t in pairs]
-        if self.schema is None:
-            self.schema = infer_schema(rows)
+        if self.input_schema is not None:
+            return self.fixed_table(pairs, rows)
         try:
-            return pa.Table.from_pylist(rows, schema=self.schema), []
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            pass
-        kept, failed = [], []
-        for (record, _), row in zip(pairs, rows):
-            try:
-                pa.Table.from_pylist([row], schema=self.schema)
-                kept.append(row)
-            except (pa.ArrowException, TypeError, ValueError, OverflowError) as error:
-                failed.append((record, f"{record.where}: does not fit the Parquet schema of the first rows: {error}"))
-        return (pa.Table.from_pylist(kept, schema=self.schema) if kept else None), failed
+            return self.typed_table(rows, *self.chunk_types(rows)), []
+        except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError):  # a lone surrogate is a ValueError
+            return self.row_by_row(pairs, rows)
 
     def taken_table(self, pairs: list[tuple[Record, str]]) -> pa.Table:
         """The rows from their batches, untouched, with the translation column added or replaced."""
@@ -320,33 +338,240 @@ class TableMaker:
             batches.append(pa.RecordBatch.from_arrays(columns, schema=self.schema))
         return pa.Table.from_batches(batches, schema=self.schema)
 
+    def fixed_table(self, pairs: list[tuple[Record, str]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+        """Python rows (a text input's) in the input's own schema; a row with a field it lacks, or a value it
+        cannot hold, fails."""
+        names = set(self.schema.names)
+        if all(name in names for row in rows for name in row):
+            try:
+                return pa.Table.from_pylist(rows, schema=self.schema), []
+            except (pa.ArrowException, TypeError, ValueError, OverflowError):
+                pass
+        kept, failed = [], []
+        for (record, _), row in zip(pairs, rows):
+            try:
+                extra = [name for name in row if name not in names]
+                if extra:
+                    raise Unfit(f"field {extra[0]!r} is not one of its columns")
+                pa.Table.from_pylist([row], schema=self.schema)
+                kept.append(row)
+            except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError) as error:
+                failed.append((record, f"{record.where}: does not fit the Parquet schema: {error}"))
+        return (pa.Table.from_pylist(kept, schema=self.schema) if kept else None), failed
 
-def infer_schema(rows: list[dict]) -> pa.Schema:
-    """The schema of the first rows, or of the first row that has one alone when they disagree."""
+    def chunk_types(self, rows: list[dict]) -> tuple[pa.Schema, set]:
+        """The running schema widened by a whole chunk, a column at a time, and the wide paths with the chunk's;
+        Unfit where some row does not go with the rows before it (row_by_row then finds which)."""
+        old = {f.name: f.type for f in self.schema} if self.schema is not None else {}
+        names = dict.fromkeys(old)
+        for row in rows:
+            for name in row:
+                if name not in names:
+                    names[name] = None
+        wide = set(self.wide)
+        fields = []
+        for name in names:
+            values = [row.get(name) for row in rows]
+            kinds = set(map(type, values))
+            path, kind = (name,), old.get(name, pa.null())
+            if SCALAR_KINDS.issuperset(kinds):
+                if int in kinds:
+                    note_wide_ints(values, path, wide)
+                for scalar in kinds:
+                    kind = unify(kind, SCALAR_TYPES[scalar], path, wide)
+            else:
+                for value in values:  # in row order, as row_by_row: {} then {"a": 1} fails the first
+                    new = value_type(value, path, wide)
+                    if new is not kind:
+                        widened = unify(kind, new, path, wide)
+                        if widened is not kind:
+                            refuse_empty_struct(widened, path)
+                            kind = widened
+            fields.append(pa.field(name, kind))
+        return pa.schema(fields), wide
+
+    def typed_table(self, rows: list[dict], schema: pa.Schema, wide: set) -> pa.Table:
+        """The rows as a table of `schema`, which becomes the running one (with `wide`)."""
+        table = pa.Table.from_arrays([pa.array([row.get(f.name) for row in rows], type=f.type) for f in schema], schema=schema)
+        self.schema, self.wide = schema, wide
+        return table
+
+    def row_by_row(self, pairs: list[tuple[Record, str]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+        """What each row of the chunk does in turn: widens the running schema, or fails for a value that does not
+        go with it (in input order, as chunks of one row each would)."""
+        fields = {f.name: f.type for f in self.schema} if self.schema is not None else {}
+        wide = set(self.wide)
+        kept, failed = [], []
+        for (record, _), row in zip(pairs, rows):
+            row_fields, row_wide = dict(fields), set(wide)
+            try:
+                for name, value in row.items():
+                    path = (name,)
+                    check_text(name, path)
+                    kind = unify(row_fields.get(name, pa.null()), value_type(value, path, row_wide, checked=True), path, row_wide)
+                    refuse_empty_struct(kind, path)
+                    row_fields[name] = kind
+            except Unfit as error:
+                failed.append((record, f"{record.where}: {error}."))
+                continue
+            fields, wide = row_fields, row_wide
+            kept.append(row)
+        if not kept:
+            return None, failed
+        return self.typed_table(kept, pa.schema(list(fields.items())), wide), failed
+
+    def take_up(self, table: pa.Table) -> None:
+        """Continue after a frame an earlier run wrote (FrameSink.resume): its schema is the running one."""
+        self.schema = table.schema
+        for name, column in zip(table.column_names, table.columns):
+            for chunk in column.chunks:
+                note_wide_array(chunk, (name,), self.wide)
+
+
+def field_name(path: tuple) -> str:
+    """A path as messages name it: meta.tags[] for the items of the list `tags` in the struct `meta`."""
+    text = ""
+    for step in path:
+        text += "[]" if step is LIST_ITEM else (f".{step}" if text else step)
+    return text
+
+
+def value_type(value: object, path: tuple, wide: set, checked: bool = False) -> pa.DataType:
+    """The Arrow type of a Python value from JSON (integers beyond a double's exact range noted in `wide`);
+    `checked` also refuses text Arrow cannot take (a lone surrogate). Lists and objects of scalars, the most
+    common, are typed a whole value at a time."""
+    kind = type(value)
+    scalar = SCALAR_TYPES.get(kind)
+    if scalar is not None:
+        if kind is int:
+            note_wide_ints([value], path, wide)
+        elif checked and kind is str:
+            check_text(value, path)
+        return scalar
+    if kind is list:
+        item_path = path + (LIST_ITEM,)
+        kinds = set(map(type, value))
+        item = pa.null()
+        if SCALAR_KINDS.issuperset(kinds) and not (checked and str in kinds):
+            if int in kinds:
+                note_wide_ints(value, item_path, wide)
+            for scalar in kinds:
+                item = unify(item, SCALAR_TYPES[scalar], item_path, wide)
+        else:
+            for element in value:
+                item = unify(item, value_type(element, item_path, wide, checked), item_path, wide)
+        return list_type(item)
+    if kind is dict:
+        kinds = tuple(map(type, value.values()))
+        if not checked and SCALAR_KINDS.issuperset(kinds):
+            if int in kinds:
+                for name, item in value.items():
+                    if type(item) is int and not -EXACT_INT <= item <= EXACT_INT:
+                        note_wide_ints([item], path + (name,), wide)
+            return scalar_struct_type(tuple(value), kinds)
+        if checked:
+            for name in value:
+                check_text(name, path + (name,))
+        return pa.struct([pa.field(name, value_type(item, path + (name,), wide, checked)) for name, item in value.items()])
+    if isinstance(value, RawNumber):
+        raise Unfit(f"{UNWRITABLE}: field {field_name(path)!r} is the number {value.describe()}, beyond what a Parquet "
+                    "number holds (a 64-bit integer, a double)")
+    raise Unfit(f"{UNWRITABLE}: field {field_name(path)!r} is a {type(value).__name__}, which has no Parquet type")
+
+
+@functools.lru_cache(maxsize=1024)
+def list_type(item: pa.DataType) -> pa.DataType:
+    return pa.list_(item)
+
+
+@functools.lru_cache(maxsize=1024)
+def scalar_struct_type(names: tuple, kinds: tuple) -> pa.DataType:
+    return pa.struct([pa.field(name, SCALAR_TYPES[kind]) for name, kind in zip(names, kinds)])
+
+
+def check_text(text: str, path: tuple) -> None:
     try:
-        return pa.Table.from_pylist(rows).schema
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        pass
-    for row in rows:
-        try:
-            return pa.Table.from_pylist([row]).schema
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            continue
-    return pa.schema([(name, pa.string()) for name in rows[0]])
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unfit(f"{UNWRITABLE}: field {field_name(path)!r} holds a lone surrogate (a \\ud800-\\udfff escape), which UTF-8 cannot write") from None
+
+
+def note_wide_ints(values: list, path: tuple, wide: set) -> None:
+    """Note `path` in `wide` if an integer among `values` is past a double's exact range; Unfit past 64 bits."""
+    for value in values:
+        if type(value) is int and not -EXACT_INT <= value <= EXACT_INT:
+            if not -2 ** 63 <= value < 2 ** 63:
+                raise Unfit(f"{UNWRITABLE}: field {field_name(path)!r} is an integer past 64 bits, which no Parquet integer holds")
+            wide.add(path)
+
+
+def note_wide_array(array: pa.Array, path: tuple, wide: set) -> None:
+    """note_wide_ints over a frame's int64 values, at any depth."""
+    kind = array.type
+    if pa.types.is_int64(kind):
+        bounds = pc.min_max(array)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is not None and (low < -EXACT_INT or high > EXACT_INT):
+            wide.add(path)
+    elif pa.types.is_struct(kind):
+        for i, child in enumerate(array.flatten()):
+            note_wide_array(child, path + (kind.field(i).name,), wide)
+    elif pa.types.is_list(kind):
+        note_wide_array(array.flatten(), path + (LIST_ITEM,), wide)
+
+
+def unify(old: pa.DataType, new: pa.DataType, path: tuple, wide: set) -> pa.DataType:
+    """The type that holds both a column's values so far (`old`) and a new value's (`new`), or Unfit."""
+    if old is new or old == new:
+        return old
+    if pa.types.is_null(old):
+        return new
+    if pa.types.is_null(new):
+        return old
+    if {old, new} == {pa.int64(), pa.float64()}:
+        if path in wide:
+            raise Unfit(f"{BEFORE}: field {field_name(path)!r} is {new} where it was {old}, with integers a double cannot "
+                        "hold exactly")
+        return pa.float64()
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return list_type(unify(old.value_type, new.value_type, path + (LIST_ITEM,), wide))
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        fields = {f.name: f.type for f in old}
+        for f in new:
+            fields[f.name] = unify(fields[f.name], f.type, path + (f.name,), wide) if f.name in fields else f.type
+        return pa.struct(list(fields.items()))
+    raise Unfit(f"{BEFORE}: field {field_name(path)!r} is {new} where it was {old}")
+
+
+def refuse_empty_struct(kind: pa.DataType, path: tuple) -> None:
+    """Parquet has no struct without fields: a JSON {} fits only where earlier rows gave the object fields."""
+    if pa.types.is_struct(kind):
+        if kind.num_fields == 0:
+            raise Unfit(f"{UNWRITABLE}: field {field_name(path)!r} is an empty object, which Parquet holds only where "
+                        "the rows before it gave the object fields")
+        for f in kind:
+            refuse_empty_struct(f.type, path + (f.name,))
+    elif pa.types.is_list(kind):
+        refuse_empty_struct(kind.value_type, path + (LIST_ITEM,))
 
 
 class ParquetSink:
-    """Writes chunks as row groups straight into a Parquet stream (stdout)."""
+    """Writes chunks as row groups straight into a Parquet stream (stdout). Without a schema up front (JSONL
+    input) the chunks wait as frames in a temporary file until the last has set the schema."""
 
     def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str):
         self.stream = stream
         self.maker = TableMaker(schema, output_field, field)
         self.writer: pq.ParquetWriter | None = None
+        self.spool = tempfile.NamedTemporaryFile(prefix="nllb-", suffix=".frames") if schema is None else None
 
     def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
         table, failed = self.maker.table(records, translations)
         if table is not None:
-            self.open_writer().write_table(table)
+            if self.spool is not None:
+                write_frame(self.spool, table)
+            else:
+                self.open_writer().write_table(table)
         return failed
 
     def open_writer(self) -> pq.ParquetWriter:
@@ -356,15 +581,18 @@ class ParquetSink:
 
     def close(self) -> None:
         """Write the footer; an input with no rows still gives a valid file with the schema."""
+        if self.spool is not None:
+            self.spool.flush()
+            frames_to_parquet(self.spool.name, self.stream, None, self.maker.output_field, self.maker.field)
+            self.spool.close()
+            return
         self.open_writer().close()
 
     def abort(self) -> None:
         """Close the writer after a failure so it does not try to finish the file later."""
-        if self.writer is not None:
-            try:
-                self.writer.close()
-            except Exception:  # the file is being thrown away; its footer does not matter
-                pass
+        if self.spool is not None:
+            self.spool.close()
+        close_quietly(self.writer)
 
 
 class FrameSink:
@@ -375,19 +603,15 @@ class FrameSink:
         self.maker = TableMaker(schema, output_field, field)
 
     def resume(self, partial: str) -> None:
-        """Take the schema from the frames an earlier run wrote (a JSONL input's first rows set it)."""
-        for table in read_frames(partial):
-            self.maker.schema = table.schema
-            return
+        """Take up the columns' types from the frames an earlier run wrote (a JSONL input's rows set them)."""
+        if self.maker.input_schema is None:
+            for table in read_frames(partial):
+                self.maker.take_up(table)
 
     def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
         table, failed = self.maker.table(records, translations)
         if table is not None:
-            buffer = pa.BufferOutputStream()
-            with pa.ipc.new_stream(buffer, table.schema) as writer:
-                writer.write_table(table)
-            frame = buffer.getvalue().to_pybytes()
-            self.stream.write(len(frame).to_bytes(FRAME_HEADER, "little") + frame)
+            write_frame(self.stream, table)
         return failed
 
     def close(self) -> None:
@@ -395,6 +619,14 @@ class FrameSink:
 
     def abort(self) -> None:
         pass
+
+
+def write_frame(stream: BinaryIO, table: pa.Table) -> None:
+    buffer = pa.BufferOutputStream()
+    with pa.ipc.new_stream(buffer, table.schema) as writer:
+        writer.write_table(table)
+    frame = buffer.getvalue().to_pybytes()
+    stream.write(len(frame).to_bytes(FRAME_HEADER, "little") + frame)
 
 
 def read_frames(partial: str) -> Iterator[pa.Table]:
@@ -405,14 +637,48 @@ def read_frames(partial: str) -> Iterator[pa.Table]:
             yield pa.ipc.open_stream(io.BytesIO(frame)).read_all()
 
 
+def last_frame_schema(partial: str) -> pa.Schema | None:
+    """The schema of a partial file's last frame (the widest, for a JSONL input), reading only its headers."""
+    last = None
+    with open(partial, "rb") as stream:
+        while header := stream.read(FRAME_HEADER):
+            last = stream.tell()
+            stream.seek(int.from_bytes(header, "little"), os.SEEK_CUR)
+        if last is None:
+            return None
+        stream.seek(last)
+        return pa.ipc.open_stream(stream).schema
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A frame written with a narrower schema in the final one: columns cast (null to any type, int64 to double,
+    structs gaining fields), the columns it lacks as nulls."""
+    if table.schema == schema:
+        return table
+    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+               for f in schema]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 def frames_to_parquet(partial: str, target: BinaryIO, schema: pa.Schema | None, output_field: str, field: str) -> None:
     """The Parquet file of a partial file's frames: one row group per frame, as a direct write would give."""
-    writer = None
-    for table in read_frames(partial):
-        if writer is None:
-            writer = pq.ParquetWriter(target, table.schema)
-        writer.write_table(table)
-    if writer is None:
-        maker = TableMaker(schema, output_field, field)
-        writer = pq.ParquetWriter(target, maker.schema or maker.empty_schema)
+    maker = TableMaker(schema, output_field, field)
+    final = maker.schema or last_frame_schema(partial) or maker.empty_schema
+    writer = pq.ParquetWriter(target, final)
+    try:
+        for table in read_frames(partial):
+            writer.write_table(conform(table, final))
+    except BaseException:
+        close_quietly(writer)
+        raise
     writer.close()
+
+
+def close_quietly(writer: pq.ParquetWriter | None) -> None:
+    """Close a writer whose file is being thrown away (its footer does not matter), so it does not try to
+    finish it later."""
+    if writer is not None:
+        try:
+            writer.close()
+        except Exception:  # noqa: BLE001 - the file is being thrown away
+            pass
