@@ -34,7 +34,7 @@ class Record:
     #                  own dict; a Parquet row's columns as Python values, converted from `batch` when asked for
     error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
     where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
-    # a Parquet row's Arrow data, which the writers take it from whatever its types, and its place there
+    # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
     batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
     row: int = 0
 
