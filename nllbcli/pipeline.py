@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .errors import NllbError
 from .io import Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
+from .io.parquet import check_columns
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
@@ -124,6 +125,9 @@ def translate_file(
             saved = files.saved
             source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
                                                     start=saved.position if saved else None))
+            check_columns(source.schema, job.input, job.output_format,
+                          {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
+                           "--tgt-lang-field": job.tgt_field})
             counters = Counters(**saved.counters) if saved else Counters()
             reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary)
             stack.enter_context(fewer_collections())

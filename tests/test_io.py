@@ -166,7 +166,7 @@ def test_parquet_writer_replaces_an_existing_translation_column():
 
 def test_parquet_writer_rejects_rows_that_do_not_fit():
     stream = io.BytesIO()
-    with pytest.raises(NllbError, match=r"^in:2: does not fit the Parquet schema of the first rows"):
+    with pytest.raises(NllbError, match=r"^in:2: does not fit the Parquet schema of the rows before it: field 'n' is string where it was int64\.$"):
         with open_output("-", "parquet", "translation", None, "text", stdout=stream) as write:
             write(records_of("a", n=1), ["A"])
             write([Record(1, "b", {"text": "b", "n": "two"}, where="in:2")], ["B"])

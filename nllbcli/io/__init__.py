@@ -13,8 +13,8 @@ import stat
 import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Iterator, Mapping
 
 import pyarrow as pa
 
@@ -32,9 +32,13 @@ class Record:
 
     index: int  # position in the input, from 0
     text: str  # the text to translate ("" for a bad row)
-    fields: dict  # every field of the row, the text field included, in input order
+    fields: Mapping  # the row's fields by name, the text field included, in input order: a JSONL or text row's
+    #                  own dict; a Parquet row's columns as Python values, converted from `batch` when asked for
     error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
     where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
+    # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
+    batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
+    row: int = 0
 
 
 @dataclass
@@ -219,15 +223,16 @@ class LineSink:
 
     def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
         """Write the rows; returns the (row, reason) pairs that could not be written."""
-        from .jsonl import encode_jsonl_row
+        from .jsonl import encode_jsonl_row, jsonl_fields
 
         lines: list[bytes] = []
         failed: list[tuple[Record, str]] = []
+        fields = jsonl_fields(records, translations) if self.fmt == "jsonl" else iter(())
         for record, translation in zip(records, translations):
             if self.fmt == "text":
                 lines.append(one_line(translation or "").encode("utf-8") + b"\n")
             elif translation is not None:
-                line, error = encode_jsonl_row(record, translation, self.output_field)
+                line, error = encode_jsonl_row(record, next(fields), translation, self.output_field)
                 if error:
                     failed.append((record, error))
                 else:

@@ -1,16 +1,97 @@
-"""JSON Lines: one object per line; the output keeps every field in its order and adds the translation."""
+"""JSON Lines: one object per line; the output keeps every field in its order and adds the translation.
+
+Input and output are strict JSON (RFC 8259). A number that Python's int and float cannot hold as it is written
+(an integer of more digits than int() takes, a literal beyond a double's range such as 1e400) is read as a
+RawNumber and written back as its own text; NaN and Infinity are not JSON, so a line holding them is a bad row,
+and a value JSON has no number for (a Parquet NaN) fails its row rather than being written as one.
+"""
 
 from __future__ import annotations
 
 import base64
 import datetime
 import json
-from typing import BinaryIO, Iterator
+import math
+from typing import BinaryIO, Iterator, Mapping
 
 from . import Position, Record, record_of
 
 
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
+SHOWN_DIGITS = 20  # how much of a long number a message shows
+
+
+class RawNumber:
+    """A JSON number kept as its text, because int or float would change it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawNumber) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"RawNumber({self.text!r})"
+
+    def describe(self) -> str:
+        """The number in a message: huge ones shortened."""
+        if len(self.text) <= SHOWN_DIGITS:
+            return self.text
+        return f"{self.text[:SHOWN_DIGITS]}... ({len(self.text)} characters)"
+
+
+class Unreadable:
+    """A value a reader could not turn into Python (text that is not UTF-8, say), with why: a writer that needs
+    the value fails the row with that reason."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.reason!r})"
+
+
+class NotJson(Exception):
+    """A literal Python's json module takes that RFC 8259 does not (NaN, Infinity, -Infinity)."""
+
+
+def exact_float(text: str) -> float | RawNumber:
+    value = float(text)
+    if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0])):
+        return RawNumber(text)  # beyond a double's range: overflow to infinity, underflow to zero
+    return value
+
+
+def exact_int(text: str) -> int | RawNumber:
+    try:
+        return int(text)
+    except ValueError:  # more digits than int() takes (sys.get_int_max_str_digits)
+        return RawNumber(text)
+
+
+def refuse_constant(name: str) -> None:
+    raise NotJson(f"{name} is not a JSON value (RFC 8259)")
+
+
+# parse_float is the hook that sees 1e400; parse_int costs more and is needed only past int()'s digit limit
+DECODER = json.JSONDecoder(parse_float=exact_float, parse_constant=refuse_constant)
+LONG_INT_DECODER = json.JSONDecoder(parse_float=exact_float, parse_int=exact_int, parse_constant=refuse_constant)
+
+
+def parse_json(text: str) -> object:
+    try:
+        return DECODER.decode(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer longer than int() takes: read it again, keeping such numbers as their text
+        return LONG_INT_DECODER.decode(text)
 
 
 def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:
@@ -30,9 +111,12 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
         if not line.strip(JSON_SPACE):
             continue  # blank lines (a trailing one, say) hold no row
         try:
-            fields = json.loads(line.rstrip("\r\n"))
+            fields = parse_json(line.rstrip("\r\n"))
         except json.JSONDecodeError as error:
             yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where)
+            continue
+        except NotJson as error:
+            yield bad_row(position, f"{where}: not valid JSON: {error}.", where)
             continue
         except RecursionError:
             yield bad_row(position, f"{where}: JSON nested too deeply to read.", where)
@@ -56,22 +140,88 @@ def count_rows(path: str) -> int:
         return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
 
 
-def encode_jsonl_row(record: Record, translation: str, output_field: str) -> tuple[bytes, str | None]:
-    """The row's fields plus the translation as one UTF-8 line, key order kept; or the reason it cannot be one."""
-    row = dict(record.fields)
+def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:
+    """The fields of each row to be written (translation not None), in order: a Parquet row's from its Arrow
+    data, converted a chunk at a time."""
+    from .parquet import python_rows
+
+    written = [r for r, t in zip(records, translations) if t is not None]
+    if any(r.batch is not None for r in written):
+        return iter(python_rows(written))
+    return (r.fields for r in written)
+
+
+def encode_jsonl_row(record: Record, fields: Mapping, translation: str, output_field: str) -> tuple[bytes, str | None]:
+    """The row's fields plus the translation as one UTF-8 line of strict JSON, key order kept; or the reason it
+    cannot be one."""
+    row = dict(fields)
     row[output_field] = translation
     try:
-        return (json.dumps(row, ensure_ascii=False, default=to_json) + "\n").encode("utf-8"), None
+        try:
+            text = json.dumps(row, ensure_ascii=False, allow_nan=False, default=to_json)
+        except (ValueError, TypeError, Exact):  # NaN, an int past str()'s digit limit, a RawNumber, ...
+            text = exact_json(row, "")
+        return (text + "\n").encode("utf-8"), None
     except UnicodeEncodeError:
         return b"", f"{record.where}: holds a lone surrogate (a \\ud800-\\udfff escape), which UTF-8 cannot write."
-    except (TypeError, ValueError, RecursionError) as error:
-        return b"", f"{record.where}: cannot be written as JSON: {error}."
+    except Unwritable as error:
+        return b"", f"{record.where}: {error}"
+    except RecursionError:
+        return b"", f"{record.where}: nested too deeply to write as JSON."
+
+
+class Exact(Exception):
+    """Raised by to_json for values only exact_json writes (json.dumps cannot write raw text)."""
+
+
+class Unwritable(Exception):
+    """Why a value cannot be written as JSON, naming its field."""
 
 
 def to_json(value: object) -> object:
     """Values a Parquet row can hold that JSON has no type for: dates as ISO 8601, bytes as base64."""
+    if isinstance(value, (RawNumber, Unreadable)):
+        raise Exact
     if isinstance(value, (datetime.date, datetime.time)):
         return value.isoformat()
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
     return str(value)  # Decimal, timedelta, ...
+
+
+def exact_json(value: object, path: str) -> str:
+    """json.dumps's text of `value` (the same separators), with what json.dumps cannot write: RawNumbers as
+    their text and integers past str()'s digit limit in full; NaN, infinities and unreadable values raise
+    Unwritable naming the field (`path`)."""
+    if isinstance(value, RawNumber):
+        return value.text
+    if isinstance(value, Unreadable):
+        raise Unwritable(f"field {path!r} cannot be read: {value.reason}")
+    if isinstance(value, float) and not math.isfinite(value):
+        name = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        raise Unwritable(f"field {path!r} is {name}, which JSON has no number for.")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int_text(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(json.dumps(key if isinstance(key, str) else json.dumps(key), ensure_ascii=False) + ": "
+                               + exact_json(item, f"{path}.{key}" if path else str(key)) for key, item in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(exact_json(item, f"{path}[{n}]") for n, item in enumerate(value)) + "]"
+    return json.dumps(value, ensure_ascii=False, default=to_json)
+
+
+INT_PIECE = 10 ** 4000  # within str()'s digit limit
+
+
+def int_text(value: int) -> str:
+    """An integer's decimal digits, however many (str() refuses more than sys.get_int_max_str_digits)."""
+    try:
+        return str(value)
+    except ValueError:
+        pass
+    pieces, rest = [], abs(value)
+    while rest:
+        rest, piece = divmod(rest, INT_PIECE)
+        pieces.append(piece)
+    head, *tail = reversed(pieces)
+    return ("-" if value < 0 else "") + str(head) + "".join(str(piece).zfill(4000) for piece in tail)
