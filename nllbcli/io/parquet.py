@@ -367,7 +367,7 @@ class TableMaker:
         for row in rows:
             for name in row:
                 if name not in names:
-                    names[name] = None
+                    names = with_column(names, name, None, self.output_field)
         wide = set(self.wide)
         fields = []
         for name in names:
@@ -410,7 +410,10 @@ class TableMaker:
                     check_text(name, path)
                     kind = unify(row_fields.get(name, pa.null()), value_type(value, path, row_wide, checked=True), path, row_wide)
                     refuse_empty_struct(kind, path)
-                    row_fields[name] = kind
+                    if name in row_fields:
+                        row_fields[name] = kind
+                    else:
+                        row_fields = with_column(row_fields, name, kind, self.output_field)
             except Unfit as error:
                 failed.append((record, f"{record.where}: {error}."))
                 continue
@@ -426,6 +429,15 @@ class TableMaker:
         for name, column in zip(table.column_names, table.columns):
             for chunk in column.chunks:
                 note_wide_array(chunk, (name,), self.wide)
+
+
+def with_column(columns: dict, name: str, value, output_field: str) -> dict:
+    """`columns` with a new one, where a schema known from the start would have had it: before the translation
+    when that is last (the first rows lacked the field), else last."""
+    if not columns or next(reversed(columns)) != output_field:
+        return {**columns, name: value}
+    items = list(columns.items())
+    return dict(items[:-1] + [(name, value), items[-1]])
 
 
 def field_name(path: tuple) -> str:
