@@ -576,3 +576,15 @@ def test_jsonl_rows_typed_as_chunks_of_one_row(rows, sizes):
     assert schema == one_schema and failed == one_failed
     assert [row for table in tables for row in table] == [row for table in one_tables for row in table]
 
+
+
+@pytest.mark.parametrize("line,name", [('{"text": "ab", "a": 1, "a": 2}', "a"), ('{"text": "ab", "m": {"x": 1, "x": [2]}}', "x"),
+                                       ('{"text": "ab", "text": "cd"}', "text")])
+def test_a_name_given_twice_fails_its_row(fake, here, line, name):
+    """json.loads kept the last value of a repeated name and dropped the other without a word."""
+    (here / "in.jsonl").write_text(line + '\n{"text": "ok"}\n')
+    result = translate("--on-error", "skip", "in.jsonl", "out.jsonl")
+    assert result.exit_code == 3
+    assert result.stderr == (f'Skipped: in.jsonl:1: the name "{name}" appears twice in one object, and only one of its '
+                             "values could be kept.\n")
+    assert (here / "out.jsonl").read_text() == '{"text": "ok", "translation": "ko"}\n'

@@ -1,6 +1,7 @@
 """JSON Lines: one object per line; the output keeps every field in its order and adds the translation.
 
-Input and output are strict JSON (RFC 8259). A number that Python's int and float cannot hold as it is written
+Input and output are strict JSON (RFC 8259), and an object's names are unique (a name given twice is a bad row:
+one of its values would be lost). A number that Python's int and float cannot hold as it is written
 (an integer of more digits than int() takes, a literal beyond a double's range such as 1e400) is read as a
 RawNumber and written back as its own text; NaN and Infinity are not JSON, so a line holding them is a bad row,
 and a value JSON has no number for (a Parquet NaN) fails its row rather than being written as one.
@@ -62,6 +63,10 @@ class NotJson(Exception):
     """A literal Python's json module takes that RFC 8259 does not (NaN, Infinity, -Infinity)."""
 
 
+class RepeatedName(Exception):
+    """An object that gives one name twice: a dict keeps one of the values."""
+
+
 def exact_float(text: str) -> float | RawNumber:
     value = float(text)
     if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0])):
@@ -80,9 +85,22 @@ def refuse_constant(name: str) -> None:
     raise NotJson(f"{name} is not a JSON value (RFC 8259)")
 
 
+def unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """An object's pairs as a dict, refusing a name given twice: a dict would keep the last value and lose the
+    other without a word (~0.2 us an object)."""
+    fields = dict(pairs)
+    if len(fields) != len(pairs):
+        seen: set[str] = set()
+        twice = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise RepeatedName(f"the name {json.dumps(twice, ensure_ascii=False)} appears twice in one object, and "
+                           "only one of its values could be kept")
+    return fields
+
+
 # parse_float is the hook that sees 1e400; parse_int costs more and is needed only past int()'s digit limit
-DECODER = json.JSONDecoder(parse_float=exact_float, parse_constant=refuse_constant)
-LONG_INT_DECODER = json.JSONDecoder(parse_float=exact_float, parse_int=exact_int, parse_constant=refuse_constant)
+DECODER = json.JSONDecoder(parse_float=exact_float, parse_constant=refuse_constant, object_pairs_hook=unique_keys)
+LONG_INT_DECODER = json.JSONDecoder(parse_float=exact_float, parse_int=exact_int, parse_constant=refuse_constant,
+                                    object_pairs_hook=unique_keys)
 
 
 def parse_json(text: str) -> object:
@@ -117,6 +135,9 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
             continue
         except NotJson as error:
             yield bad_row(position, f"{where}: not valid JSON: {error}.", where)
+            continue
+        except RepeatedName as error:
+            yield bad_row(position, f"{where}: {error}.", where)
             continue
         except RecursionError:
             yield bad_row(position, f"{where}: JSON nested too deeply to read.", where)
