@@ -179,6 +179,15 @@ def open_own(path: str) -> int | None:
     return None
 
 
+def close_quietly(stream) -> None:
+    """Close a file whose last flush can only fail after an error already told (sync() flushes before every
+    commit and rename): a second report of a full disk would replace the first, which names the file."""
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
 class NamedStream:
     """A file object whose write errors name the file the user knows (the output, not its partial file): a full
     disk reads `cannot write out.jsonl: No space left on device`."""
@@ -274,7 +283,7 @@ class PartialFile:
 
     def close(self) -> None:
         if not self.closed:
-            self.stream.close()  # closing the descriptor releases the lock
+            close_quietly(self.stream)  # closing the descriptor releases the lock
             self.closed = True
 
     def discard(self) -> None:
@@ -328,7 +337,7 @@ class StreamFile:
 
     def close(self) -> None:
         if not self.closed and self.owned:
-            self.stream.close()
+            close_quietly(self.stream)
         self.closed = True
 
     discard = close

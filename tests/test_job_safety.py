@@ -461,6 +461,19 @@ def test_a_full_stdout_is_named(tmp_path):
     assert result.stderr.splitlines()[-1] == "Error: cannot write standard output: No space left on device."
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+@pytest.mark.parametrize("where", ["OUTPUT", "--errors"])
+def test_a_full_device_is_named(fake, tmp_path, monkeypatch, where):
+    """The buffered bytes' second failed flush, at close, replaced the message that names the file."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.jsonl").write_text(('{"text": 1}\n' if where == "--errors" else "") + '{"text": "ab"}\n')
+    args = ["in.jsonl", "/dev/full"] if where == "OUTPUT" else ["--errors", "/dev/full", "in.jsonl", "out.jsonl"]
+    result = invoke("-q", "--output-format", "jsonl", *args)
+    assert result.exit_code == 1
+    assert result.stderr == "Error: cannot write /dev/full: No space left on device.\n"
+    assert listing(tmp_path) == ["in.jsonl"]
+
+
 # -- closed standard streams and signals at start-up (real processes) ----------------------------------------------
 
 def nllb(*args: str) -> list[str]:
