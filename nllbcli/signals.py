@@ -2,13 +2,15 @@
 
 The handlers raise `Stopped` where the job is, unless it is inside `critical()` (writing a chunk and its state,
 or renaming the finished output); there the signal waits for the section to end. Whatever `Stopped` interrupts
-is work that was not committed yet, which --resume does again, exactly as after `kill -9`. Once the job's
+is work that was not committed yet, which --resume does again, exactly as after `kill -9`. A second stop signal
+while the job stops ends the process at once, as `kill -9` would. Once the job's
 output is in place (`job_finished()`), a stop signal has nothing left to stop: the job ends as finished, with
 its summary and exit code, not as a stopped one that --resume would do again.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -29,27 +31,42 @@ class Stopped(BaseException):
 _shielded = 0  # depth of critical() sections (of every thread: the pipeline commits on its finisher thread)
 _pending: int | None = None  # a signal that arrived inside one
 _finished = False  # the job's output is in place: stop signals are ignored until the command exits
+_stopping = False  # a stop signal was acted on (or waits for a critical section): the job is stopping
 _lock = threading.Lock()
 
 
 def _handle(signum, frame) -> None:
-    global _pending
+    global _pending, _stopping
     if _finished:
         return
+    if _stopping:
+        exit_at_once(signum)
+    _stopping = True
     if _shielded:
         _pending = signum
         return
     raise Stopped(signum)
 
 
+def exit_at_once(signum: int) -> None:
+    """A second stop signal while the job stops (it may wait on a write that does not end, to a FIFO nobody reads):
+    end the process now, as kill -9 would. Every commit is whole, so --resume continues from the last one."""
+    name = signal.Signals(signum).name
+    try:
+        os.write(2, f"Stopped by {name} again: exiting at once; the last commit is kept for --resume.\n".encode())
+    except OSError:
+        pass
+    os._exit(128 + signum)
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into `Stopped` for the duration of the block (main thread only)."""
-    global _pending, _finished
+    global _pending, _finished, _stopping
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _pending, _finished = None, False
+    _pending, _finished, _stopping = None, False, False
     previous = {s: signal.signal(s, _handle) for s in STOP_SIGNALS}
     try:
         yield

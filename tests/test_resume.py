@@ -218,3 +218,27 @@ def test_kill_chains_of_fresh_runs_and_resumes_never_block_resume(tmp_path, stra
     assert target.read_bytes() == expected
     assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
     assert sorted(os.listdir(tmp_path)) == sorted(["errors.jsonl", source.name, target.name])
+
+
+def test_a_second_stop_signal_ends_a_stop_that_cannot_finish(tmp_path):
+    """The first SIGTERM stops the job at its next safe point, but its last write blocks: the output is a FIFO
+    whose reader reads nothing. The second SIGTERM ends the process at once, as kill -9 would."""
+    source, fifo = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps({"text": f"Hello {i}.", "pad": "x" * 2000}) + "\n" for i in range(400)))
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open, never read: the job's writes block once the pipe is full
+    try:
+        process = subprocess.Popen(command(source, fifo), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        deadline = time.monotonic() + 60
+        while not (tmp_path / ".errors.jsonl.nllb-partial").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(3)  # the pipe's 64 KiB fill within the first chunks
+        process.send_signal(signal.SIGTERM)
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(2)  # stopping: waits for its write
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        os.close(reader)
+    assert process.returncode == 143
+    assert stderr == "Stopped by SIGTERM again: exiting at once; the last commit is kept for --resume.\n"
