@@ -514,7 +514,7 @@ def test_a_closed_stream_the_job_does_not_use_changes_nothing(tmp_path, fd):
         assert process.stderr.decode().startswith("Done: 2 rows")
 
 
-@pytest.mark.parametrize("delay", [0.08, 0.12, 0.16, 0.2, 0.3, 0.45])
+@pytest.mark.parametrize("delay", [0.12, 0.16, 0.2, 0.3, 0.45])  # from when the interpreter itself is up
 def test_ctrl_c_during_start_up_has_no_traceback(tmp_path, delay):
     (tmp_path / "in.txt").write_text("Hello.\n" * 50)
     process = subprocess.Popen(nllb("in.txt", "out.txt"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
