@@ -197,7 +197,7 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     except OSError as error:
         raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
     except Stopped as stop:
-        if output == "-":
+        if is_stream(output):
             click.echo(f"Stopped by {stop}: the rows done so far are written.", err=True)
         elif getattr(stop, "resumable", False):
             click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)

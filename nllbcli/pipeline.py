@@ -192,8 +192,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         files: JobFiles, identity: dict) -> None:
     """The chunk loop: translate, write, commit; then put the finished files in place."""
     counters = reporter.counters
-    saved, output, errors, state = files.saved, files.output, files.errors, files.state
-    errors_path = os.path.abspath(job.errors) if state and isinstance(errors, PartialFile) else None  # in the state
+    saved, output, errors, state, errors_path = files.saved, files.output, files.errors, files.state, files.errors_path
     if state is None:  # a stream: written as it goes
         sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field)
     else:
@@ -592,7 +591,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
         if outcome.error is not None:
             continue
         if isinstance(ids, Exception):
-            reason = str(ids).strip().splitlines()[0] if str(ids).strip() else type(ids).__name__
+            reason = next(iter(str(ids).strip().splitlines()), type(ids).__name__)  # its first line: pybind11's go on for many
             outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
             continue
         outcome.cut |= len(ids) > limit

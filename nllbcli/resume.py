@@ -310,6 +310,7 @@ class StreamFile:
     commit, cut back or rename."""
 
     created = True
+    size = 0
 
     def __init__(self, path: str):
         if path == "-":
@@ -321,8 +322,6 @@ class StreamFile:
                 raise NllbError(f"cannot write {path}: {error.strerror or error}.") from None
         self.stream = NamedStream(raw, name)
         self.closed = False
-
-    size = 0
 
     def start(self, committed: int = 0) -> None:
         pass
@@ -357,6 +356,7 @@ class JobFiles:
     state: str | None
     saved: Saved | None  # the interrupted job this one continues; None: it starts afresh
     finished: bool = False  # an interrupted job had put its output in place: nothing is left to do
+    errors_path: str | None = None  # the errors file as the state names it (absolute), when it is a partial file
 
     @property
     def resumable(self) -> bool:
@@ -384,9 +384,9 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
     """Open the job's destinations (partial files locked) and find where it starts: the interrupted job's state
     with --resume (each partial file cut back to its last commit), else afresh (the old state removed before its
     partial files are emptied). A stale state is reported through `warn` and the job starts afresh."""
-    errors_path = os.path.abspath(errors) if errors and not is_stream(errors) else None  # as the state names it
+    errors_path = os.path.abspath(errors) if errors and not is_stream(errors) else None
     if is_stream(output):
-        files = JobFiles(StreamFile(output), None, None, None)
+        files = JobFiles(StreamFile(output), None, None, None, errors_path=errors_path)
         state = None
     else:
         state = partial_paths(output)[1]
@@ -398,7 +398,7 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
                 warn(f"Starting afresh: {error}.")
         if saved is not None and saved.done and finish_leftovers(output, saved, state):
             return JobFiles(None, None, state, saved, finished=True)
-        files = JobFiles(PartialFile(output), None, state, None)
+        files = JobFiles(PartialFile(output), None, state, None, errors_path=errors_path)
     try:
         if errors is not None:
             files.errors = open_destination(errors)

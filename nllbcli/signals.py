@@ -3,9 +3,9 @@
 The handlers raise `Stopped` where the job is, unless it is inside `critical()` (writing a chunk and its state,
 or renaming the finished output); there the signal waits for the section to end. Whatever `Stopped` interrupts
 is work that was not committed yet, which --resume does again, exactly as after `kill -9`. A second stop signal
-while the job stops ends the process at once, as `kill -9` would. Once the job's
-output is in place (`job_finished()`), a stop signal has nothing left to stop: the job ends as finished, with
-its summary and exit code, not as a stopped one that --resume would do again.
+while the job stops ends the process at once, as `kill -9` would. Once the job's output is in place
+(`job_finished()`), a stop signal has nothing left to stop: the job ends as finished, with its summary and exit
+code, not as a stopped one that --resume would do again.
 """
 
 from __future__ import annotations

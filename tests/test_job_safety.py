@@ -189,13 +189,19 @@ def test_a_device_output_is_written_to_not_replaced(fake, tmp_path):
     assert (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev) and not os.path.lexists("/dev/.null.nllb-partial")
 
 
+def fifo_reader(path: str) -> tuple[threading.Thread, list[bytes]]:
+    """A FIFO at `path`, and a thread that reads all that is written to it into the list."""
+    os.mkfifo(path)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(open(path, "rb").read()), daemon=True)
+    reader.start()
+    return reader, got
+
+
 def test_a_fifo_output_gets_the_rows_as_they_come(fake, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
-    os.mkfifo("out.txt")
-    got = []
-    reader = threading.Thread(target=lambda: got.append(open("out.txt", "rb").read()), daemon=True)
-    reader.start()
+    reader, got = fifo_reader("out.txt")
     result = invoke("-q", "--chunk-rows", "5", "in.txt", "out.txt")
     reader.join(10)
     assert result.exit_code == 0, result.output
@@ -205,6 +211,19 @@ def test_a_fifo_output_gets_the_rows_as_they_come(fake, tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert result.stderr == ("Error: --resume needs OUTPUT to be a file: out.txt is a stream (a FIFO or a device), and "
                              "what went to it cannot be taken back.\n")
+
+
+def test_a_job_stopped_while_writing_to_a_fifo_says_its_rows_are_written(fake, tmp_path, monkeypatch):
+    """Not "nothing was written": the rows before the stop went to the stream."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    reader, got = fifo_reader("out.txt")
+    stop_after(fake, 3)
+    result = invoke("-q", "--chunk-rows", "5", "in.txt", "out.txt")
+    reader.join(10)
+    assert result.exit_code == 143
+    assert result.stderr == "Stopped by SIGTERM: the rows done so far are written.\n"
+    assert got == ["".join(t + "\n" for t in REVERSED[:10]).encode()]
 
 
 @pytest.mark.parametrize("fmt", ["txt", "parquet"])
