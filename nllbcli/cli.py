@@ -86,8 +86,9 @@ def cli():
 
 
 @cli.command()
-@click.argument("input", default="-", type=click.Path(exists=True, dir_okay=False, allow_dash=True))
-@click.argument("output", default="-", type=click.Path(dir_okay=False, writable=True, allow_dash=True))
+@click.argument("paths", metavar="INPUT [OUTPUT]", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
+@click.option("--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
 @click.option("--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
 @click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it.")
 @model_option
@@ -109,12 +110,12 @@ def cli():
 @click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed, with their row number and reason (--on-error record).")
-@click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped (starts afresh when there is nothing to continue).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(input, output, src, tgt, model, device, adapter, input_format, output_format, field, output_field, src_lang_field,
-              tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty, no_split,
-              max_batch_tokens, chunk_rows, on_error, errors_file, resume, progress, quiet):
+def translate(paths, output_option, force, src, tgt, model, device, adapter, input_format, output_format, field, output_field,
+              src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
+              repetition_penalty, no_split, max_batch_tokens, chunk_rows, on_error, errors_file, resume, progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
@@ -122,6 +123,9 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     --input-format/--output-format; - is text, one sentence per line. JSONL
     and Parquet rows keep every field and gain the translation. Rows stay in
     input order. Each row is translated sentence by sentence and joined back.
+
+    An OUTPUT file that nllb did not write is not replaced without --force.
+    Several inputs go to a directory: nllb translate -o DIR INPUT...
 
     Exit codes: 0 all rows translated, 1 the job could not run, 2 bad usage,
     3 finished with some rows failed, 130/143 stopped by SIGINT/SIGTERM
@@ -132,13 +136,102 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         nllb translate --src eng_Latn --tgt fra_Latn in.jsonl out.jsonl
         cat notes.txt | nllb translate --src en --tgt de > notes.de.txt
         nllb translate --src es --tgt en --resume --errors bad.jsonl day.parquet day.en.parquet
+        nllb translate --src en --tgt fr -o fr/ docs/*.txt
     """
     from dataclasses import replace
 
-    from .pipeline import Job, check_paths, translate_file
-    from .resume import is_stream
-    from .signals import Stopped, stop_on_signals
+    from .pipeline import Job
 
+    if on_error is None:
+        on_error = "record" if errors_file else "fail"
+    if on_error == "record" and not errors_file:
+        raise InvalidUsage("--on-error record needs --errors FILE to record the failed rows in.")
+    if errors_file and on_error != "record":
+        raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
+    pairs = input_output_pairs(paths, output_option, output_format)
+    if len(pairs) > 1 and errors_file:
+        raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
+                           "record their failed rows, or use --on-error skip.")
+    base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
+               tgt_field=tgt_lang_field, split=not no_split, on_error=on_error, errors=errors_file, force=force)
+    jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume)
+            for input, output in pairs]
+    if len(pairs) > 1:
+        os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
+    decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
+    try:
+        tokenizer = load_tokenizer(model)  # languages are resolved before the weights load
+        known = tokenizer.lang_codes
+        for option, value in (("--src", src), ("--tgt", tgt)):
+            try:
+                resolved = None if value is None else resolve_lang(value, known)
+            except NllbError as error:
+                raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+            jobs = [replace(job, **{option.removeprefix("--"): resolved}) for job in jobs]
+        # the adapter is passed only when given, so a load_model that knows no adapters still serves
+        translator = load_model(model, device, adapter) if adapter else load_model(model, device)
+    except (NllbError, ValueError) as error:
+        raise click.ClickException(str(error)) from None
+    except KeyboardInterrupt:
+        sys.exit(130)
+    batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
+    codes = []
+    for job in jobs:
+        mode = "none" if quiet else progress_mode(progress, job.output)
+        try:
+            codes.append(run_job(translator, job, decode, batching, mode, resume, quiet))
+        except click.ClickException as error:
+            if len(jobs) == 1:
+                raise
+            error.show()
+            codes.append(1)
+    sys.exit(1 if 1 in codes else max(codes))
+
+
+def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output_format: str | None) -> list[tuple[str, str]]:
+    """The (INPUT, OUTPUT) of each job: `INPUT [OUTPUT]`, or INPUTs with -o (a directory for several)."""
+    for path in paths[:1] if output_option is None else paths:
+        if path != "-" and not os.path.exists(path):
+            raise InvalidUsage(f"Invalid value for 'INPUT': Path {path!r} does not exist.")
+        if os.path.isdir(path):
+            raise InvalidUsage(f"Invalid value for 'INPUT': {path!r} is a directory.")
+    if output_option is None:
+        if len(paths) > 2:
+            raise InvalidUsage(f"{len(paths)} paths given, and nllb translate takes one INPUT and its OUTPUT (a pattern "
+                               "such as dir/*.txt gives the shell's every match): to translate several files, name an "
+                               "output directory: nllb translate -o DIR INPUT...")
+        return [(paths[0] if paths else "-", paths[1] if len(paths) > 1 else "-")]
+    inputs = paths or ("-",)
+    if len(inputs) == 1 and not os.path.isdir(output_option) and not output_option.endswith(os.sep):
+        return [(inputs[0], output_option)]
+    if output_option == "-" or (os.path.exists(output_option) and not os.path.isdir(output_option)):
+        raise InvalidUsage(f"-o {output_option}: with several inputs, -o names a directory for their translations.")
+    if "-" in inputs:
+        raise InvalidUsage("- (stdin) cannot be one of several inputs: name files.")
+    outputs = [os.path.join(output_option, output_name(path, output_format)) for path in inputs]
+    for n, output in enumerate(outputs):
+        if output in outputs[:n]:
+            raise InvalidUsage(f"{inputs[outputs.index(output)]} and {inputs[n]} would both be translated into {output}: "
+                               "translate them into separate directories.")
+    return list(zip(inputs, outputs))
+
+
+def output_name(path: str, output_format: str | None) -> str:
+    """An input's name in an output directory: its own, or with the extension of --output-format."""
+    name = os.path.basename(path)
+    if output_format is None:
+        return name
+    return os.path.splitext(name)[0] + {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
+
+
+def checked_job(job, input_format: str | None, output_format: str | None, resume: bool):
+    """The job with its formats, checked before any model loads: every usage error of the job's paths."""
+    from dataclasses import replace
+
+    from .pipeline import check_paths
+    from .resume import is_stream
+
+    input, output = job.input, job.output
     try:
         in_format = format_of(input, input_format)
         # a stream (stdout, /dev/stdout, a FIFO) without a known extension takes the input's format
@@ -149,46 +242,34 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     for path, stream, what in ((input, 0, "input"), (output, 1, "output")):
         if path == "-" and stream in CLOSED_STREAMS:
             raise InvalidUsage(f"standard {what} is closed: name an {what.upper()} file instead of -.")
-    for option, value in (("--src", src), ("--tgt", tgt)):
+    for option, value in (("--src", job.src), ("--tgt", job.tgt)):
         if value is None and in_format == "text":
             raise click.UsageError(f"Missing option '{option}' (text rows cannot name their own languages).")
-    if on_error is None:
-        on_error = "record" if errors_file else "fail"
-    if on_error == "record" and not errors_file:
-        raise InvalidUsage("--on-error record needs --errors FILE to record the failed rows in.")
-    if errors_file and on_error != "record":
-        raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
     if resume and output == "-":
         raise InvalidUsage("--resume needs an OUTPUT file: what went to stdout cannot be continued.")
-    for option, path in (("OUTPUT", output), ("--errors", errors_file)):
+    for option, path in (("OUTPUT", output), ("--errors", job.errors)):
         if resume and path and path != "-" and is_stream(path):
             raise InvalidUsage(f"--resume needs {option} to be a file: {path} is a stream (a FIFO or a device), and "
                                "what went to it cannot be taken back.")
-    job = Job(src=src, tgt=tgt, input=input, output=output, input_format=in_format, output_format=out_format,
-              field=field, output_field=output_field, src_field=src_lang_field, tgt_field=tgt_lang_field,
-              split=not no_split, on_error=on_error, errors=errors_file)
+    job = replace(job, input_format=in_format, output_format=out_format)
     try:
         check_paths(job)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
-    mode = "none" if quiet else progress_mode(progress, output)
-    code = 0
+    return job
+
+
+def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode: str, resume: bool, quiet: bool) -> int:
+    """One job through the pipeline; its exit code (0, or 3 with failed rows). A stop signal or a gone reader
+    of stdout ends the command."""
+    from .pipeline import translate_file
+    from .resume import is_stream
+    from .signals import Stopped, stop_on_signals
+
     try:
-        tokenizer = load_tokenizer(model)  # languages are resolved before the weights load
-        known = tokenizer.lang_codes
-        for option, value in (("--src", src), ("--tgt", tgt)):
-            try:
-                resolved = None if value is None else resolve_lang(value, known)
-            except NllbError as error:
-                raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
-            job = replace(job, **{option.removeprefix("--"): resolved})
-        # the adapter is passed only when given, so a load_model that knows no adapters still serves
-        translator = load_model(model, device, adapter) if adapter else load_model(model, device)
-        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
         with stop_on_signals():
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet)
-        code = 3 if counters.failed else 0
+        return 3 if counters.failed else 0
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     except BrokenPipeError:
@@ -197,7 +278,7 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
     except OSError as error:
         raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
     except Stopped as stop:
-        if is_stream(output):
+        if is_stream(job.output):
             click.echo(f"Stopped by {stop}: the rows done so far are written.", err=True)
         elif getattr(stop, "resumable", False):
             click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)
@@ -206,7 +287,6 @@ def translate(input, output, src, tgt, model, device, adapter, input_format, out
         sys.exit(stop.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    sys.exit(code)
 
 
 @cli.command()

@@ -36,8 +36,9 @@ from .io.parquet import check_columns
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
-from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, is_stream,
-                     open_job_files, partial_paths, remove_state, save_state)
+from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, file_stamp,
+                     is_stream, open_job_files, partial_paths, save_record, save_state,
+                     written_by_nllb)
 from .signals import Stopped, critical, job_finished
 from .split import join_sentences, split_text
 
@@ -65,6 +66,7 @@ class Job:
     split: bool = True  # translate sentence by sentence
     on_error: str = "fail"  # fail, skip or record: what a bad row does
     errors: str | None = None  # the JSONL file bad rows go to under record
+    force: bool = False  # replace an OUTPUT file nllb did not write
 
 
 @dataclass
@@ -117,6 +119,12 @@ def translate_file(
             files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
                                    resume, warn)
             stack.callback(files.close)
+            if files.already:
+                job_finished()
+                if summary:
+                    warn(f"Already finished: {job.output} holds this job's {files.saved.counters.get('rows', 0):,} "
+                         "rows, and its input and options are unchanged; nothing to do.")
+                return Counters()
             if files.finished:
                 job_finished()
                 counters = Counters(**files.saved.counters)
@@ -172,11 +180,23 @@ def check_paths(job: Job) -> None:
         written.append(("--errors", job.errors))
         if not is_stream(job.errors):
             written.append(("--errors' partial file", partial_paths(job.errors)[0]))
-    if job.input == "-":
+    if job.input != "-":
+        for what, path in written:
+            if same_file(job.input, path):
+                raise NllbError(f"{what} {path} is the input file {job.input}: refusing to write over the input.")
+    if job.output != "-" and not job.force and not is_stream(job.output):
+        check_replace(job.output)
+
+
+def check_replace(output: str) -> None:
+    """Refuse to replace a file at OUTPUT that nllb did not write (an empty file aside): with `nllb translate
+    dir/*.txt` the shell makes the second input OUTPUT."""
+    target = follow_link(output)
+    stamp = file_stamp(target)
+    if stamp is None or stamp["size"] == 0 or written_by_nllb(target):
         return
-    for what, path in written:
-        if same_file(job.input, path):
-            raise NllbError(f"{what} {path} is the input file {job.input}: refusing to write over the input.")
+    raise NllbError(f"OUTPUT {output} exists and nllb did not write it: refusing to replace it. Pass --force to "
+                    "replace it; to translate several files, name an output directory: -o DIR INPUT...")
 
 
 def same_file(a: str, b: str) -> bool:
@@ -204,7 +224,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             errors_bytes = errors.sync() if errors else 0
             if state is not None:
                 save_state(state, Saved(identity, position, output.sync(), errors_bytes, vars(counters).copy(),
-                                        errors=errors_path))
+                                        errors=errors_path, output_file=files.replaces))
 
     try:
         end = source.position
@@ -227,13 +247,14 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             sink.close()
             if state is not None:
                 reporter.tick()
-                save_state(state, Saved(identity, end, output.sync(), errors.sync() if errors else 0,
-                                        vars(counters).copy(), done=True, errors=errors_path))
+                done = Saved(identity, end, output.sync(), errors.sync() if errors else 0, vars(counters).copy(),
+                             done=True, errors=errors_path, output_file=files.replaces)
+                save_state(state, done)
             output.finish(parquet_converter(job, source) if job.output_format == "parquet" and state else None)
             if errors is not None:
                 errors.finish()
             if state is not None:
-                remove_state(state)
+                save_record(state, done, job.output)
             job_finished()
     except BaseException:
         sink.abort()

@@ -6,7 +6,10 @@ the input was read, how many bytes of each partial file are committed, and the c
 that (a crash, `kill -9`, a full disk) leaves at most uncommitted bytes after the committed ones; `--resume`
 cuts them off, seeks the input past the committed rows and goes on. Chunks are the same whether a job runs
 straight through or is resumed, and a row's translation does not depend on its batch, so the finished output is
-byte-identical. At the end the partial file is renamed onto NAME and the state removed.
+byte-identical. At the end the partial file is renamed onto NAME and the state is kept as the job's record: it
+says the job finished and which file it wrote (its device, inode, size and modification time). A `--resume` of
+the same job finds its output finished and does nothing; any job may replace an output nllb wrote, while a
+file nllb did not write (another job's input, say) is replaced only with --force.
 
 The state and the partial files change together: a state only ever describes bytes its partial files hold. A
 job that starts afresh removes the old state (durably) before it empties the old partial files, and a state
@@ -64,6 +67,9 @@ class Saved:
     counters: dict = field(default_factory=dict)  # the summary's counters so far
     done: bool = False  # every row is written; only the renames were left
     errors: str | None = None  # the errors file (absolute path) the failed rows were recorded in, if any
+    finished: bool = False  # the output is in place and `output_file` is it: the state is the job's record
+    output_file: dict | None = None  # the file at OUTPUT this job may replace (file_stamp): the one there when it
+    #                                  started, or none; once finished, the one it wrote
 
 
 class StaleState(NllbError):
@@ -71,9 +77,9 @@ class StaleState(NllbError):
     no longer hold): the job starts afresh instead, saying why."""
 
 
-def load_state(path: str, job: dict) -> Saved | None:
-    """The state of an interrupted job, if there is one. StaleState when it cannot be used; NllbError when it
-    belongs to another job (resuming would mix two jobs in one output)."""
+def read_state(path: str) -> Saved | None:
+    """The state file's contents, whatever job they describe; None when there is none, StaleState when they
+    cannot be used."""
     try:
         fd = os.open(path, os.O_RDONLY | NO_FOLLOW)
     except FileNotFoundError:
@@ -85,20 +91,59 @@ def load_state(path: str, job: dict) -> Saved | None:
             data = json.load(stream)
         if data.get("version") != STATE_VERSION:
             raise StaleState(f"{path} was written by another version of nllb")
-        saved = Saved(job, Position(**data["position"]), data["output_bytes"], data["errors_bytes"], data["counters"],
-                      data["done"], data["errors"])
-        stored_job = data["job"]
-        if not isinstance(stored_job, dict) or not isinstance(saved.output_bytes, int) or not isinstance(saved.errors_bytes, int):
+        saved = Saved(data["job"], Position(**data["position"]), data["output_bytes"], data["errors_bytes"],
+                      data["counters"], data["done"], data["errors"], data.get("finished", False),
+                      data.get("output_file"))
+        if not isinstance(saved.job, dict) or not isinstance(saved.output_bytes, int) or not isinstance(saved.errors_bytes, int):
             raise TypeError("a value of the wrong type")
     except StaleState:
         raise
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise StaleState(f"cannot read the resume state {path} ({error})") from None
+    return saved
+
+
+def load_state(path: str, job: dict) -> Saved | None:
+    """The state of an interrupted job, if there is one. StaleState when it cannot be used; NllbError when it
+    belongs to another job (resuming would mix two jobs in one output)."""
+    saved = read_state(path)
+    if saved is not None:
+        check_same_job(saved.job, job)
+        saved.job = job
+    return saved
+
+
+def check_same_job(stored_job: dict, job: dict) -> None:
     changed = sorted(key for key in set(job) | set(stored_job) if job.get(key) != stored_job.get(key))
     if changed:
         what = ", ".join(f"{key} (was {stored_job.get(key)!r}, now {job.get(key)!r})" for key in changed[:3])
         raise NllbError(f"cannot resume: the interrupted job differs in {what}; run without --resume to start over.")
-    return saved
+
+
+def file_stamp(path: str) -> dict | None:
+    """What tells one version of a regular file from another: device, inode, size and modification time (None
+    when there is no regular file at `path`)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    return {"dev": info.st_dev, "ino": info.st_ino, "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+
+
+def written_by_nllb(output: str) -> bool:
+    """Whether the file at `output` is one nllb may replace without --force: the file the job recorded beside it
+    wrote, or found there when it started (and was allowed to replace), or put in place just before it was
+    stopped (its state says done, and its partial file is gone)."""
+    partial, state = partial_paths(output)
+    try:
+        saved = read_state(state)
+    except StaleState:
+        return False
+    if saved is None:
+        return False
+    return saved.output_file == file_stamp(output) or (saved.done and not saved.finished and not os.path.lexists(partial))
 
 
 def save_state(path: str, saved: Saved) -> None:
@@ -355,13 +400,21 @@ class JobFiles:
     errors: PartialFile | StreamFile | None
     state: str | None
     saved: Saved | None  # the interrupted job this one continues; None: it starts afresh
-    finished: bool = False  # an interrupted job had put its output in place: nothing is left to do
+    finished: bool = False  # the job's output is in place: nothing is left to do
     errors_path: str | None = None  # the errors file as the state names it (absolute), when it is a partial file
+    replaces: dict | None = None  # file_stamp of the file at OUTPUT when the job opened it, which it may replace
+    already: bool = False  # finished by an earlier run of this same job, its output unchanged since
 
     @property
     def resumable(self) -> bool:
         """Whether a commit is saved for --resume to continue from."""
-        return self.state is not None and os.path.exists(self.state)
+        if self.state is None:
+            return False
+        try:
+            saved = read_state(self.state)
+        except StaleState:
+            return False
+        return saved is not None and not saved.finished and (saved.position.rows > 0 or saved.done)
 
     def close(self) -> None:
         for partial in (self.output, self.errors):
@@ -393,12 +446,20 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
         saved = None
         if resume:
             try:
-                saved = load_state(state, job)
+                saved = read_state(state)
             except StaleState as error:
                 warn(f"Starting afresh: {error}.")
+        if saved is not None and saved.finished:
+            if saved.job == job and saved.output_file == file_stamp(output):
+                return JobFiles(None, None, state, saved, finished=True, already=True)
+            warn(f"Starting afresh: {output} {changed_since(saved, job)}.")
+            saved = None
+        elif saved is not None:
+            check_same_job(saved.job, job)
+            saved.job = job
         if saved is not None and saved.done and finish_leftovers(output, saved, state):
             return JobFiles(None, None, state, saved, finished=True)
-        files = JobFiles(PartialFile(output), None, state, None, errors_path=errors_path)
+        files = JobFiles(PartialFile(output), None, state, None, errors_path=errors_path, replaces=file_stamp(output))
     try:
         if errors is not None:
             files.errors = open_destination(errors)
@@ -409,7 +470,7 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
         if saved is not None:
             saved = check_saved(files, saved, errors_path, warn)
         if saved is None:
-            start_afresh(files, errors_path)
+            start_afresh(files, errors_path, job)
         else:
             files.output.start(saved.output_bytes)
             if files.errors is not None:
@@ -450,15 +511,28 @@ def recorded_rows(partial: str, committed: int) -> int:
         return 0
 
 
-def start_afresh(files: JobFiles, errors: str | None) -> None:
-    """Remove the old state first, then empty the partial files: a kill in between leaves partial files no state
-    refers to, which the next run starts afresh from, never a state whose bytes are gone."""
+def changed_since(saved: Saved, job: dict) -> str:
+    """How a finished job's record differs from this job: why its output is made anew."""
+    if saved.job != job:
+        changed = sorted(key for key in set(job) | set(saved.job) if job.get(key) != saved.job.get(key))
+        return f"was finished by a job with another {', '.join(changed[:3])}"
+    return "has changed since its job finished"
+
+
+def start_afresh(files: JobFiles, errors: str | None, job: dict) -> None:
+    """Replace the old state first, then empty the partial files: a kill in between leaves partial files no state
+    refers to, which the next run starts afresh from, never a state whose bytes are gone. Where a file is at
+    OUTPUT already, the new state records it at once (nothing committed yet), so that it stays a file this job
+    may replace, whenever the job is stopped."""
     try:
         with os.fdopen(os.open(files.state, os.O_RDONLY | NO_FOLLOW), "rb") as stream:
             old_errors = json.load(stream).get("errors")
     except (OSError, ValueError, AttributeError):
         old_errors = None
-    remove_state(files.state)
+    if files.replaces is None:
+        remove_state(files.state)
+    else:
+        save_state(files.state, Saved(job, output_file=files.replaces))
     files.output.start(0)
     if files.errors is not None:
         files.errors.start(0)
@@ -489,5 +563,11 @@ def finish_leftovers(output: str, saved: Saved, state: str) -> bool:
             return False
         partial.start(saved.errors_bytes)
         partial.finish()
-    remove_state(state)
+    save_record(state, saved, output)
     return True
+
+
+def save_record(state: str, saved: Saved, output: str) -> None:
+    """The finished job's record: its state, marked finished, naming the file it wrote."""
+    save_state(state, Saved(saved.job, saved.position, saved.output_bytes, saved.errors_bytes, saved.counters,
+                            done=True, errors=saved.errors, finished=True, output_file=file_stamp(output)))

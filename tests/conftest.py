@@ -83,3 +83,4 @@ def fake(monkeypatch):
     monkeypatch.setattr("nllbcli.cli.load_tokenizer", lambda model: translator.tokenizer)
     translator.loaded = loaded
     return translator
+

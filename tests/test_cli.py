@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
+from jobfiles import listing
 
 TEXTS = ["The red car", "", "is in the garden", "   ", "on Monday."]
 REVERSED = ["rac der ehT", "", "nedrag eht ni si", "", ".yadnoM no"]  # what the fake translator gives
@@ -47,7 +48,7 @@ def test_translate_file(fake, tmp_path, fmt):
     assert result.output == ""
     expected = REVERSED if fmt == "text" else [{**row, "translation": t} for row, t in zip(rows, REVERSED)]
     assert read_output(target, fmt) == expected
-    assert sorted(os.listdir(tmp_path)) == sorted([source.name, target.name])
+    assert listing(tmp_path) == sorted([source.name, target.name])
 
 
 def test_stdin_to_stdout_is_text(fake):
@@ -246,7 +247,7 @@ def test_bad_jsonl(fake, tmp_path, monkeypatch, content, message):
     (tmp_path / "in.jsonl").write_text(content)
     result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
     assert_one_line_error(result, 1, message)
-    assert os.listdir(tmp_path) == ["in.jsonl"]
+    assert listing(tmp_path) == ["in.jsonl"]
 
 
 def test_bad_parquet(fake, tmp_path, monkeypatch):
@@ -256,7 +257,7 @@ def test_bad_parquet(fake, tmp_path, monkeypatch):
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: in.parquet: cannot read it as Parquet: ")
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.output
-    assert os.listdir(tmp_path) == ["in.parquet"]
+    assert listing(tmp_path) == ["in.parquet"]
 
 
 @pytest.mark.parametrize(
@@ -271,25 +272,25 @@ def test_bad_parquet_column(fake, tmp_path, monkeypatch, column, message):
     pq.write_table(pa.table({"text": column}), "in.parquet")
     result = CliRunner().invoke(cli, TRANSLATE + ["in.parquet", "out.parquet"])
     assert_one_line_error(result, 1, message)
-    assert os.listdir(tmp_path) == ["in.parquet"]
+    assert listing(tmp_path) == ["in.parquet"]
 
 
 def test_failure_keeps_the_old_output(fake, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.jsonl").write_text('{"text": "ab"}\n' * 5000 + "oops\n")
     (tmp_path / "out.jsonl").write_text("yesterday's\n")
-    result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
+    result = CliRunner().invoke(cli, TRANSLATE + ["--force", "in.jsonl", "out.jsonl"])
     assert_one_line_error(result, 1, "in.jsonl:5001: not valid JSON: Expecting value (column 1).")
     assert (tmp_path / "out.jsonl").read_text() == "yesterday's\n"
     # the 4096 rows of the first two chunks are kept for --resume
-    assert sorted(os.listdir(tmp_path)) == [".out.jsonl.nllb-partial", ".out.jsonl.nllb-state.json", "in.jsonl", "out.jsonl"]
+    assert listing(tmp_path) == [".out.jsonl.nllb-partial", ".out.jsonl.nllb-state.json", "in.jsonl", "out.jsonl"]
     fake.batches.clear()
     result = CliRunner().invoke(cli, TRANSLATE + ["--resume", "--on-error", "skip", "in.jsonl", "out.jsonl"])
     assert result.exit_code == 3
     assert result.stderr == "Skipped: in.jsonl:5001: not valid JSON: Expecting value (column 1).\n"
     assert sum(map(len, fake.batches)) == 5000 - 4096
     assert (tmp_path / "out.jsonl").read_text() == '{"text": "ab", "translation": "ba"}\n' * 5000
-    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", "out.jsonl"]
+    assert listing(tmp_path) == ["in.jsonl", "out.jsonl"]
 
 
 @pytest.mark.parametrize("option", ["--src", "--tgt"])
@@ -301,7 +302,7 @@ def test_unknown_language(fake, tmp_path, option):
     message = f"Invalid value for '{option}': unknown language code 'english': the model knows 3 FLORES-200 codes such as eng_Latn. Did you mean eng_Latn?"
     assert_one_line_error(result, 2, message)
     assert fake.batches == [] and fake.loaded == []
-    assert os.listdir(tmp_path) == ["in.txt"]
+    assert listing(tmp_path) == ["in.txt"]
 
 
 @pytest.mark.parametrize(
@@ -379,7 +380,7 @@ def test_interrupt_exits_130_and_leaves_no_file(fake, tmp_path):
     result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.txt")])
     assert result.exit_code == 130
     assert result.output == ""
-    assert os.listdir(tmp_path) == ["in.txt"]
+    assert listing(tmp_path) == ["in.txt"]
 
 
 def test_output_file_gets_ordinary_permissions(fake, tmp_path):
@@ -492,12 +493,12 @@ def test_failure_after_chunks_were_written_leaves_them_for_resume(fake, tmp_path
     where = "in.parquet: row 3001" if fmt == "parquet" else "in.jsonl:3001"
     assert_one_line_error(result, 1, f"{where}: field 'text' is null, not a string.")
     assert sum(map(len, fake.batches)) == 2048  # the first chunk was translated and written before the bad row was read
-    assert sorted(os.listdir(tmp_path)) == [f".out.{fmt}.nllb-partial", f".out.{fmt}.nllb-state.json", f"in.{fmt}"]
+    assert listing(tmp_path) == [f".out.{fmt}.nllb-partial", f".out.{fmt}.nllb-state.json", f"in.{fmt}"]
     # without --resume a new run starts over and leaves only its output
     result = CliRunner().invoke(cli, TRANSLATE + ["--on-error", "skip", f"in.{fmt}", f"out.{fmt}"])
     assert result.exit_code == 3
     assert sum(map(len, fake.batches)) == 2048 + 3000
-    assert sorted(os.listdir(tmp_path)) == [f"in.{fmt}", f"out.{fmt}"]
+    assert listing(tmp_path) == [f"in.{fmt}", f"out.{fmt}"]
 
 
 def test_on_a_gpu_the_first_chunk_is_smaller(fake, tmp_path, monkeypatch):
@@ -516,7 +517,7 @@ def test_failure_before_any_commit_leaves_nothing(fake, tmp_path, monkeypatch):
     (tmp_path / "in.jsonl").write_text('{"text": "ab"}\n{"text": 1}\n')
     result = CliRunner().invoke(cli, TRANSLATE + ["in.jsonl", "out.jsonl"])
     assert_one_line_error(result, 1, "in.jsonl:2: field 'text' is int, not a string.")
-    assert os.listdir(tmp_path) == ["in.jsonl"]
+    assert listing(tmp_path) == ["in.jsonl"]
 
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "data", "samples")
@@ -554,7 +555,7 @@ def test_on_error_record_writes_the_errors_file_and_exits_3(fake, tmp_path, monk
         {"row": 3, "error": "in.jsonl:3: not valid JSON: Expecting value (column 1)."},
         {"row": 4, "error": "in.jsonl:4: field 'tgt_lang': unknown language code 'xx': the model knows 3 FLORES-200 codes such as eng_Latn. Run `nllb langs` to list them."},
     ]
-    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl", "in.jsonl", "out.jsonl"]
+    assert listing(tmp_path) == ["bad.jsonl", "in.jsonl", "out.jsonl"]
 
 
 def test_on_error_skip_names_rows_on_stderr(fake):

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
+from jobfiles import listing
 
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 
@@ -94,7 +95,7 @@ def test_parquet_duplicate_names_refused_for_jsonl_output(fake, here):
     assert result.exit_code == 1
     assert result.stderr == ("Error: in.parquet: more than one column (or struct field) is named 'a', 's.x', and a JSON object holds each "
                              "name once: rename them, or write Parquet, which keeps them.\n")
-    assert os.listdir(here) == ["in.parquet"]
+    assert listing(here) == ["in.parquet"]
 
 
 @pytest.mark.parametrize("name,option", [("text", "--field"), ("tgt_lang", "--tgt-lang-field"), ("translation", "--output-field")])
@@ -105,7 +106,7 @@ def test_parquet_duplicate_column_the_job_names_is_refused(fake, here, name, opt
     assert result.exit_code == 1
     assert result.stderr == (f"Error: in.parquet: 2 columns are named {name!r}, so which one {option} means is ambiguous: "
                              f"rename them, or name another column with {option}.\n")
-    assert os.listdir(here) == ["in.parquet"]
+    assert listing(here) == ["in.parquet"]
 
 
 HUGE = "1" * 5000
@@ -291,7 +292,7 @@ def test_stdout_parquet_from_jsonl_has_the_schema_of_every_row(fake, here):
                                   {"text": "cd", "n": 1.0, "translation": "dc", "x": None},
                                   {"text": "ef", "n": 2.5, "translation": "fe", "x": "new"}]
     assert pq.ParquetFile(io.BytesIO(result.stdout_bytes)).metadata.num_row_groups == 3
-    assert os.listdir(here) == ["in.jsonl"]
+    assert listing(here) == ["in.jsonl"]
 
 
 # Property tests (hypothesis): rows and tables of drawn fields and types through the CLI at drawn --chunk-rows.

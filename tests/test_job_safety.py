@@ -21,6 +21,7 @@ from click.testing import CliRunner
 
 from nllbcli.cli import cli
 from nllbcli.signals import Stopped
+from jobfiles import listing
 
 TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 TINY = str(Path(__file__).parent / "models" / "tiny-a")
@@ -30,10 +31,6 @@ REVERSED = [text[::-1] for text in ROWS]
 
 def invoke(*args: str):
     return CliRunner().invoke(cli, TRANSLATE + list(args))
-
-
-def listing(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
 
 
 def stop_after(fake, calls: int, signum: int = signal.SIGTERM) -> None:
@@ -370,13 +367,13 @@ def test_a_signal_while_the_output_is_put_in_place_ends_the_job_as_finished(fake
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
-    remove_state = pipeline.remove_state
+    save_record = pipeline.save_record
 
-    def signalled(path):  # SIGTERM arrives inside the last critical section, after the rename
+    def signalled(*args):  # SIGTERM arrives inside the last critical section, after the rename
         os.kill(os.getpid(), signal.SIGTERM)
-        remove_state(path)
+        save_record(*args)
 
-    monkeypatch.setattr(pipeline, "remove_state", signalled)
+    monkeypatch.setattr(pipeline, "save_record", signalled)
     result = invoke("--errors", "e.jsonl", "--chunk-rows", "5", "in.txt", f"out.{fmt}")
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith("Done: 12 rows (12 translated")
@@ -515,7 +512,7 @@ def test_closed_stdin_with_input_from_stdin_is_one_line(tmp_path):
     result = subprocess.run(nllb("-", "out.txt"), capture_output=True, text=True, cwd=tmp_path, preexec_fn=closing(0), timeout=120)
     assert result.returncode == 2
     assert result.stderr == "Error: standard input is closed: name an INPUT file instead of -.\n"
-    assert os.listdir(tmp_path) == []
+    assert listing(tmp_path) == []
 
 
 @pytest.mark.parametrize("fd", [0, 1, 2])
@@ -543,7 +540,7 @@ def test_ctrl_c_during_start_up_has_no_traceback(tmp_path, delay):
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert process.returncode in (130, 0), stderr
     if process.returncode == 130:
-        assert os.listdir(tmp_path) == ["in.txt"] or (tmp_path / ".out.txt.nllb-state.json").exists()
+        assert listing(tmp_path) == ["in.txt"] or (tmp_path / ".out.txt.nllb-state.json").exists()
 
 
 def test_the_nllb_command_starts_through_the_quiet_entry_point():

@@ -18,6 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from jobfiles import listing
 
 TINY = str(Path(__file__).parent / "models" / "tiny-a")
 SENTENCES = [
@@ -91,7 +92,7 @@ def straight(tmp_path_factory):
         code = run(command(source, target), cwd=directory)
         assert code == (3 if fmt == "jsonl" else 0)
         results[fmt] = (target.read_bytes(), (directory / "errors.jsonl").read_bytes(), time.monotonic() - start)
-        assert sorted(os.listdir(directory)) == sorted(["errors.jsonl", source.name, target.name])
+        assert listing(directory) == sorted(["errors.jsonl", source.name, target.name])
     return results
 
 
@@ -119,7 +120,7 @@ def test_kill_9_at_random_points_then_resume_gives_identical_bytes(tmp_path, str
     assert code == (3 if fmt == "jsonl" else 0)
     assert target.read_bytes() == expected
     assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
-    assert sorted(os.listdir(tmp_path)) == sorted(["errors.jsonl", source.name, target.name])
+    assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -180,18 +181,18 @@ def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fak
         pq.write_table(pa.table({"text": ["ab", "cd"]}), "in.parquet")
     args = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn", "--errors", "errors.jsonl", f"in.{fmt}", f"out.{fmt}"]
 
-    def killed(path):
-        raise KeyboardInterrupt  # stands for kill -9 between putting the output in place and removing the state
+    def killed(state, saved, output):
+        raise KeyboardInterrupt  # stands for kill -9 between putting the output in place and recording it
 
     with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "remove_state", killed)
+        patch.setattr(pipeline, "save_record", killed)
         assert CliRunner().invoke(cli, args).exit_code == 130
     finished = Path(f"out.{fmt}").read_bytes()
     assert Path(f".out.{fmt}.nllb-state.json").exists() and not Path(f".out.{fmt}.nllb-partial").exists()
     result = CliRunner().invoke(cli, args + ["--resume"])
     assert result.exit_code == 0, result.output
     assert Path(f"out.{fmt}").read_bytes() == finished
-    assert sorted(os.listdir(".")) == sorted(["errors.jsonl", f"in.{fmt}", f"out.{fmt}"])
+    assert listing(".") == sorted(["errors.jsonl", f"in.{fmt}", f"out.{fmt}"])
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
@@ -217,7 +218,7 @@ def test_kill_chains_of_fresh_runs_and_resumes_never_block_resume(tmp_path, stra
     assert run(command(source, target, "--resume"), cwd=tmp_path) == (3 if fmt == "jsonl" else 0)
     assert target.read_bytes() == expected
     assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
-    assert sorted(os.listdir(tmp_path)) == sorted(["errors.jsonl", source.name, target.name])
+    assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])
 
 
 def test_a_second_stop_signal_ends_a_stop_that_cannot_finish(tmp_path):
