@@ -11,7 +11,7 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of, known_extension
 from .langs import resolve_lang
-from .options import GPU_BATCHING, BatchOptions, DecodeOptions
+from .options import GPU_BATCHING, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -108,6 +108,7 @@ def cli():
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
+@click.option("--threads", type=click.IntRange(min=1), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help="Threads of the CPU engine's matrix products (the BLAS library's); a GPU job's engine does not use them.")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed, with their row number and reason (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
@@ -115,7 +116,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, adapter, input_format, output_format, field, output_field,
               src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, no_split, max_batch_tokens, chunk_rows, on_error, errors_file, resume, progress, quiet):
+              repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
@@ -179,7 +180,7 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
     for job in jobs:
         mode = "none" if quiet else progress_mode(progress, job.output)
         try:
-            codes.append(run_job(translator, job, decode, batching, mode, resume, quiet))
+            codes.append(run_job(translator, job, decode, batching, mode, resume, quiet, threads))
         except click.ClickException as error:
             if len(jobs) == 1:
                 raise
@@ -259,7 +260,8 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     return job
 
 
-def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode: str, resume: bool, quiet: bool) -> int:
+def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode: str, resume: bool, quiet: bool,
+            threads: int | None = None) -> int:
     """One job through the pipeline; its exit code (0, or 3 with failed rows). A stop signal or a gone reader
     of stdout ends the command."""
     from .pipeline import translate_file
@@ -268,7 +270,8 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
 
     try:
         with stop_on_signals():
-            counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet)
+            counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet,
+                                      threads=threads)
         return 3 if counters.failed else 0
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None

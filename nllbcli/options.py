@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -54,3 +55,12 @@ class BatchOptions:
 
 # 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERF.md)
 GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)
+
+
+def cpu_threads() -> int:
+    """The CPU engine's BLAS threads by default: half the cores this process may run on, at least one. The BLAS
+    threads wait for each other by spinning, so a core taken by another process (or by the job's own reader and
+    writer threads) stalls them all: with a thread on every core, a job beside other work took up to 80 times as
+    long as with half as many (README, Options)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)

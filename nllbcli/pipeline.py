@@ -100,11 +100,13 @@ def translate_file(
     resume: bool = False,
     summary: bool = False,
     reporter_stream=None,
+    threads: int | None = None,
 ) -> Counters:
     """Translate every row of the job's input into its output; returns the job's counters.
 
     `progress` is a mode of progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
-    continues an interrupted job's partial output (resume.py). A `Stopped` that ends the job carries
+    continues an interrupted job's partial output (resume.py); `threads` holds the BLAS library's thread pool, the
+    CPU engine's matrix products, to that many threads while the job runs (None: the library's own count). A `Stopped` that ends the job carries
     `resumable`: whether a commit is saved for --resume to continue from."""
     mode = {True: "bar", False: "none"}.get(progress, progress)
     if job.on_error == "record" and not job.errors:
@@ -137,8 +139,12 @@ def translate_file(
                           {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
                            "--tgt-lang-field": job.tgt_field})
             counters = Counters(**saved.counters) if saved else Counters()
-            reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary)
+            reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job))
             stack.enter_context(fewer_collections())
+            if threads is not None:
+                from threadpoolctl import threadpool_limits
+
+                stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
             try:
                 run(translator, job, decode, batching, source, reporter, files, identity)
             except BaseException:
@@ -152,6 +158,13 @@ def translate_file(
             raise
         reporter.close()
         return counters
+
+
+def job_label(job: Job) -> str:
+    """What the progress bar names the job by: the input's file name and the direction."""
+    name = "stdin" if job.input == "-" else os.path.basename(job.input)
+    src, tgt = job.src or f"each row's {job.src_field}", job.tgt or f"each row's {job.tgt_field}"
+    return f"{name}: {src} → {tgt}"
 
 
 def follow_link(path: str | None) -> str | None:

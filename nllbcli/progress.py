@@ -1,15 +1,24 @@
 """What a job tells on stderr while it runs and when it ends.
 
-`--progress bar` is a rich progress line (rows done, tokens/s, time left); `json` is one JSON object per
-`JSON_INTERVAL` seconds for cron logs and pipelines; `none` is silence; `auto` is the bar when stderr is a
-terminal (and the translations do not go to that same terminal), else none. Every job ends with a summary line
-(a JSON object under `json`) unless --quiet.
+`--progress bar` is a rich progress display: a line naming the input and the direction, then the bar, rows
+done, rows/s and tokens/s, time elapsed and time left; `json` is one JSON object every `JSON_INTERVAL` seconds
+(on a timer thread, whether or not a batch finished meanwhile) for cron logs and pipelines; `none` is silence;
+`auto` is the bar when stderr is a terminal (and the translations do not go to that same terminal), else none.
+Every job ends with a summary line (a JSON object under `json`) unless --quiet; on a terminal it wraps at word
+boundaries to the terminal's width.
+
+Rows count as done when translated (or failed), before their chunk is committed: progress shows those, and the
+JSON lines say how many of them are committed too. The rates and time left are this run's averages, from its
+first finished row on.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import textwrap
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import TextIO
@@ -44,31 +53,33 @@ class Counters:
 
 
 class Reporter:
-    """Counts the job and shows it: `advance` as rows finish, `warn` for skipped rows, `close` for the summary."""
+    """Counts the job and shows it: `advance` as rows finish, `warn` for skipped rows, `close` for the summary.
+
+    `counters` are the committed rows' (write_chunk counts them; the resume state saves them); `done` counts
+    rows as the model finishes them, for display. `label` names the job in the bar (input and direction)."""
 
     def __init__(self, mode: str = "none", total: int | None = None, counters: Counters | None = None,
-                 stream: TextIO | None = None, summary: bool = True, console=None):
+                 stream: TextIO | None = None, summary: bool = True, console=None, label: str = ""):
         self.mode, self.total, self.summary = mode, total, summary
         self.counters = counters or Counters()
         self.stream = stream
         self.started = time.monotonic()
         self.seconds_before = self.counters.seconds
-        self.last_json = self.started
-        self.bar = self.task = None
+        self.done = self.first = self.counters.rows  # rows done (committed or not), and those done before this run
+        self.tokens = 0  # tokens generated in this run
+        self.lock = threading.Lock()  # one line at a time on the stream, from the timer and the job's threads
+        self.bar = self.task = self.console = self.timer = None
+        self.stopped = threading.Event()
         if mode == "bar":
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-            columns = [
-                SpinnerColumn() if total is None else BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("rows"),
-                TextColumn("{task.fields[rate]}"),
-                TimeElapsedColumn() if total is None else TimeRemainingColumn(),
-            ]
-            self.bar = Progress(*columns, console=console or Console(file=self.out, stderr=stream is None))
+            self.console = console or Console(file=self.out, stderr=stream is None)
+            self.bar = job_progress(self.console, label, total)
             self.bar.start()
-            self.task = self.bar.add_task("translate", total=total, completed=self.counters.rows, rate="")
+            self.task = self.bar.add_task("translate", total=total, completed=self.done, first=self.done, tokens=0)
+        elif mode == "json":
+            self.timer = threading.Thread(target=self.emit_every, name="nllb-progress", daemon=True)
+            self.timer.start()
 
     @property
     def out(self) -> TextIO:
@@ -79,31 +90,63 @@ class Reporter:
 
     def advance(self, rows: int, tokens: int) -> None:
         """`rows` more rows are done (translated or failed), `tokens` more tokens generated."""
+        self.done += rows
+        self.tokens += tokens
         self.counters.tokens += tokens
         self.tick()
         if self.bar is not None:
-            rate = self.counters.tokens / max(self.counters.seconds, 1e-6)
-            self.bar.update(self.task, advance=rows, rate=f"{rate:,.0f} tokens/s")
-        elif self.mode == "json" and time.monotonic() - self.last_json >= JSON_INTERVAL:
-            self.last_json = time.monotonic()
-            self.emit("progress")
+            self.bar.update(self.task, completed=self.done, tokens=self.tokens)
+
+    def emit_every(self) -> None:
+        """A progress line every JSON_INTERVAL seconds until close(); a stream that cannot take one ends it."""
+        while not self.stopped.wait(JSON_INTERVAL):
+            try:
+                self.emit("progress")
+            except (OSError, ValueError):  # stderr closed or gone: the job goes on without progress
+                return
 
     def emit(self, event: str) -> None:
+        self.tick()
         record = {"event": event, **self.counters.as_dict()}
+        if event == "progress":  # rows as the model finishes them, then how many of them are committed
+            seconds = time.monotonic() - self.started
+            rate = (self.done - self.first) / seconds if seconds > 0 else 0.0
+            record = {"event": event, "rows": self.done, "committed": record.pop("rows"), **record,
+                      "rows_per_s": round(rate, 2)}
+            if self.total is not None:
+                record["eta_s"] = round((self.total - self.done) / rate, 1) if rate > 0 else None
         if self.total is not None:
             record["total"] = self.total
-        print(json.dumps(record), file=self.out, flush=True)
+        self.write(json.dumps(record))
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.out.write(line + "\n")
+            self.out.flush()
 
     def warn(self, message: str) -> None:
         """A line for a skipped row; through the bar's console, so the bar stays whole."""
         if self.bar is not None:
             self.bar.console.print(message, markup=False, highlight=False)
         else:
-            print(message, file=self.out, flush=True)
+            self.write(message)
+
+    def width(self) -> int | None:
+        """The terminal's width, where the summary goes to one (None: a file or a pipe, one line)."""
+        if self.console is not None:
+            return self.console.width if self.console.is_terminal else None
+        try:
+            return shutil.get_terminal_size().columns if self.out.isatty() else None
+        except (AttributeError, ValueError, OSError):
+            return None
 
     def close(self, summary: bool | None = None) -> None:
-        """Stop the bar and, unless quiet, print the summary."""
+        """Stop the bar or the timer and, unless quiet, print the summary."""
         self.tick()
+        if self.timer is not None:
+            self.stopped.set()
+            self.timer.join()
+            self.timer = None
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
@@ -113,9 +156,60 @@ class Reporter:
             self.emit("summary")
             return
         c = self.counters
-        print(
-            f"Done: {c.rows:,} rows ({c.translated:,} translated, {c.failed:,} failed, {c.flagged:,} flagged: "
-            f"{c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), {c.sentences:,} sentences, "
-            f"{c.tokens:,} tokens in {c.seconds:.1f} s, {c.as_dict()['tokens_per_s']:,.0f} tokens/s.",
-            file=self.out, flush=True,
-        )
+        line = (f"Done: {c.rows:,} rows ({c.translated:,} translated, {c.failed:,} failed, {c.flagged:,} flagged: "
+                f"{c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), {c.sentences:,} sentences, "
+                f"{c.tokens:,} tokens in {c.seconds:.1f} s, {c.as_dict()['tokens_per_s']:,.0f} tokens/s.")
+        width = self.width()
+        self.write(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))
+
+
+def job_progress(console, label: str, total: int | None):
+    """The bar: `label` on a line of its own (cut to the width), then bar, rows, rates, elapsed and time left,
+    which rich fits to the width by narrowing the bar."""
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    def seconds(task) -> float:
+        return task.elapsed or 0.0
+
+    def rate(x: float) -> str:  # at most 5 characters up to 999,999/s: the bar keeps its room on 80 columns
+        return f"{x:.1f}" if x < 100 else f"{x:,.0f}" if x < 10_000 else f"{x / 1000:,.0f}k"
+
+    class RateColumn(ProgressColumn):
+        """Rows/s and tokens/s over this run so far."""
+
+        def render(self, task) -> Text:
+            elapsed = seconds(task)
+            rows, tokens = task.completed - task.fields["first"], task.fields["tokens"]
+            if not elapsed:
+                return Text("")
+            return Text(f"{rate(rows / elapsed)} rows/s {rate(tokens / elapsed)} tokens/s", style="progress.data.speed")
+
+    class TimeLeftColumn(ProgressColumn):
+        """The rows left at this run's rows/s since its start (rich's own estimate averages a recent window only,
+        and has none while one batch takes longer than the window)."""
+
+        def render(self, task) -> Text:
+            rows = task.completed - task.fields["first"]
+            if not rows or not seconds(task):
+                return Text("ETA -:--:--", style="progress.remaining")
+            left = int((task.total - task.completed) * seconds(task) / rows)
+            return Text(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}", style="progress.remaining")
+
+    class JobProgress(Progress):
+        def get_renderables(self):
+            if label:
+                yield Text(label, no_wrap=True, overflow="ellipsis")
+            yield from super().get_renderables()
+
+    line = lambda: Column(no_wrap=True, overflow="ellipsis")  # noqa: E731 - one line, cut where the width ends
+    if total is None:
+        columns = [SpinnerColumn(table_column=line()), TextColumn("{task.completed:,.0f} rows", table_column=line())]
+    else:
+        columns = [BarColumn(bar_width=None, table_column=Column(ratio=1, no_wrap=True)),
+                   TextColumn("{task.completed:,.0f}/{task.total:,.0f} rows", table_column=line())]
+    columns += [RateColumn(table_column=line()), TimeElapsedColumn(table_column=line())]
+    if total is not None:
+        columns.append(TimeLeftColumn(table_column=line()))
+    return JobProgress(*columns, console=console, expand=total is not None)  # the bar takes the width left

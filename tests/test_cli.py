@@ -637,3 +637,70 @@ def test_closed_stdout_ends_quietly(tmp_path):
     result = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, timeout=120)
     assert result.stdout.count("\n") == 1
     assert result.stderr == "141\n"
+
+
+def test_json_progress_comes_on_a_timer_and_counts_rows_before_their_commit(fake, monkeypatch):
+    """A line every JSON_INTERVAL seconds while a batch takes longer than that, and each row counted when the
+    model has finished it, before its chunk is committed ("committed" says how many are)."""
+    import time
+
+    monkeypatch.setattr("nllbcli.progress.JSON_INTERVAL", 0.05)
+    generate = fake.generate
+
+    def slow(sources, tgt, options):
+        time.sleep(0.5)
+        return generate(sources, tgt, options)
+
+    fake.generate = slow
+    result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:] + ["--progress", "json", "--max-batch-tokens", "1"],
+                                input="ab\ncd\n")  # one chunk, two batches of one sentence
+    assert result.exit_code == 0
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    progress = [line for line in lines if line["event"] == "progress"]
+    assert lines[-1]["event"] == "summary" and lines[-1]["rows"] == 2
+    assert len([p for p in progress if p["rows"] == 0 and p["tokens"] == 0]) >= 3  # while the first batch runs
+    assert len([p for p in progress if (p["rows"], p["committed"]) == (1, 0)]) >= 3  # while the second runs
+    assert all(a["seconds"] < b["seconds"] for a, b in zip(progress, progress[1:]))
+
+
+def test_progress_bar_names_the_input_and_the_direction(fake, tmp_path):
+    (tmp_path / "notes.txt").write_text("ab\n")
+    result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:] + ["--progress", "bar", str(tmp_path / "notes.txt")])
+    assert result.exit_code == 0
+    assert "notes.txt: eng_Latn → fra_Latn" in result.stderr
+
+
+@pytest.mark.parametrize("how, threads", [(["--threads", "1"], 1), ({"NLLB_THREADS": "3"}, 3), ([], "default")])
+def test_threads_hold_the_blas_pool_inside_the_engine(monkeypatch, tmp_path, how, threads):
+    """--threads N (or NLLB_THREADS) is the BLAS pool's thread count while the engine generates (threadpoolctl);
+    without either, half the cores, at least 1."""
+    from threadpoolctl import threadpool_info
+
+    from nllbcli.options import cpu_threads
+    from nllbcli.translator import Translator
+
+    seen = []
+    generate = Translator.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "generate", spy)
+    before = [pool["num_threads"] for pool in threadpool_info()]
+    (tmp_path / "in.txt").write_text("Hello!\n")
+    env = how if isinstance(how, dict) else {}
+    result = CliRunner(env=env).invoke(cli, TRANSLATE + ["--model", TINY, "--device", "cpu", "--max-length", "4",
+                                                       *([] if env else how), str(tmp_path / "in.txt")])
+    assert result.exit_code == 0, result.output
+    assert seen == [{cpu_threads() if threads == "default" else threads}]
+    assert [pool["num_threads"] for pool in threadpool_info()] == before  # as it was once the job is done
+
+
+@pytest.mark.parametrize("how", [["--threads", "0"], ["--threads", "two"], {"NLLB_THREADS": "-1"}])
+def test_a_bad_thread_count_is_refused(fake, how):
+    env = how if isinstance(how, dict) else {}
+    result = CliRunner(env=env).invoke(cli, TRANSLATE + ([] if env else how), input="ab\n")
+    assert result.exit_code == 2
+    assert "Invalid value for '--threads'" in result.stderr
+    assert fake.batches == []

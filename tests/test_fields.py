@@ -589,3 +589,20 @@ def test_a_name_given_twice_fails_its_row(fake, here, line, name):
     assert result.stderr == (f'Skipped: in.jsonl:1: the name "{name}" appears twice in one object, and only one of its '
                              "values could be kept.\n")
     assert (here / "out.jsonl").read_text() == '{"text": "ok", "translation": "ko"}\n'
+
+
+@pytest.mark.parametrize("value, wider", [
+    ([None, None], pa.list_(pa.null())),
+    ({"x": [None, None]}, pa.struct([("x", pa.list_(pa.null())), ("y", pa.int64())])),
+    ([[None], [None, None]], pa.list_(pa.list_(pa.null()))),
+])
+def test_a_frame_holding_lists_of_nulls_conforms_to_a_wider_schema(value, wider):
+    """A JSONL frame's list of nulls (alone, in a struct, in a list) cast into the final schema keeps its nulls
+    (pyarrow's own cast gave an invalid array: 'Length spanned by list offsets (2) larger than values array')."""
+    from nllbcli.io.parquet import conform
+
+    table = pa.Table.from_pylist([{"c": value}])
+    schema = pa.schema([("c", wider), ("b", pa.null())])
+    out = conform(table, schema)
+    out.validate(full=True)
+    assert out.to_pylist() == [{"c": {**value, "y": None} if isinstance(value, dict) else value, "b": None}]

@@ -1,5 +1,7 @@
 import io
 import json
+import re
+import time
 
 import pytest
 from rich.console import Console
@@ -171,20 +173,73 @@ def test_progress_none_writes_only_the_summary():
 
 
 def test_progress_json_lines(monkeypatch):
+    """A progress line: rows done (committed or not), how many are committed, the counters, and this run's rows/s
+    and time left."""
     clock = [100.0]
     monkeypatch.setattr("nllbcli.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("nllbcli.progress.JSON_INTERVAL", 3600)  # the timer's lines: test_cli's
     stream = io.StringIO()
     reporter = Reporter("json", 20, Counters(rows=5, tokens=10, seconds=2.0), stream=stream)
-    clock[0] += 1
-    reporter.advance(1, 5)  # under JSON_INTERVAL since the start: nothing yet
-    clock[0] += 5
-    reporter.counters.rows = 7
-    reporter.advance(1, 5)
+    clock[0] += 4
+    reporter.advance(2, 10)  # two more rows translated, not yet committed
+    reporter.emit("progress")
     reporter.close()
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["event"] for line in lines] == ["progress", "summary"]
-    assert lines[0] == {"event": "progress", "rows": 7, "translated": 0, "failed": 0, "cut": 0, "max_length": 0,
-                        "sentences": 0, "tokens": 20, "seconds": 8.0, "flagged": 0, "tokens_per_s": 2.5, "total": 20}
+    assert lines[0] == {"event": "progress", "rows": 7, "committed": 5, "translated": 0, "failed": 0, "cut": 0,
+                        "max_length": 0, "sentences": 0, "tokens": 20, "seconds": 6.0, "flagged": 0,
+                        "tokens_per_s": 3.3, "rows_per_s": 0.5, "eta_s": 26.0, "total": 20}
+    assert lines[1]["rows"] == 5 and "committed" not in lines[1]
+
+
+def rendered_lines(stream: io.StringIO) -> list[str]:
+    """What a terminal shows of a rich console's output, line by line: cursor moves and colours taken out."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", stream.getvalue())
+    return [line for line in re.split(r"[\r\n]", text) if line.strip()]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("total", [3_000, 3_000_000])
+def test_progress_bar_names_the_job_and_fits_the_width(width, total):
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=width)
+    reporter = Reporter("bar", total, console=console, stream=io.StringIO(), label="in.jsonl: eng_Latn → fra_Latn")
+    time.sleep(0.05)
+    reporter.advance(total // 3, total * 10)
+    reporter.bar.refresh()
+    reporter.close(summary=False)
+    lines = rendered_lines(stream)
+    assert max(len(line) for line in lines) <= width
+    assert "in.jsonl: eng_Latn → fra_Latn" in lines
+    bar = lines[-1]
+    assert re.search(rf"{total // 3:,}/{total:,} rows [\d,.]+k? rows/s [\d,.]+k? tokens/s 0:00:00 ETA 0:00:\d\d$", bar), bar
+
+
+def test_progress_bar_has_a_time_left_from_the_first_rows():
+    """rich's own estimate stays blank until two updates fall within its window; this one needs one row done."""
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=True, width=100)
+    reporter = Reporter("bar", 100, console=console, stream=io.StringIO())
+    reporter.bar.refresh()
+    assert rendered_lines(stream)[-1].endswith("ETA -:--:--")
+    time.sleep(0.2)
+    reporter.advance(1, 30)  # 1 row in 0.2 s: 99 left take ~20 s
+    reporter.bar.refresh()
+    reporter.close(summary=False)
+    assert re.search(r"ETA 0:00:(1\d|2\d)$", rendered_lines(stream)[-1])
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_summary_wraps_at_words_on_a_terminal(width):
+    stream = io.StringIO()
+    console = Console(file=io.StringIO(), force_terminal=True, width=width)
+    reporter = Reporter("bar", 10, Counters(rows=1_234_567, translated=1_234_000, failed=567, sentences=2_345_678,
+                                            tokens=98_765_432), console=console, stream=stream)
+    reporter.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) > 1 and max(len(line) for line in lines) <= width
+    assert " ".join(lines).startswith("Done: 1,234,567 rows (1,234,000 translated, 567 failed, 0 flagged: 0 cut to fit "
+                                      "the model, 0 stopped at --max-length), 2,345,678 sentences, 98,765,432 tokens in ")
 
 
 def reader_of(rows: int, log: list[int], fail_at: int | None = None):

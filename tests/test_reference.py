@@ -143,3 +143,43 @@ def test_bf16_residual_rounds_the_stream_at_every_add(monkeypatch):
     assert not all(np.array_equal(x, ref.bf16_round(x)) for x in seen[False])
     assert not np.array_equal(logits[True], logits[False])
     np.testing.assert_allclose(logits[True], logits[False], atol=0.05 * np.abs(logits[False]).max())
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_the_decoder_cache_holds_what_the_rows_fill(monkeypatch, beam_size):
+    """--max-length 200 on translations of a dozen tokens: the cache holds a few dozen positions, not 201, and
+    every step's logits are bit for bit those of a cache made whole at the start."""
+    from nllbcli.options import DecodeOptions
+    from nllbcli.search import generate
+    from nllbcli.tokenizer import tokenizer_from_model_dir
+
+    sample = HERE.parent / "data" / "samples" / "model"
+    config, weights = load_checkpoint(sample)
+    tokenizer = tokenizer_from_model_dir(sample, config)
+    lines = (HERE.parent / "data" / "samples" / "heldout" / "eng_Latn.txt").read_text().splitlines()[:6]
+    sources = [tokenizer.encode(line, "eng_Latn") for line in lines]
+    engine = ref.ReferenceEngine(config, weights)
+    step = engine.step
+
+    def run() -> tuple[list, list, list]:
+        rooms, logits = [], []
+
+        def spy(encoded, state, tokens, want_logits=True):
+            out = step(encoded, state, tokens, want_logits)
+            rooms.append(state.self_k[0].shape[1])
+            logits.append(out)
+            return out
+
+        monkeypatch.setattr(engine, "step", spy)
+        ids = generate(engine, sources, tokenizer.lang_id("fra_Latn"), config, DecodeOptions(beam_size, 200))
+        return ids, rooms, logits
+
+    grown, rooms, logits = run()
+    assert max(len(ids) for ids in grown) < 30
+    assert max(rooms) <= 64
+    monkeypatch.setattr(ref, "FIRST_ROOM", 10**6)  # room for every position from the start
+    whole, whole_rooms, whole_logits = run()
+    assert set(whole_rooms) == {201}
+    assert whole == grown
+    assert len(whole_logits) == len(logits)
+    assert all(np.array_equal(a, b) for a, b in zip(logits, whole_logits) if a is not None)

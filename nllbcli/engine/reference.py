@@ -16,6 +16,7 @@ import numpy as np
 from ..checkpoint import ModelConfig
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
+FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
 
 
 # ------------------------------------------------------------------------------------------------ operations
@@ -137,12 +138,18 @@ class DecoderState(RowPositions):
     """The decoder's cache for N rows, each reading one source, each at its own position (RowPositions)."""
 
     source_rows: np.ndarray  # (N,) which source each row reads: rows with equal values read the same cross K/V
-    self_k: list[np.ndarray]  # per layer (N, T_max, D)
+    self_k: list[np.ndarray]  # per layer (N, T_room, D): room for T_room positions, grown as the rows need more
     self_v: list[np.ndarray]
     cross_k: list[np.ndarray]  # per layer (N, S, D): each row's source K/V, gathered when the rows change
     cross_v: list[np.ndarray]
     src_mask: np.ndarray  # (N, S)
     t: np.ndarray  # (N,) positions filled, per row
+    max_positions: int  # the most positions a row may fill: the cache never grows past it
+
+    @property
+    def room(self) -> int:
+        """Positions each row's cache holds now."""
+        return self.self_k[0].shape[1]
 
 
 class ReferenceEngine:
@@ -222,16 +229,30 @@ class ReferenceEngine:
     # -- decoder
 
     def start(self, encoded: EncoderOutput, source_rows: np.ndarray, max_positions: int) -> DecoderState:
-        """An empty cache for len(source_rows) decoder rows with room for `max_positions` tokens each."""
+        """An empty cache for len(source_rows) decoder rows that may fill `max_positions` positions each. It holds
+        the longest source's length to begin with (at least FIRST_ROOM) and doubles when the rows need more
+        (make_room): most translations end long before --max-length, and memory goes with what they fill."""
         n, d = len(source_rows), self.config.d_model
         rows = np.asarray(source_rows, dtype=np.int64)
-        zeros = lambda: np.zeros((n, max_positions, d), np.float32)  # noqa: E731
+        room = min(max_positions, max(FIRST_ROOM, encoded.mask.shape[1]))
+        zeros = lambda: np.zeros((n, room, d), np.float32)  # noqa: E731
         layers = range(self.config.decoder_layers)
         return DecoderState(
             rows, [zeros() for _ in layers], [zeros() for _ in layers],
             [k[rows] for k in encoded.cross_k], [v[rows] for v in encoded.cross_v], encoded.mask[rows],
-            np.zeros(n, np.int64),
+            np.zeros(n, np.int64), max_positions,
         )
+
+    def make_room(self, state: DecoderState, positions: int) -> None:
+        """Grow the cache to hold `positions` positions per row: double its room (at most max_positions), the
+        filled positions copied as they are, so attention reads the same values as from a cache made whole."""
+        if positions <= state.room:
+            return
+        room = max(positions, min(2 * state.room, state.max_positions))
+        for cache in (state.self_k, state.self_v):
+            for i, old in enumerate(cache):  # layer by layer: one layer's old and new arrays alive at once
+                cache[i] = np.zeros((old.shape[0], room) + old.shape[2:], old.dtype)
+                cache[i][:, : state.length] = old[:, : state.length]
 
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
         """Feed one token per row, each at its own position state.t; return the next-token logits (N, V) float32.
@@ -245,6 +266,7 @@ class ReferenceEngine:
         h = self.res(embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale,
                            self.positions_for(state.length + 1)))[:, None, :]
         every, keys = np.arange(n), state.length + 1
+        self.make_room(state, keys)
         # each row attends to its own positions 0..t, the others' later ones masked (None: rows in lockstep, all see all)
         own = None if (t == keys - 1).all() else np.arange(keys)[None, :] <= t[:, None]  # (N, T)
         for i in range(c.decoder_layers):
@@ -298,8 +320,9 @@ class ReferenceEngine:
             state.cross_v = [v[rows] for v in state.cross_v]
             state.src_mask = state.src_mask[rows]
         state.source_rows = sources
-        state.self_k = [gather_rows(k, rows, state.length) for k in state.self_k]
-        state.self_v = [gather_rows(v, rows, state.length) for v in state.self_v]
+        for cache in (state.self_k, state.self_v):
+            for i, old in enumerate(cache):  # layer by layer: one layer's old and new arrays alive at once
+                cache[i] = gather_rows(old, rows, state.length)
         state.t = state.t[rows]
 
     def join(self, state: DecoderState, other: DecoderState) -> None:
@@ -321,6 +344,7 @@ class ReferenceEngine:
         # other's sources numbered past this state's, so that no two rows of different sources compare equal (select)
         state.source_rows = np.concatenate([state.source_rows, other.source_rows + state.source_rows.max(initial=-1) + 1])
         state.t = np.concatenate([state.t, other.t])
+        state.max_positions = max(state.max_positions, other.max_positions)
         self.select(other, np.arange(0))
 
 

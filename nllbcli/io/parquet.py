@@ -667,9 +667,28 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     structs gaining fields), the columns it lacks as nulls."""
     if table.schema == schema:
         return table
-    columns = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
+    columns = [cast_column(table.column(f.name), f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type)
                for f in schema]
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def cast_column(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """column.cast(kind), except where it holds lists of nulls: pyarrow (26) casts list<null> to itself, alone or
+    inside a struct, into an invalid array (offsets past the end of its values), so those go through their
+    Python values."""
+    if column.type == kind:
+        return column
+    if holds_null_lists(column.type):
+        return pa.chunked_array([pa.array(column.to_pylist(), type=kind)], type=kind)
+    return column.cast(kind)
+
+
+def holds_null_lists(kind: pa.DataType) -> bool:
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.types.is_null(kind.value_type) or holds_null_lists(kind.value_type)
+    if pa.types.is_struct(kind):
+        return any(holds_null_lists(kind.field(i).type) for i in range(kind.num_fields))
+    return False
 
 
 def frames_to_parquet(partial: str, target: BinaryIO, schema: pa.Schema | None, output_field: str, field: str) -> None:
