@@ -98,6 +98,8 @@ def cli():
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
 @click.option("--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
+@click.option("--status-field", help="A JSONL field or Parquet column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
+@click.option("--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
 @click.option("--src-lang-field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
 @click.option("--tgt-lang-field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
 @click.option("--beam-size", type=click.IntRange(min=1), default=DecodeOptions.beam_size, show_default=True, help="Beams per sentence; 1 is greedy search.")
@@ -110,12 +112,12 @@ def cli():
 @click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--threads", type=click.IntRange(min=1), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help="Threads of the CPU engine's matrix products (the BLAS library's); a GPU job's engine does not use them.")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
-@click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed, with their row number and reason (--on-error record).")
+@click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, adapter, input_format, output_format, field, output_field,
-              src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
+              status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
@@ -154,7 +156,8 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
                            "record their failed rows, or use --on-error skip.")
     base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
-               tgt_field=tgt_lang_field, split=not no_split, on_error=on_error, errors=errors_file, force=force)
+               tgt_field=tgt_lang_field, split=not no_split, on_error=on_error, errors=errors_file, force=force,
+               status_field=status_field, overwrite_field=overwrite_field)
     jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume)
             for input, output in pairs]
     if len(pairs) > 1:
@@ -229,7 +232,7 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     """The job with its formats, checked before any model loads: every usage error of the job's paths."""
     from dataclasses import replace
 
-    from .pipeline import check_paths
+    from .pipeline import check_fields, check_paths
     from .resume import is_stream
 
     input, output = job.input, job.output
@@ -255,6 +258,7 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     job = replace(job, input_format=in_format, output_format=out_format)
     try:
         check_paths(job)
+        check_fields(job)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
     return job

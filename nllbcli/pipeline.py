@@ -31,7 +31,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from .errors import NllbError
-from .io import Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
+from .io import Added, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .io.parquet import check_columns
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
@@ -67,6 +67,12 @@ class Job:
     on_error: str = "fail"  # fail, skip or record: what a bad row does
     errors: str | None = None  # the JSONL file bad rows go to under record
     force: bool = False  # replace an OUTPUT file nllb did not write
+    status_field: str | None = None  # the JSONL field or Parquet column that gets each row's status (status_of)
+    overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
+
+    @property
+    def added(self) -> Added:
+        return Added(self.output_field, self.status_field)
 
 
 @dataclass
@@ -112,6 +118,7 @@ def translate_file(
     if job.on_error == "record" and not job.errors:
         raise ValueError("--on-error record needs --errors FILE to record the rows in")
     check_paths(job)
+    check_fields(job)
     job = replace(job, output=follow_link(job.output), errors=follow_link(job.errors))
     files = None
     with ExitStack() as stack:
@@ -137,7 +144,8 @@ def translate_file(
                                                     start=saved.position if saved else None))
             check_columns(source.schema, job.input, job.output_format,
                           {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
-                           "--tgt-lang-field": job.tgt_field})
+                           "--tgt-lang-field": job.tgt_field, "--status-field": job.status_field})
+            check_added_columns(source.schema, job)
             counters = Counters(**saved.counters) if saved else Counters()
             reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job))
             stack.enter_context(fewer_collections())
@@ -227,7 +235,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     counters = reporter.counters
     saved, output, errors, state, errors_path = files.saved, files.output, files.errors, files.state, files.errors_path
     if state is None:  # a stream: written as it goes
-        sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field)
+        sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field, job.status_field)
     else:
         sink = open_frames(output, job, source, saved)
 
@@ -286,8 +294,8 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
     from .io import parquet
 
     if job.output_format != "parquet":
-        return open_sink(output.stream, job.output_format, job.output_field, None, job.field)
-    sink = parquet.FrameSink(output.stream, source.schema, job.output_field, job.field)
+        return open_sink(output.stream, job.output_format, job.output_field, None, job.field, job.status_field)
+    sink = parquet.FrameSink(output.stream, source.schema, job.output_field, job.field, job.status_field)
     if saved is not None:
         output.stream.flush()
         sink.resume(output.partial)
@@ -302,7 +310,7 @@ def parquet_converter(job: Job, source: Input):
         fixed, not random, so a conversion killed half-way leaves nothing that the next run does not replace."""
         temp = converting_path(path)
         with NamedStream(os.fdopen(create_private(temp, os.O_WRONLY), "wb"), path) as target:
-            parquet.frames_to_parquet(partial, target, source.schema, job.output_field, job.field)
+            parquet.frames_to_parquet(partial, target, source.schema, job.added, job.field)
             target.flush()
             os.fsync(target.fileno())
         os.chmod(temp, file_mode(path))
@@ -320,6 +328,9 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         "tgt_field": job.tgt_field, "split": job.split, "decode": vars(decode).copy(),
         "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input), "model": str(getattr(translator, "model_dir", "")),
         "device": getattr(translator, "device", ""),
+        # only where given, so that a job started before these options existed resumes
+        **({"status_field": job.status_field} if job.status_field else {}),
+        **({"overwrite_field": True} if job.overwrite_field else {}),
     }
 
 
@@ -331,7 +342,8 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
                 reporter: Reporter) -> None:
     """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
     counters = reporter.counters
-    for record, error in sink.write(chunk, [o.translation for o in outcomes]):
+    statuses = [status_of(o) for o in outcomes] if job.status_field else None
+    for record, error in sink.write(chunk, [o.translation for o in outcomes], statuses):
         if job.on_error == "fail":
             raise NllbError(error)
         outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
@@ -347,11 +359,56 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
             counters.sentences += len(outcome.parts)
             counters.cut += outcome.cut
             counters.max_length += outcome.max_length
-    for record, error in failed:
-        if errors is not None:
-            errors.stream.write((json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace"))
-        else:
+    if errors is not None:
+        errors.stream.write(b"".join(error_line(record, error, job, source) for (record, error), source
+                                     in zip(failed, failed_inputs([record for record, _ in failed], job))))
+    else:
+        for record, error in failed:
             reporter.warn(f"Skipped: {error}")
+
+
+def status_of(outcome: Outcome) -> str:
+    """A written row's status (--status-field): ok, or what flagged it: cut (a sentence was longer than the
+    model's positions and was cut to fit), max_length (a translation stopped at --max-length), or both, as
+    cut,max_length."""
+    flags = [name for name, flagged in (("cut", outcome.cut), ("max_length", outcome.max_length)) if flagged]
+    return ",".join(flags) or "ok"
+
+
+NO_INPUT = object()  # a failed row whose input JSON cannot hold (Parquet columns of one name)
+
+
+def failed_inputs(records: list[Record], job: Job) -> list:
+    """What each failed row was in the input, for the errors file: a text row's line; a JSONL or Parquet row's
+    fields (Python values); a line that could not be read as a row, its text."""
+    from .io.jsonl import jsonl_fields
+
+    readable = [r for r in records if r.raw is None and job.input_format != "text"]
+    try:
+        fields = list(jsonl_fields(readable, [""] * len(readable)))
+    except NllbError:  # names a JSON object cannot hold each once
+        fields = [NO_INPUT] * len(readable)
+    fields.reverse()
+    return [r.raw if r.raw is not None else (r.text if job.input_format == "text" else fields.pop()) for r in records]
+
+
+def error_line(record: Record, error: str, job: Job, source) -> bytes:
+    """A failed row's line in the errors file: its number, why it failed, and its input (as JSON can hold it:
+    left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again."""
+    from .io.jsonl import Exact, Unwritable, exact_json, to_json
+
+    head = json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False)
+    if source is NO_INPUT:
+        return (head + "\n").encode("utf-8", "backslashreplace")
+    try:
+        try:
+            body = json.dumps(source, ensure_ascii=False, allow_nan=False, default=to_json)
+        except (ValueError, TypeError, Exact):  # as encode_jsonl_row: NaN, huge integers, RawNumbers
+            body = exact_json(source, "")
+        line = head[:-1] + ', "input": ' + body + "}"
+    except (Unwritable, RecursionError):
+        line = head
+    return (line + "\n").encode("utf-8", "backslashreplace")
 
 
 def read_chunks(records: Iterable[Record], size: int, first: int | None = None) -> Iterator[list[Record]]:
@@ -561,6 +618,43 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
     return languages[0], languages[1]
 
 
+def check_fields(job: Job) -> None:
+    """Refuse, before any work, fields that clash: the translation written over the source text (unless
+    --overwrite-field), the status over either, or a status where the output (text) has no fields."""
+    if job.status_field is not None:
+        if job.output_format == "text":
+            raise NllbError("--status-field needs JSONL or Parquet output: a text output has one translation a line "
+                            "and no fields.")
+        if job.status_field in (job.field, job.output_field):
+            option = "--field" if job.status_field == job.field else "--output-field"
+            raise NllbError(f"--status-field {job.status_field} is {option}'s field too: name another.")
+    if job.output_field == job.field and job.output_format != "text" and not job.overwrite_field:
+        raise NllbError(f"--output-field {job.output_field} is the field being translated (--field), and the "
+                        "translation would replace the source text: name another with --output-field, or pass "
+                        "--overwrite-field to replace it.")
+
+
+def check_added_fields(record: Record, job: Job) -> None:
+    """Refuse a row that has a field of the name the translation (or the status) would be written to: it would
+    be lost."""
+    for option, name in (("--output-field", job.output_field), ("--status-field", job.status_field)):
+        if name is not None and name in record.fields:
+            raise NllbError(f"{record.where}: the row has a field {name!r} already, which {option} would replace: "
+                            f"name another with {option}, or pass --overwrite-field to replace it.")
+
+
+def check_added_columns(schema, job: Job) -> None:
+    """Refuse, before any work, an input schema with a column of the name the translation (or the status) would
+    be written to, unless --overwrite-field."""
+    if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
+        return
+    name = "<stdin>" if job.input == "-" else job.input
+    for option, column in (("--output-field", job.output_field), ("--status-field", job.status_field)):
+        if column is not None and column in schema.names:
+            raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
+                            f"another with {option}, or pass --overwrite-field to replace it.")
+
+
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, alone: a JSON "\\ud800" escape, not a character
 
 
@@ -599,6 +693,8 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
         try:
             if record.error:
                 raise NllbError(record.error)
+            if record.batch is None and not job.overwrite_field and job.output_format != "text":
+                check_added_fields(record, job)
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
             check_text(record, job.field)

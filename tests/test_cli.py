@@ -147,7 +147,7 @@ def test_parquet_keeps_columns_and_types(fake, tmp_path):
 def test_jsonl_keeps_fields_and_their_order(fake, tmp_path):
     line = {"meta": {"a": [1, 2.5, None]}, "text": "ab", "translation": "old", "ok": True}
     (tmp_path / "in.jsonl").write_text(json.dumps(line) + "\n")
-    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")])
+    result = CliRunner().invoke(cli, TRANSLATE + ["--overwrite-field", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")])
     assert result.exit_code == 0
     assert (tmp_path / "out.jsonl").read_text() == '{"meta": {"a": [1, 2.5, null]}, "text": "ab", "translation": "ba", "ok": true}\n'
 
@@ -551,9 +551,10 @@ def test_on_error_record_writes_the_errors_file_and_exits_3(fake, tmp_path, monk
     assert result.exit_code == 3 and result.output == ""
     assert (tmp_path / "out.jsonl").read_text() == '{"text": "ab", "translation": "ba"}\n{"text": "ef", "translation": "fe"}\n'
     assert [json.loads(line) for line in (tmp_path / "bad.jsonl").read_text().splitlines()] == [
-        {"row": 2, "error": "in.jsonl:2: field 'text' is int, not a string."},
-        {"row": 3, "error": "in.jsonl:3: not valid JSON: Expecting value (column 1)."},
-        {"row": 4, "error": "in.jsonl:4: field 'tgt_lang': unknown language code 'xx': the model knows 3 FLORES-200 codes such as eng_Latn. Run `nllb langs` to list them."},
+        {"row": 2, "error": "in.jsonl:2: field 'text' is int, not a string.", "input": {"text": 5}},
+        {"row": 3, "error": "in.jsonl:3: not valid JSON: Expecting value (column 1).", "input": "not json"},
+        {"row": 4, "error": "in.jsonl:4: field 'tgt_lang': unknown language code 'xx': the model knows 3 FLORES-200 codes such as eng_Latn. Run `nllb langs` to list them.",
+         "input": {"text": "cd", "tgt_lang": "xx"}},
     ]
     assert listing(tmp_path) == ["bad.jsonl", "in.jsonl", "out.jsonl"]
 

@@ -72,10 +72,10 @@ def test_jsonl_to_parquet_schema_does_not_depend_on_chunk_rows(fake, here, chunk
         {"text": "g", "translation": "g", "n": None, "m": {"x": 2.5, "y": None, "z": [True]}, "tags": []},
         {"text": "h", "translation": "h", "n": None, "m": None, "tags": [True]}]
     assert [json.loads(line) for line in open("errors.jsonl")] == [
-        {"row": 2, "error": "in.jsonl:2: cannot be written to Parquet: field 'm' is an empty object, which Parquet holds only where the rows before it gave the object fields."},
-        {"row": 5, "error": "in.jsonl:5: does not fit the Parquet schema of the rows before it: field 'n' is string where it was double."},
-        {"row": 6, "error": "in.jsonl:6: does not fit the Parquet schema of the rows before it: field 'n' is int64 where it was double, with integers a double cannot hold exactly."},
-        {"row": 9, "error": "in.jsonl:9: does not fit the Parquet schema of the rows before it: field 'tags[]' is double where it was bool."}]
+        {"row": 2, "error": "in.jsonl:2: cannot be written to Parquet: field 'm' is an empty object, which Parquet holds only where the rows before it gave the object fields.", "input": ROWS[1]},
+        {"row": 5, "error": "in.jsonl:5: does not fit the Parquet schema of the rows before it: field 'n' is string where it was double.", "input": ROWS[4]},
+        {"row": 6, "error": "in.jsonl:6: does not fit the Parquet schema of the rows before it: field 'n' is int64 where it was double, with integers a double cannot hold exactly.", "input": ROWS[5]},
+        {"row": 9, "error": "in.jsonl:9: does not fit the Parquet schema of the rows before it: field 'tags[]' is double where it was bool.", "input": ROWS[8]}]
 
 
 def test_parquet_duplicate_column_names_pass_through(fake, here):
@@ -330,9 +330,12 @@ def run_job(directory, source, target, chunk_rows):
     assert result.exit_code in (0, 3), result.output
     assert "Traceback" not in result.output
     failed = {}
+    rows = [line for line in open(path, encoding="utf-8") if line.strip()] if source.endswith(".jsonl") else None
     for line in open(os.path.join(directory, "errors.jsonl")):
-        entry = json.loads(line)
-        failed[entry["row"]] = entry["error"]
+        entry = exact(line)
+        failed[int(entry["row"][1])] = entry["error"]
+        if rows is not None:  # the failed row as it was, to be fixed and run again
+            assert entry["input"] == exact(rows[int(entry["row"][1]) - 1]), entry
     return failed
 
 

@@ -39,6 +39,7 @@ class Record:
     # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
     batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
     row: int = 0
+    raw: str | None = None  # a line that could not be read as a row (not JSON, not UTF-8), as text, for --errors
 
 
 @dataclass
@@ -91,6 +92,12 @@ def text_error(fields: dict, field: str, where: str) -> str | None:
         kind = "null" if value is None else type(value).__name__
         return f"{where}: field {field!r} is {kind}, not a string."
     return None
+
+
+def raw_text(raw: bytes) -> str:
+    """A line that is not UTF-8 as text (for the errors file): the bytes that are not as \\xNN escapes, its line
+    break left out."""
+    return raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
 
 
 def record_of(index: int, fields: dict, field: str, where: str) -> Record:
@@ -194,15 +201,15 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
 
 @contextmanager
 def open_output(path: str, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
-                stdout: BinaryIO | None = None) -> Iterator[Write]:
+                stdout: BinaryIO | None = None, status_field: str | None = None) -> Iterator[Write]:
     """A writer for a whole file (renamed into place when the block ends without error) or stdout for `-`.
     Rows that cannot be written raise NllbError. (The pipeline writes files through `resume.PartialOutput`.)"""
     with ExitStack() as stack:
         stream = (stdout or sys.stdout.buffer) if path == "-" else stack.enter_context(atomic_file(path))
-        sink = open_sink(stream, fmt, output_field, schema, field)
+        sink = open_sink(stream, fmt, output_field, schema, field, status_field)
         try:
-            def write(records: list[Record], translations: list[str]) -> None:
-                for record, error in sink.write(records, translations):
+            def write(records: list[Record], translations: list[str], statuses: list[str] | None = None) -> None:
+                for record, error in sink.write(records, translations, statuses):
                     raise NllbError(error)
 
             yield write
@@ -216,23 +223,26 @@ def open_output(path: str, fmt: str, output_field: str, schema: pa.Schema | None
 class LineSink:
     """Text or JSONL lines into a binary stream. A failed row (translation None) is left out of JSONL and is an
     empty line in text, and a line break inside a translation (of a JSONL or Parquet text that held one) is a
-    space in text, so that line n of a text output is still the translation of row n of its input."""
+    space in text, so that line n of a text output is still the translation of row n of its input. JSONL rows
+    gain the translation, and the row's status where `status_field` names a field for it (Added)."""
 
-    def __init__(self, stream: BinaryIO, fmt: str, output_field: str):
-        self.stream, self.fmt, self.output_field = stream, fmt, output_field
+    def __init__(self, stream: BinaryIO, fmt: str, output_field: str, status_field: str | None = None):
+        self.stream, self.fmt = stream, fmt
+        self.added = Added(output_field, status_field)
 
-    def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
+    def write(self, records: list[Record], translations: list[str | None],
+              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
         """Write the rows; returns the (row, reason) pairs that could not be written."""
         from .jsonl import encode_jsonl_row, jsonl_fields
 
         lines: list[bytes] = []
         failed: list[tuple[Record, str]] = []
         fields = jsonl_fields(records, translations) if self.fmt == "jsonl" else iter(())
-        for record, translation in zip(records, translations):
+        for n, (record, translation) in enumerate(zip(records, translations)):
             if self.fmt == "text":
                 lines.append(one_line(translation or "").encode("utf-8") + b"\n")
             elif translation is not None:
-                line, error = encode_jsonl_row(record, next(fields), translation, self.output_field)
+                line, error = encode_jsonl_row(record, next(fields), self.added.values(translation, statuses, n))
                 if error:
                     failed.append((record, error))
                 else:
@@ -256,13 +266,34 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
-def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str):
-    """The writer of one format on a stream: `write(records, translations) -> failed rows`, `close`, `abort`."""
+@dataclass(frozen=True)
+class Added:
+    """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and the row's status
+    where `status` names a field for it. Each replaces the input's own field of that name, in place."""
+
+    translation: str
+    status: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.translation,) if self.status is None else (self.translation, self.status)
+
+    def values(self, translation: str, statuses: list[str] | None, n: int) -> dict[str, str]:
+        """Row n's added fields by name: its translation, and its status from `statuses`."""
+        if self.status is None:
+            return {self.translation: translation}
+        return {self.translation: translation, self.status: statuses[n]}
+
+
+def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
+              status_field: str | None = None):
+    """The writer of one format on a stream: `write(records, translations, statuses) -> failed rows`, `close`,
+    `abort`; `statuses` (one per row) are written where `status_field` names a field for them."""
     from . import parquet
 
     if fmt == "parquet":
-        return parquet.ParquetSink(stream, schema, output_field, field)
-    return LineSink(stream, fmt, output_field)
+        return parquet.ParquetSink(stream, schema, output_field, field, status_field)
+    return LineSink(stream, fmt, output_field, status_field)
 
 
 @contextmanager

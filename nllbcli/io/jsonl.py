@@ -15,7 +15,7 @@ import json
 import math
 from typing import BinaryIO, Iterator, Mapping
 
-from . import Position, Record, record_of
+from . import Position, Record, raw_text, record_of
 
 
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
@@ -122,7 +122,7 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            yield bad_row(position, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where)
+            yield bad_row(position, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where, raw_text(raw))
             continue
         if position.lines == 1:
             line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the JSON
@@ -131,27 +131,29 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
         try:
             fields = parse_json(line.rstrip("\r\n"))
         except json.JSONDecodeError as error:
-            yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where)
+            yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where, line)
             continue
         except NotJson as error:
-            yield bad_row(position, f"{where}: not valid JSON: {error}.", where)
+            yield bad_row(position, f"{where}: not valid JSON: {error}.", where, line)
             continue
         except RepeatedName as error:
-            yield bad_row(position, f"{where}: {error}.", where)
+            yield bad_row(position, f"{where}: {error}.", where, line)
             continue
         except RecursionError:
-            yield bad_row(position, f"{where}: JSON nested too deeply to read.", where)
+            yield bad_row(position, f"{where}: JSON nested too deeply to read.", where, line)
             continue
         if not isinstance(fields, dict):
-            yield bad_row(position, f"{where}: expected a JSON object, not {type(fields).__name__}.", where)
+            yield bad_row(position, f"{where}: expected a JSON object, not {type(fields).__name__}.", where, line)
             continue
         position.rows += 1
         yield record_of(position.rows - 1, fields, field, where)
 
 
-def bad_row(position: Position, error: str, where: str) -> Record:
+def bad_row(position: Position, error: str, where: str, line: str) -> Record:
+    """A line that is not a row, kept as its text (without its line break) for the errors file."""
     position.rows += 1
-    return Record(position.rows - 1, "", {}, error, where)
+    return Record(position.rows - 1, "", {}, error, where, raw=line.rstrip("\r\n"))
+
 
 
 def count_rows(path: str) -> int:
@@ -172,11 +174,11 @@ def jsonl_fields(records: list[Record], translations: list[str | None]) -> Itera
     return (r.fields for r in written)
 
 
-def encode_jsonl_row(record: Record, fields: Mapping, translation: str, output_field: str) -> tuple[bytes, str | None]:
-    """The row's fields plus the translation as one UTF-8 line of strict JSON, key order kept; or the reason it
-    cannot be one."""
+def encode_jsonl_row(record: Record, fields: Mapping, added: Mapping[str, str]) -> tuple[bytes, str | None]:
+    """The row's fields plus the added ones (the translation, its status) as one UTF-8 line of strict JSON, key
+    order kept; or the reason it cannot be one."""
     row = dict(fields)
-    row[output_field] = translation
+    row.update(added)
     try:
         try:
             text = json.dumps(row, ensure_ascii=False, allow_nan=False, default=to_json)

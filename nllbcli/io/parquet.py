@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import NllbError
-from . import STDIN_NAME, Input, Position, Record, text_error
+from . import STDIN_NAME, Added, Input, Position, Record, text_error
 from .jsonl import RawNumber, Unreadable
 
 READ_BATCH_ROWS = 1024  # rows decoded from Parquet at a time
@@ -274,13 +274,17 @@ def python_rows(records: list[Record]) -> list[dict]:
     return rows
 
 
-def output_schema(schema: pa.Schema, output_field: str) -> pa.Schema:
-    """The input schema with the translation as a string column: in place if it exists, else last."""
-    if schema.names.count(output_field) > 1:
-        check_columns(schema, "the input", "parquet", {"--output-field": output_field})
-    if output_field in schema.names:
-        return schema.set(schema.get_field_index(output_field), pa.field(output_field, pa.string()))
-    return schema.append(pa.field(output_field, pa.string()))
+def output_schema(schema: pa.Schema, added: Added) -> pa.Schema:
+    """The input schema with the added columns (the translation, the status) as string columns: each in place
+    if it exists, else last."""
+    for name in added.names:
+        if schema.names.count(name) > 1:
+            check_columns(schema, "the input", "parquet", {"--output-field": name})
+        if name in schema.names:
+            schema = schema.set(schema.get_field_index(name), pa.field(name, pa.string()))
+        else:
+            schema = schema.append(pa.field(name, pa.string()))
+    return schema
 
 
 class Unfit(Exception):
@@ -301,21 +305,24 @@ class TableMaker:
     columns' types follow from the rows in input order (the module's docstring); a row that does not fit fails
     alone."""
 
-    def __init__(self, schema: pa.Schema | None, output_field: str, field: str):
+    def __init__(self, schema: pa.Schema | None, output_field: str, field: str, status_field: str | None = None):
         self.input_schema = schema
-        self.schema = None if schema is None else output_schema(schema, output_field)
-        self.output_field, self.field = output_field, field
-        self.empty_schema = output_schema(pa.schema([(field, pa.string())]), output_field)  # an empty input with no schema
+        self.added = Added(output_field, status_field)
+        self.schema = None if schema is None else output_schema(schema, self.added)
+        self.field = field
+        self.empty_schema = output_schema(pa.schema([(field, pa.string())]), self.added)  # an empty input with no schema
         self.wide: set[tuple] = set()  # paths of int64 columns holding integers a double cannot hold exactly
 
-    def table(self, records: list[Record], translations: list[str | None]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+    def table(self, records: list[Record], translations: list[str | None],
+              statuses: list[str] | None = None) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
         """The written rows (failed rows, translation None, left out) and the rows that do not fit."""
-        pairs = [(r, t) for r, t in zip(records, translations) if t is not None]
+        pairs = [(r, self.added.values(t, statuses, n)) for n, (r, t) in enumerate(zip(records, translations))
+                 if t is not None]
         if not pairs:
             return None, []
         if self.input_schema is not None and all(record.batch is not None for record, _ in pairs):
             return self.taken_table(pairs), []
-        rows = [{**r.fields, self.output_field: t} for r, t in pairs]
+        rows = [{**r.fields, **added} for r, added in pairs]
         if self.input_schema is not None:
             return self.fixed_table(pairs, rows)
         try:
@@ -323,22 +330,23 @@ class TableMaker:
         except (Unfit, pa.ArrowException, TypeError, ValueError, OverflowError):  # a lone surrogate is a ValueError
             return self.row_by_row(pairs, rows)
 
-    def taken_table(self, pairs: list[tuple[Record, str]]) -> pa.Table:
-        """The rows from their batches, untouched, with the translation column added or replaced."""
-        place = self.input_schema.get_field_index(self.output_field)
+    def taken_table(self, pairs: list[tuple[Record, dict]]) -> pa.Table:
+        """The rows from their batches, untouched, with the added columns (translation, status) added or replaced."""
         batches, done = [], 0
         for batch, group in batch_groups([record for record, _ in pairs]):
             columns = take_rows(batch, [record.row for record in group]).columns
-            translations = pa.array([t for _, t in pairs[done:done + len(group)]], pa.string())
+            for name in self.added.names:
+                values = pa.array([added[name] for _, added in pairs[done:done + len(group)]], pa.string())
+                place = self.input_schema.get_field_index(name)
+                if place >= 0:
+                    columns[place] = values
+                else:
+                    columns.append(values)
             done += len(group)
-            if place >= 0:
-                columns[place] = translations
-            else:
-                columns.append(translations)
             batches.append(pa.RecordBatch.from_arrays(columns, schema=self.schema))
         return pa.Table.from_batches(batches, schema=self.schema)
 
-    def fixed_table(self, pairs: list[tuple[Record, str]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+    def fixed_table(self, pairs: list[tuple[Record, dict]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
         """Python rows (a text input's) in the input's own schema; a row with a field it lacks, or a value it
         cannot hold, fails."""
         names = set(self.schema.names)
@@ -367,7 +375,7 @@ class TableMaker:
         for row in rows:
             for name in row:
                 if name not in names:
-                    names = with_column(names, name, None, self.output_field)
+                    names = with_column(names, name, None, self.added)
         wide = set(self.wide)
         fields = []
         for name in names:
@@ -396,7 +404,7 @@ class TableMaker:
         self.schema, self.wide = schema, wide
         return table
 
-    def row_by_row(self, pairs: list[tuple[Record, str]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+    def row_by_row(self, pairs: list[tuple[Record, dict]], rows: list[dict]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
         """What each row of the chunk does in turn: widens the running schema, or fails for a value that does not
         go with it (in input order, as chunks of one row each would)."""
         fields = {f.name: f.type for f in self.schema} if self.schema is not None else {}
@@ -413,7 +421,7 @@ class TableMaker:
                     if name in row_fields:
                         row_fields[name] = kind
                     else:
-                        row_fields = with_column(row_fields, name, kind, self.output_field)
+                        row_fields = with_column(row_fields, name, kind, self.added)
             except Unfit as error:
                 failed.append((record, f"{record.where}: {error}."))
                 continue
@@ -431,13 +439,14 @@ class TableMaker:
                 note_wide_array(chunk, (name,), self.wide)
 
 
-def with_column(columns: dict, name: str, value, output_field: str) -> dict:
-    """`columns` with a new one, where a schema known from the start would have had it: before the translation
-    when that is last (the first rows lacked the field), else last."""
-    if not columns or next(reversed(columns)) != output_field:
-        return {**columns, name: value}
+def with_column(columns: dict, name: str, value, added: Added) -> dict:
+    """`columns` with a new one, where a schema known from the start would have had it: a field of the input
+    before the added columns (translation, status) that end it (the first rows lacked the field), else last."""
     items = list(columns.items())
-    return dict(items[:-1] + [(name, value), items[-1]])
+    place = len(items)
+    while place and name not in added.names and items[place - 1][0] in added.names:
+        place -= 1
+    return dict(items[:place] + [(name, value)] + items[place:])
 
 
 def field_name(path: tuple) -> str:
@@ -571,14 +580,16 @@ class ParquetSink:
     """Writes chunks as row groups straight into a Parquet stream (stdout). Without a schema up front (JSONL
     input) the chunks wait as frames in a temporary file until the last has set the schema."""
 
-    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str):
+    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str,
+                 status_field: str | None = None):
         self.stream = stream
-        self.maker = TableMaker(schema, output_field, field)
+        self.maker = TableMaker(schema, output_field, field, status_field)
         self.writer: pq.ParquetWriter | None = None
         self.spool = tempfile.NamedTemporaryFile(prefix="nllb-", suffix=".frames") if schema is None else None
 
-    def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
-        table, failed = self.maker.table(records, translations)
+    def write(self, records: list[Record], translations: list[str | None],
+              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
+        table, failed = self.maker.table(records, translations, statuses)
         if table is not None:
             if self.spool is not None:
                 write_frame(self.spool, table)
@@ -595,7 +606,7 @@ class ParquetSink:
         """Write the footer; an input with no rows still gives a valid file with the schema."""
         if self.spool is not None:
             self.spool.flush()
-            frames_to_parquet(self.spool.name, self.stream, None, self.maker.output_field, self.maker.field)
+            frames_to_parquet(self.spool.name, self.stream, None, self.maker.added, self.maker.field)
             self.spool.close()
             return
         self.open_writer().close()
@@ -610,9 +621,10 @@ class ParquetSink:
 class FrameSink:
     """Writes chunks as length-prefixed Arrow IPC streams into a partial file (see the module's docstring)."""
 
-    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str):
+    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str,
+                 status_field: str | None = None):
         self.stream = stream
-        self.maker = TableMaker(schema, output_field, field)
+        self.maker = TableMaker(schema, output_field, field, status_field)
 
     def resume(self, partial: str) -> None:
         """Take up the columns' types from the frames an earlier run wrote (a JSONL input's rows set them)."""
@@ -620,8 +632,9 @@ class FrameSink:
             for table in read_frames(partial):
                 self.maker.take_up(table)
 
-    def write(self, records: list[Record], translations: list[str | None]) -> list[tuple[Record, str]]:
-        table, failed = self.maker.table(records, translations)
+    def write(self, records: list[Record], translations: list[str | None],
+              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
+        table, failed = self.maker.table(records, translations, statuses)
         if table is not None:
             write_frame(self.stream, table)
         return failed
@@ -691,9 +704,9 @@ def holds_null_lists(kind: pa.DataType) -> bool:
     return False
 
 
-def frames_to_parquet(partial: str, target: BinaryIO, schema: pa.Schema | None, output_field: str, field: str) -> None:
+def frames_to_parquet(partial: str, target: BinaryIO, schema: pa.Schema | None, added: Added, field: str) -> None:
     """The Parquet file of a partial file's frames: one row group per frame, as a direct write would give."""
-    maker = TableMaker(schema, output_field, field)
+    maker = TableMaker(schema, added.translation, field, added.status)
     final = maker.schema or last_frame_schema(partial) or maker.empty_schema
     writer = pq.ParquetWriter(target, final)
     try:

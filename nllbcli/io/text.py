@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterator
 
-from . import Position, Record
+from . import Position, Record, raw_text
 
 
 def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:
@@ -18,7 +18,8 @@ def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> It
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            yield Record(position.rows - 1, "", {}, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where)
+            yield Record(position.rows - 1, "", {}, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where,
+                         raw=raw_text(raw))
             continue
         line = line.removesuffix("\n").removesuffix("\r")
         if first:
