@@ -220,21 +220,14 @@ def resolve_model_dir(model: str) -> Path:
         raise NllbError(f"--model {model}: expected a model directory, found a file")
     looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
     if looks_like_hub_id:
-        snapshot, looked = find_in_hf_cache(model)
+        snapshot, _ = find_in_hf_cache(model)
         if snapshot is not None:
             return snapshot
-        where = ", ".join(str(p) for p in looked)
-        raise NllbError(
-            f"model {model!r} is not a directory here and not in the local Hugging Face cache ({where}); "
-            f"nllbcli never downloads on its own: fetch it into that cache once, where the hub is reachable, with "
-            f"`{download_command(model)}` (`huggingface-cli download {model}` before huggingface_hub 0.34) or "
-            f"`nllb download {model}`, and --model {model} then finds it; "
-            "or pass --model /path/to/model-directory (also settable with NLLB_MODEL)"
-        )
-    raise NllbError(
-        f"model directory {str(path)!r} does not exist: pass --model with a directory holding config.json, "
-        "model.safetensors (or pytorch_model.bin) and sentencepiece.bpe.model (or set NLLB_MODEL)"
-    )
+        # one short line: the README's Models section says where the cache is and how to fetch into it
+        raise NllbError(f"no model {model} in the Hugging Face cache: pass -m DIR or set NLLB_MODEL, or run "
+                        f"`{download_command(model)}`")
+    raise NllbError(f"model directory {path} does not exist: pass -m DIR, a directory with config.json, the weights "
+                    "and sentencepiece.bpe.model")
 
 
 def download_command(repo_id: str) -> str:

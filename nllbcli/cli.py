@@ -62,6 +62,18 @@ model_option = click.option(
 )
 
 
+def model_named(ctx: click.Context, model: str, argument: str | None) -> str:
+    """The model a command is to use: its MODEL argument, a shortcut for -m/--model (which NLLB_MODEL sets);
+    the two given on the command line must agree."""
+    from click.core import ParameterSource
+
+    if argument is None:
+        return model
+    if ctx.get_parameter_source("model") == ParameterSource.COMMANDLINE and model != argument:
+        raise InvalidUsage(f"MODEL {argument} and --model {model} name two models: give one.")
+    return argument
+
+
 class Commands(click.Group):
     """The subcommands, where a Ctrl-C ends any of them with exit code 130 and no traceback (click's own
     handling says "Aborted!" and exits 1)."""
@@ -74,7 +86,7 @@ class Commands(click.Group):
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="nllbcli", prog_name="nllb")
+@click.version_option(None, "-V", "--version", package_name="nllbcli", prog_name="nllb")
 def cli():
     """
     Translate text files, JSONL and Parquet with Meta's NLLB-200 models.
@@ -297,37 +309,65 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
 
 
 @cli.command()
+@click.argument("filters", metavar="[FILTER]...", nargs=-1)
 @model_option
-def langs(model):
-    """List the model's language codes, one per line."""
+@click.option("--json", "as_json", is_flag=True, help="Print the languages as one JSON array of {code, name} objects.")
+def langs(filters, model, as_json):
+    """
+    List the model's language codes with the languages' names.
+
+    A FILTER keeps the languages whose code or name holds it, in any case,
+    and the code a language code such as zh-TW resolves to; with several
+    FILTERs, a language that matches any of them. No match is exit 1.
+
+    \b
+    Examples:
+        nllb langs
+        nllb langs fra chinese
+        nllb langs --json > languages.json
+    """
+    import json
+
+    from .langs import language_name, matching_codes
+
     try:
-        codes = load_tokenizer(model).lang_codes
+        known = load_tokenizer(model).lang_codes
+        codes = matching_codes(known, filters)
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
-    click.echo("\n".join(codes))
+    names = {code: language_name(code) for code in codes}
+    if as_json:
+        click.echo(json.dumps([{"code": code, "name": names[code]} for code in codes], indent=1, ensure_ascii=False))
+    else:
+        width = max(map(len, known), default=0)  # the columns of a filtered list are those of the whole one
+        click.echo("\n".join(f"{code:<{width}}  {names[code]}" for code in codes))
 
 
 @cli.command()
-@click.argument("model")
+@click.argument("model_argument", metavar="[MODEL]", required=False)
+@model_option
 @click.option("--max-length", type=click.IntRange(min=1), default=DecodeOptions.max_length, show_default=True, help="The --max-length the KV cache per sequence is counted for.")
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
-def info(model, max_length, as_json):
+@click.pass_context
+def info(ctx, model_argument, model, max_length, as_json):
     """
-    Describe MODEL without loading its weights.
+    Describe the model (MODEL, or -m/--model) without loading its weights.
 
     Prints the family (NLLB-200 or M2M-100), dimensions, stored dtype,
     parameter count, the GPU memory its weights take in bf16 and what the
     KV pool adds, from config.json and the weight files' headers alone.
 
     \b
-    Example:
-        nllb info facebook/nllb-200-distilled-600M
+    Examples:
+        nllb info -m facebook/nllb-200-distilled-600M
+        nllb info data/samples/model
     """
     import json
     from dataclasses import asdict
 
     from .info import describe, inspect_model
 
+    model = model_named(ctx, model, model_argument)
     try:
         facts = inspect_model(model, max_length)
     except (NllbError, ValueError) as error:
@@ -338,27 +378,38 @@ def info(model, max_length, as_json):
 
 
 @cli.command()
-@click.argument("model")
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("paths", metavar="[MODEL] OUT", nargs=-1, type=click.Path())
+@model_option
 @click.option("--force", is_flag=True, help="Replace OUT when it is not empty.")
-def convert(model, out, force):
+@click.pass_context
+def convert(ctx, paths, model, force):
     """
-    Copy MODEL into the directory OUT as bf16 safetensors.
+    Copy the model (MODEL, or -m/--model) into the directory OUT as bf16
+    safetensors.
 
-    MODEL is a model directory (safetensors or pytorch_model.bin, single or
+    The model is a directory (safetensors or pytorch_model.bin, single or
     sharded, any dtype) or a hub id in the local Hugging Face cache. OUT gets
     model.safetensors (half a float32 checkpoint's size, the tied embedding
     stored once), config.json and the tokenizer and generation files. OUT
     appears only when complete.
 
     \b
-    Example:
+    Examples:
         nllb convert facebook/nllb-200-distilled-600M /models/nllb-600M-bf16
+        NLLB_MODEL=/models/nllb-600M nllb convert /models/nllb-600M-bf16
     """
     from pathlib import Path
 
     from .convert import convert_model
 
+    if not paths:
+        raise click.UsageError("Missing argument 'OUT'.")
+    if len(paths) > 2:
+        raise click.UsageError(f"{len(paths)} paths given: nllb convert takes [MODEL] OUT.")
+    *model_argument, out = paths
+    model = model_named(ctx, model, model_argument[0] if model_argument else None)
+    if os.path.isfile(out):
+        raise InvalidUsage(f"Invalid value for 'OUT': {out!r} is a file.")
     try:
         written = convert_model(model, Path(out), force=force)
     except (NllbError, ValueError) as error:

@@ -59,6 +59,39 @@ M2M100_CODES: tuple[str, ...] = (
 )
 
 
+# codes that name their language otherwise than by ISO 639 or FLORES-200: fairseq's `ns` for Northern Sotho
+NAMED_AS = {"ns": "nso"}
+
+
+def language_name(code: str) -> str:
+    """The English name of a model's language code, from the CLDR data that langcodes reads from the
+    language_data package (no network): `fra_Latn` French, `zho_Hant` Chinese (Traditional); the script is
+    named where it is not the language's usual one."""
+    import langcodes
+
+    return langcodes.Language.get(NAMED_AS.get(code, code).replace("_", "-")).display_name()
+
+
+def matching_codes(known: list[str] | tuple[str, ...], filters: tuple[str, ...] | list[str]) -> list[str]:
+    """The codes, in the model's order, whose code or name holds one of `filters` (any case), or that one of
+    them resolves to (`zh-TW`: zho_Hant); all of them without filters. Raises NllbError when none matches."""
+    if not filters:
+        return list(known)
+    wanted = [f.strip().lower() for f in filters]
+    resolved = set()
+    for typed in filters:
+        try:
+            resolved.add(resolve_lang(typed, known))
+        except NllbError:
+            pass
+    found = [code for code in known if code in resolved
+             or any(w in code.lower() or w in language_name(code).lower() for w in wanted)]
+    if not found:
+        said = " or ".join(repr(f) for f in filters)
+        raise NllbError(f"no language of the model matches {said}: `nllb langs` lists them all")
+    return found
+
+
 def is_flores(known) -> bool:
     """Whether a model names its languages FLORES-200 style (NLLB: eng_Latn) rather than M2M-100 style (en)."""
     return not known or "_" in next(iter(known))

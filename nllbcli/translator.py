@@ -116,7 +116,15 @@ def choose_device(device: str) -> str:
         import cupy  # noqa: F401
 
         count = cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, no driver or no GPU: all mean the same here
+    except ImportError as error:
+        if device == "auto":
+            count = 0
+        elif isinstance(error, ModuleNotFoundError) and error.name == "cupy":
+            raise NllbError(f"--device {device} needs CuPy, which is not installed: pip install cupy-cuda13x "
+                            "(CUDA 13 drivers) or cupy-cuda12x (CUDA 12)") from None
+        else:
+            raise NllbError(f"--device {device} needs CuPy, which is installed but does not import: {error}") from None
+    except Exception:  # no driver or no GPU: auto runs on the CPU, a GPU asked for is not there
         count = 0
     if device == "auto":
         return "cuda:0" if count else "cpu"

@@ -209,7 +209,7 @@ def test_model_option_beats_environment(fake, monkeypatch):
 def test_langs(fake):
     result = CliRunner().invoke(cli, ["langs"])
     assert result.exit_code == 0
-    assert result.output == "deu_Latn\neng_Latn\nfra_Latn\n"
+    assert result.output == "deu_Latn  German\neng_Latn  English\nfra_Latn  French\n"
 
 
 def test_version():
@@ -452,7 +452,7 @@ def test_tiny_model_cuts_long_sources(tiny):
 def test_tiny_model_langs():
     result = CliRunner().invoke(cli, ["langs", "--model", TINY])
     assert result.exit_code == 0
-    codes = result.output.splitlines()
+    codes = [line.split()[0] for line in result.output.splitlines()]
     assert len(codes) == 202 and codes[0] == "ace_Arab" and "eng_Latn" in codes
 
 

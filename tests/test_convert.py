@@ -207,11 +207,7 @@ def test_a_hub_id_not_in_the_cache_says_the_exact_download_command(tmp_path, mon
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(NllbError) as error:
         resolve_model_dir("facebook/nllb-200-distilled-600M")
-    message = str(error.value)
-    assert f"({tmp_path / 'hub' / 'models--facebook--nllb-200-distilled-600M'})" in message
-    assert "`hf download facebook/nllb-200-distilled-600M`" in message
-    assert "`huggingface-cli download facebook/nllb-200-distilled-600M` before huggingface_hub 0.34" in message
-    assert "`nllb download facebook/nllb-200-distilled-600M`" in message
+    assert str(error.value).endswith(", or run `hf download facebook/nllb-200-distilled-600M`")
 
 
 def test_translate_with_an_uncached_hub_id_fails_in_one_line(tmp_path, monkeypatch):

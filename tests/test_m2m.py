@@ -112,7 +112,7 @@ def test_nllb_resolution_is_unchanged():
 def test_langs_lists_m2m_codes():
     result = CliRunner().invoke(cli, ["langs", "--model", str(MODEL)])
     assert result.exit_code == 0
-    assert result.output == "\n".join(M2M100_CODES) + "\n"
+    assert [line.split()[0] for line in result.output.splitlines()] == list(M2M100_CODES)
 
 
 @pytest.mark.parametrize("model", [str(MODEL), str(HERE / "models" / "tiny-a")])
