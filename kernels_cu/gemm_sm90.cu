@@ -55,9 +55,6 @@
 #ifndef TMA_STORE
 #define TMA_STORE 0
 #endif
-#ifndef EPI_SKIP  // (measuring) 1: no epilogue; 2: the tile into shared memory, no copies; 3: copies, nothing written
-#define EPI_SKIP 0
-#endif
 #ifndef OUT_3D  // 1: map_out is 3-D, and a chunk's boxes leave in one copy (else a copy a box)
 #define OUT_3D 0
 #endif
@@ -80,9 +77,6 @@
 #define EPI_PASSES (TMA_STORE == 2 ? 2 : 1)  // (more passes: a smaller buffer, so more stages fit beside it)
 #endif
 #define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's 64-row half's buffer
-#ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
-#define TMA_REDUCE 1
-#endif
 #if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
 #error "TMA_STORE is for the store epilogue of cooperative consumers, a multiple of 64 columns"
 #endif
@@ -168,7 +162,7 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x,
 // Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written),
 // or add it there (TMA_STORE 2).
 __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src, int x, int y) {
-#if TMA_STORE == 2 && TMA_REDUCE
+#if TMA_STORE == 2
     asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
 #else
@@ -178,7 +172,7 @@ __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src,
 }
 
 __device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src, int y, int z) {
-#if TMA_STORE == 2 && TMA_REDUCE
+#if TMA_STORE == 2
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(0), "r"(y), "r"(z) : "memory");
 #else
@@ -316,7 +310,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
             const int j0 = pass * NT / PASSES + chunk_i * CHUNK_J;
 #if STMATRIX  // bf16: 8 x 8 matrices from the fragments, four an instruction (a j pair's two row halves)
 #pragma unroll
-            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); j += 2) {
+            for (int j = j0; j < j0 + CHUNK_J; j += 2) {
                 unsigned packed[4];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {  // matrix q: column block j + q / 2, rows + 8 (q % 2)
@@ -337,7 +331,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
             }
 #else
 #pragma unroll
-            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); ++j) {
+            for (int j = j0; j < j0 + CHUNK_J; ++j) {
                 const int col = j * 8 + (lane & 3) * 2;  // in the tile
                 const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
                                              __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
@@ -358,7 +352,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 #endif
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
             asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
-            if (tid == 0 && EPI_SKIP != 2) {
+            if (tid == 0) {
                 const int first_box = chunk_i * CHUNK_COLS / BOX_COLS, col = col0 + pass * PASS_COLS + chunk_i * CHUNK_COLS;
 #if OUT_3D  // one copy: map_out is the array seen as (N / BOX_COLS, M, BOX_COLS), boxes CHUNK_COLS / BOX_COLS x 64 x BOX_COLS
                 tma_store3(map_out, stage + first_box * 8192, row0, col / BOX_COLS);
@@ -504,18 +498,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-#if EPI_SKIP == 1 || EPI_SKIP == 3  // (measuring) 1: no epilogue, the products alone (summed, so that ptxas keeps
-        {                                // them); 2: the tile into shared memory, not stored; 3: stored, not written there
-            float sum = 0.f;
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) sum += acc[h][0][j][0] + acc[h][0][j][1] + acc[h][0][j][2] + acc[h][0][j][3];
-            if (sum == 1.2345e-30f) reinterpret_cast<float*>(out)[tile_n] = sum;
-        }
-#endif
-#if EPI_SKIP == 1
-#elif TMA_STORE
+#if TMA_STORE
 #pragma unroll
         for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
             store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * STAGING_BYTES,

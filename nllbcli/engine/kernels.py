@@ -277,9 +277,9 @@ def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
             and out.data.ptr == residual.data.ptr and out.shape == residual.shape and out.strides == residual.strides)
 
 
-def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
-                epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, w_early=False,
-                **defines) -> None:
+def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=None, residual=None, out=None,
+                part_val=None, part_idx=None, part_stat=None, relu: bool = False, out_f32: bool = False, thresh=None,
+                needed=None, w_early=False, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
     the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
@@ -380,8 +380,8 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
-                    out_f32=out.dtype == F32, w_early=weights)
+        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
+                    out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights)
     return out
 
 
@@ -410,7 +410,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     part_val = take("argmax part_val", (m, blocks_n), F32)
     part_idx = take("argmax part_idx", (m, blocks_n), cp.int32)
     if m:
-        gemm_launch(tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_ARGMAX)
+        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx)
     ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
     values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
@@ -455,7 +455,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     if not m:
         return logprob, ids
     stat = take("topk stat", (m, parts, 2), F32)
-    gemm_launch(tile, h, w, None, None, None, None, None, stat, EPILOGUE_STAT, **({"PART": part} if part < bn else {}))
+    gemm_launch(tile, h, w, epilogue=EPILOGUE_STAT, part_stat=stat, **({"PART": part} if part < bn else {}))
     lse, thresh = take("topk lse", (m,), F32), take("topk thresh", (m,), F32)
     rows = tile_rows(select_tile)
     needed = take("topk needed", (-(-m // rows), parts), cp.uint8)
@@ -464,7 +464,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
                                                                        cp.int32(rows)))
     part_val = take("topk part_val", (m, parts, k), F32)
     part_idx = take("topk part_idx", (m, parts, k), cp.int32)
-    gemm_launch(select_tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_TOPK, thresh=thresh,
+    gemm_launch(select_tile, h, w, epilogue=EPILOGUE_TOPK, part_val=part_val, part_idx=part_idx, thresh=thresh,
                 needed=needed, TOPK=k)
     function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
         stat, part_val, part_idx, lse, thresh, logprob, ids, cp.int32(m), cp.int32(parts)))
@@ -501,9 +501,6 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.nda
     if m:
         function("embed.cu", "embed_kernel")((m,), (128,), (ids, pos, table, positions, out, cp.int32(d), cp.float32(scale)))
     return out
-
-
-MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
 
 
 def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,
