@@ -4,8 +4,7 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
-// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256);
-// BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
+// 64 rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = 64 * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
 // (KSTEPS > 1: one 3-D copy an operand a stage, see tma_load3), a full and an empty mbarrier per stage. Tile
 // sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
@@ -16,12 +15,7 @@
 // STAGES * (BM + BN) * BK * 2 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
-// PINGPONG (2 consumers): each consumer warpgroup takes every other tile of the block's (PP_ROWS-row tiles: 64,
-// or 128 as two 64-row halves with an accumulator set each), and their main loops take turns, so one's epilogue
-// overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
-// other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
-// barrier is more than one phase ahead of a waiting consumer.
-// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers; BN a multiple of 64): each consumer writes its 64 x BN
+// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; BN a multiple of 64): each consumer writes its 64 x BN
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
@@ -45,9 +39,6 @@
 #define BN 128
 #define CONSUMERS 2
 #define STAGES 5
-#endif
-#ifndef PINGPONG
-#define PINGPONG 0
 #endif
 #ifndef KSTEPS
 #define KSTEPS 1
@@ -76,26 +67,11 @@
 #ifndef EPI_PASSES  // TMA_STORE: passes a tile leaves in, each through a buffer of BN / EPI_PASSES columns a consumer
 #define EPI_PASSES (TMA_STORE == 2 ? 2 : 1)  // (more passes: a smaller buffer, so more stages fit beside it)
 #endif
-#define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's 64-row half's buffer
-#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
-#error "TMA_STORE is for the store epilogue of cooperative consumers, a multiple of 64 columns"
+#define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's buffer
+#if TMA_STORE && (!defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
+#error "TMA_STORE is for the store epilogue, a multiple of 64 columns"
 #endif
-#if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
-#ifndef PP_ROWS
-#define PP_ROWS 64
-#endif
-#define BM PP_ROWS
-#define HALVES (PP_ROWS / 64)  // 64-row halves of a consumer's tile, an accumulator set each
-#else  // the consumer warpgroups share a tile, CONSUMER_ROWS (64 or 128) rows each; named barrier 1: their epilogue
-#ifndef CONSUMER_ROWS
-#define CONSUMER_ROWS 64
-#endif
-#if CONSUMER_ROWS != 64 && (!defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0)
-#error "128-row consumers have the store epilogue only (the others reduce rows across the block's warps)"
-#endif
-#define BM (CONSUMER_ROWS * CONSUMERS)
-#define HALVES (CONSUMER_ROWS / 64)  // 64-row halves of a consumer's rows, an accumulator set each
-#endif
+#define BM (64 * CONSUMERS)  // the consumer warpgroups share a tile, 64 rows each; named barrier 1: their epilogue
 #define BK 64
 #define THREADS (128 * (CONSUMERS + 1))
 #define WM 16
@@ -103,13 +79,8 @@
 #define MT 1
 #define NT (BN / 8)
 #define WARPS_N 1
-#if PINGPONG
-#define EPI_THREADS 128
-#define EPI_SYNC() asm volatile("bar.sync %0, 128;\n" ::"r"(threadIdx.x >> 7))
-#else
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
-#endif
 #define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each) and of W (BN x BK)
 #define EPI_SMEM_BYTES (STAGES * STAGE_ELEMS * 2)
 #include "common.cuh"
@@ -392,7 +363,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
-            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS);  // one arrival per consumer warpgroup using it
+            mbar_init(&empty[s], CONSUMERS);  // one arrival per consumer warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -441,23 +412,10 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 
     SET_MAX_REGISTERS(inc, CONSUMER_REGISTERS);
     const int consumer = warpgroup - 1;
-#if PINGPONG
-    const int tid = threadIdx.x % 128;
-    int turn = 0;  // tiles taken so far by the two consumers together
-#else
     const int tid = threadIdx.x - 128;
-#endif
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         if (SKIPPED(t)) continue;
-#if PINGPONG
-        if (turn++ % 2 != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        // wait for the other consumer's main loop to finish its waits (its arrival below), except on the first tile
-        if (turn > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + consumer));
-#endif
 #if TMA_STORE
         float bias_lane[BN / 32];  // for the epilogue, loaded while the main loop runs
 #pragma unroll
@@ -466,53 +424,34 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
             bias_lane[i] = bias && col < N ? bias[col] : 0.f;
         }
 #endif
-        float acc[HALVES][MT][NT][4];
+        float acc[MT][NT][4];
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[h][0][j][0] = acc[h][0][j][1] = acc[h][0][j][2] = acc[h][0][j][3] = 0.f;
+        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
+            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + consumer * 64 * BK;
             const __nv_bfloat16* w = Ws + s * BN * BK * KSTEPS;
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
                 for (int kk = 0; kk < BK; kk += 16)
-#pragma unroll
-                    for (int h = 0; h < HALVES; ++h)
-                        WGMMA(acc[h], smem_desc(a + ks * BM * BK + h * 64 * BK + kk), smem_desc(w + ks * BN * BK + kk));
+                    WGMMA(acc, smem_desc(a + ks * BM * BK + kk), smem_desc(w + ks * BN * BK + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
             if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
-#if PINGPONG
-        {  // the other consumer's turn, if the block has another tile for it
-            int next = t + gridDim.x;
-            while (next < tiles && SKIPPED(next)) next += gridDim.x;
-            if (next < tiles) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - consumer)));
-        }
-#endif
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
 #if TMA_STORE
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
-            store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * STAGING_BYTES,
-                               &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
-                               bias_lane, relu);
+        store_through_smem(acc, base + EPI_SMEM_BYTES + consumer * STAGING_BYTES, &map_out, tid % 128, consumer,
+                           TILE_M(t) * BM + consumer * 64, tile_n * BN, bias_lane, relu);  // a buffer per consumer
 #else
-        // warp w of consumer c (warp_m = tid / 32 = 4c + w, rows 64c + 16w from block_m) holds, in half h, tile rows
-        // 64 (c * HALVES + h) + 16w (pingpong: c = 0, one consumer's warps a tile)
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-            gemm_epilogue(acc[h], base, tid, tid / 32, 0,
-                          TILE_M(t) * BM + h * 64 + (PINGPONG ? 0 : consumer * (HALVES - 1) * 64), tile_n * BN, tile_n,
-                          tiles_n, bias, residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue,
-                          out_f32);
+        // warp w of consumer c (warp_m = tid / 32 = 4c + w) holds tile rows 64c + 16w
+        gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
+                      part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
 #endif
     }
 #if TMA_STORE

@@ -32,6 +32,7 @@ from bench.micro.engine_bench import GEMM_SHAPES, timed
 from nllbcli.engine import kernels, launch
 
 EXTRA_TILES = {
+    "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64, one k-step a stage: more tiles for few rows
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 kept beside whole TMA_STORE buffers
     # few rows, long K (FFN2 at 64 rows): fewer blocks each reading the whole of A, more bytes a stage (neither
     # faster than wg64n8k4: docs/PERF.md, eighth session)

@@ -104,22 +104,17 @@ GEMM_TILES = {
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
-    "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
     # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K, else one): a one-consumer tile's pace is its
     # stages', ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session). The
     # narrow ones (64 x 32, 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers
-    # (stores_only); with one k-step a stage they were no faster than wg64n.
+    # (stores_only); with one k-step a stage they were no faster than 64 x 64 (bench/micro/gemm_variants.py's wg64n).
     "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
     "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
     "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
     "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% over 5 (PERF.md, eighth session)
     "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
-    # (256 x 128 with two 128-row consumers, CONSUMER_ROWS=128 as cuBLAS's tiles at the decode shapes, was never
-    # the fastest by more than 2%: docs/PERF.md, seventh session)
-    # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
-    "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
-    # (clusters sharing an operand's tile by TMA multicast, along M or N, measured 2-20% slower at every shape that
-    # matters: docs/PERF.md, fifth and eighth sessions; the code is in commit 881d664)
+    # (128-row consumers, ping-pong consumers and clusters sharing tiles by TMA multicast were measured and
+    # rejected: docs/PERFORMANCE.md, "Tried and rejected")
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -234,12 +229,12 @@ def tile_rows(name: str) -> int:
     tile = GEMM_TILES[name]
     if tile["kind"] == "mma":
         return tile["BM"]
-    return tile["PP_ROWS"] if tile.get("PINGPONG") else tile.get("CONSUMER_ROWS", 64) * tile["CONSUMERS"]
+    return 64 * tile["CONSUMERS"]
 
 
 def stores_only(name: str) -> bool:
     """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
-    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] % 64 != 0
+    return GEMM_TILES[name]["BN"] % 64 != 0
 
 
 PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
@@ -316,7 +311,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
-        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn % 64 == 0 and out is not None:
+        if TMA_STORE and epilogue == EPILOGUE_STORE and bn % 64 == 0 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 box_cols, passes = (64, 1) if store == 1 else (32, 2)  # bf16 in one pass, f32 in two by default

@@ -295,7 +295,7 @@ def test_logits_topk_breaks_ties_towards_the_lower_id():
 
 
 @pytest.mark.parametrize("tile,select_tile", [("small", "small")] + (
-    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64"), ("wg256", "pp128")]
+    [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64")]
     if kernels.wgmma_available() else []))
 def test_logits_topk_is_the_topk_over_every_column(tile, select_tile):
     """The two passes skip most tiles; what they pick is exactly the top-k of the whole row of logits (the
