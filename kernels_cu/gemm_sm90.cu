@@ -19,13 +19,13 @@
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
-// tile that no product overlapped (docs/PERF.md). map_out: `out`'s tensor map, box 64 x 64 (else unused).
+// tile that no product overlapped. map_out: `out`'s tensor map, box 64 x 64 (else unused).
 // TMA_STORE 2 (f32 out onto its residual, in place: out is residual): the same with relu?(acc + bias) in f32,
 // in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
 // (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
 // order, rounded to nearest, subnormals flushed as --use_fast_math flushes them there.
 // How the TMA_STORE epilogue leaves (kernels.STORE_OPTIONS picks; a 128 x 256 bf16 tile's epilogue ~2.4 -> ~1.4 us,
-// docs/PERF.md ninth session): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
+// docs/PERFORMANCE.md, "GEMM tiles"): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
 // matrices an instruction; EPI_CHUNKS splits a pass into chunks of whole boxes, each handed to the TMA unit as
 // soon as it is written, while the next is; OUT_3D makes map_out 3-D (out seen as (N / box columns, M, box
 // columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box;
@@ -116,8 +116,8 @@ __device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsig
 // Copy the box at (column x, row y) of a 2-D tensor map into shared memory; completes on `bar`.
 // KSTEPS > 1: a 3-D map of the array seen as (K / 64, rows, 64), box KSTEPS x rows x 64: KSTEPS k-steps of the
 // 2-D box, one after another, in one copy. A stage's cost is mostly per copy and per stage, hardly per byte
-// (bench/tma_throughput.py: ~220 ns a stage of two 2-D boxes of any size; 4 k-steps in 3-D boxes 65 ns a
-// k-step), so a tile of few rows loads several k-steps a stage.
+// (docs/PERFORMANCE.md, "GEMM tiles": ~220 ns a stage of two 2-D boxes of any size; 4 k-steps in 3-D boxes 65 ns
+// a k-step), so a tile of few rows loads several k-steps a stage.
 __device__ __forceinline__ void tma_load3(void* dst, const TensorMap* map, int y, int z, unsigned long long* bar) {
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
@@ -263,7 +263,7 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 // even (the launcher's).
 // bias_lane: the tile's bias, column col0 + lane + 32 i in element i of each lane (0 past N, or with no bias),
 // loaded before the main loop: read here from global memory, the bias was half of the epilogue's stalls
-// (docs/PERF.md, seventh session); each quad's columns come by shuffles.
+// (docs/PERFORMANCE.md, "GEMM tiles"); each quad's columns come by shuffles.
 __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4], unsigned char* stage,
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
                                                    int col0, const float (&bias_lane)[BN / 32], int relu) {

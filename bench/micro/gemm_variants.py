@@ -35,11 +35,11 @@ EXTRA_TILES = {
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64, one k-step a stage: more tiles for few rows
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 kept beside whole TMA_STORE buffers
     # few rows, long K (FFN2 at 64 rows): fewer blocks each reading the whole of A, more bytes a stage (neither
-    # faster than wg64n8k4: docs/PERF.md, eighth session)
+    # faster than wg64n8k4)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
     # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
-    # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
+    # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none of them
     "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),
     "wg256o3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
     "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0),

@@ -5,7 +5,7 @@
 Three ways of timing the same GEMMs, side by side, in one run:
 - kernels alone: queued behind a spin kernel, back to back, so that no host time is in them; each kind of GEMM
   with every layer's weights in turn (from HBM, as in a step), where bench/micro/gemm_variants.py repeats one
-  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there, docs/PERF.md). Against
+  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there). Against
   cuBLAS three ways: its bare product into bf16 (less work than ours: no bias, ReLU or residual); onto the f32
   residual with beta 1 (no bias); and its bf16 product followed by the epilogue kernel doing the rest of our
   work (bias and ReLU, or bias and the add onto the residual), which is what fusing replaces.

@@ -5,7 +5,7 @@
 
 --shape M,K,N (default: decode FFN1 at 4,096 rows); with a bias, and for K = 4,096 (FFN2) f32 out onto a
 residual in place, as the engine runs them. cuBLAS's kernel name gives its tile, stages and cluster shape (the
-sixth session's PERF.md). The first two launches of each (warm-up) are there for --launch-skip.
+docs/history/PERF-log.md's sixth session). The first two launches of each (warm-up) are there for --launch-skip.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from .numerics import sinusoidal_positions
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
 DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
-MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy (docs/PERF.md)
+MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy
 
 
 def to_bf16(a: np.ndarray) -> cp.ndarray:

@@ -97,7 +97,7 @@ GEMM_TILES = {
     "large": dict(kind="mma", BM=128, BN=128, WM=64, WN=32, STAGES=2),
     "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
     # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were never clearly faster than the best of
-    # the others at the shapes of docs/PERF.md's GEMM tables, and are taken out: each GPU test run compiled them)
+    # the others at the engine's GEMM shapes: docs/PERFORMANCE.md, "Tried and rejected")
     # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
     "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
@@ -105,13 +105,13 @@ GEMM_TILES = {
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
     # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K, else one): a one-consumer tile's pace is its
-    # stages', ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session). The
-    # narrow ones (64 x 32, 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers
-    # (stores_only); with one k-step a stage they were no faster than 64 x 64 (bench/micro/gemm_variants.py's wg64n).
+    # stages', ~220 ns each whatever their bytes (docs/PERFORMANCE.md, "GEMM tiles"). The narrow ones (64 x 32,
+    # 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers (stores_only); with one
+    # k-step a stage they were no faster than 64 x 64 (bench/micro/gemm_variants.py's wg64n).
     "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
     "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
     "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
-    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% over 5 (PERF.md, eighth session)
+    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% faster than 5
     "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
     # (128-row consumers, ping-pong consumers and clusters sharing tiles by TMA multicast were measured and
     # rejected: docs/PERFORMANCE.md, "Tried and rejected")
@@ -142,7 +142,7 @@ TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call
 
 # The wgmma tiles' cost a wave: a fixed part in microseconds (loads in flight, epilogue) and a rate in flops per
 # microsecond per SM (with a bias, the engine's stores), fitted to every tile at every decode GEMM (64 to 4,096
-# rows) and the encoder's on the H200 (docs/PERF.md, seventh session). A larger tile computes faster once there
+# rows) and the encoder's on the H200 (docs/PERFORMANCE.md, "GEMM tiles"). A larger tile computes faster once there
 # are tiles enough for every SM; a smaller one makes more tiles where there are not, and several k-steps a stage
 # (KSTEPS) make its loads cheaper.
 TILE_COSTS = {"wg256": (4.34, 6.18e6), "wg192": (3.70, 6.22e6), "wg128k2": (3.05, 5.63e6), "wg64k2": (2.47, 4.31e6),
@@ -156,7 +156,7 @@ def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each costing
     TILE_COSTS's fixed part plus the tile's flops at its rate. Fitted to and checked against the H200's times
     at each decode GEMM with 64 to 4,096 rows and the encoder's, it picks the fastest of ten tiles at every one
-    (docs/PERF.md). Every tile sums each output in the same order (the same bits), so the choice changes no
+    (docs/PERFORMANCE.md, "GEMM tiles"). Every tile sums each output in the same order (the same bits), so the choice changes no
     result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small ones (measured on
     the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x
     1,024 columns)."""
@@ -245,11 +245,10 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # How a TMA_STORE epilogue leaves (gemm_sm90.cu; a tile's entry overrides): OUT_3D, one copy a chunk of boxes (a
 # 3-D map of out); EPI_CHUNKS, copies a pass (at most: a divisor of its boxes), each out while the next part is
 # written; STMATRIX (bf16), the tile into shared memory by stmatrix. All three: the epilogue of a 128 x 256 bf16
-# tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
-# (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
+# tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERFORMANCE.md, "GEMM tiles")
 # STAGING_DIV: where a tile's stages would not all fit beside whole-pass staging buffers, the buffers up to that
 # many times smaller, the tile leaving in as many times the passes (gemm_sm90.cu's EPI_PASSES): 128 x 256 keeps
-# its 4 stages (3 beside whole buffers), +5-8% at 4,096 rows and on the encoder's GEMMs (PERF.md, twelfth session);
+# its 4 stages (3 beside whole buffers), +5-8% at 4,096 rows and on the encoder's GEMMs;
 # STAGING_ALWAYS (for testing) divides them whether needed or not.
 STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1, "STAGING_DIV": 2, "STAGING_ALWAYS": 0}
 KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
@@ -398,7 +397,7 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
     # wgmma: 64 x 256 tiles up to 64 rows (the weights at 3.9 TB/s against 3.2 with 128 x 256), else 128 x 256
-    # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
+    # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows
     if tile is None:
         tile = ("wg64w" if m <= 64 else "wg256") if wgmma_available() else gemm_tile(m, n)
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
