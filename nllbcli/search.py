@@ -8,9 +8,10 @@ tokens, the language token included), and the same stop heuristic. Sentences are
 done (its finished beams can no longer change) leaves the batch, which changes nothing for the others.
 
 The search talks to the engine through the calls of engine.Engine (encode, start, step_argmax_ahead or
-step_topk, reorder, select), so it does not know whether the engine runs on NumPy or CuPy. Beam search needs only each beam's 2K best next
-tokens: the 2K best continuations of a sentence over all its beams are among them, because a beam's score is
-added to every token of that beam alike. So the engine can choose them where the logits are made.
+step_topk, reorder, select), so it does not know whether the engine runs on NumPy or CuPy. Beam search needs
+only each beam's 2K best next tokens: the 2K best continuations of a sentence over all its beams are among
+them, because a beam's score is added to every token of that beam alike. So the engine can choose them where
+the logits are made.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config
 
 
 def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
-    xp = getattr(engine, "xp", np)  # the beam arrays live where the engine's top-k lands: no copies per step
+    xp = engine.xp  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
     max_len = options.max_length + 1  # transformers' max_length: the decoder start plus max_new_tokens

@@ -94,3 +94,32 @@ def test_a_deferred_import_cycle_is_found(tmp_path):
     modules = module_names(root)
     graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
     assert find_cycle(graph) == ["nllbcli.engine.reference", "nllbcli.search", "nllbcli.engine.reference"]
+
+
+def engine_methods() -> set[str]:
+    """The calls of the engine interface (engine.Engine), read from its source."""
+    tree = ast.parse((PACKAGE / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
+    return {n.name for n in protocol.body if isinstance(n, ast.FunctionDef)}
+
+
+def class_methods(path: Path, name: str) -> set[str]:
+    """The methods a class of `path` defines, read from its source (the GPU engine imports CuPy)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    return {n.name for n in found.body if isinstance(n, ast.FunctionDef)}
+
+
+def test_both_engines_answer_every_call_of_the_engine_interface():
+    calls = engine_methods()
+    assert {"encode", "start", "step_argmax_ahead", "step_topk", "fetch_later", "reorder", "select"} <= calls
+    assert calls <= class_methods(PACKAGE / "engine" / "reference.py", "ReferenceEngine")
+    assert calls <= class_methods(PACKAGE / "engine" / "cuda.py", "CudaEngine")
+
+
+def test_the_search_calls_only_the_engine_interface():
+    """Every `engine.NAME` the search reads is a call of engine.Engine (or its `xp`)."""
+    tree = ast.parse((PACKAGE / "search.py").read_text(encoding="utf-8"))
+    used = {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "engine"}
+    assert used and used <= engine_methods() | {"xp"}, used - engine_methods()

@@ -219,12 +219,13 @@ class CudaEngine:
         def attention(prefix: str) -> dict:
             qkv_w = np.concatenate([w[prefix + f"{p}_proj.weight"] for p in "qkv"])  # (3D, D): one GEMM for q, k, v
             qkv_b = np.concatenate([w[prefix + f"{p}_proj.bias"] for p in "qkv"])
-            return {"self_qkv_w": to_bf16(qkv_w), "self_qkv_b": to_f32(qkv_b), "self_out_w": to_bf16(w[prefix + "out_proj.weight"]),
-                    "self_out_b": to_f32(w[prefix + "out_proj.bias"])}
+            return {"self_qkv_w": to_bf16(qkv_w), "self_qkv_b": to_f32(qkv_b),
+                    "self_out_w": to_bf16(w[prefix + "out_proj.weight"]), "self_out_b": to_f32(w[prefix + "out_proj.bias"])}
 
         def common(p: str) -> dict:
             return {
-                "self_attn_norm_w": to_f32(w[p + "self_attn_layer_norm.weight"]), "self_attn_norm_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
+                "self_attn_norm_w": to_f32(w[p + "self_attn_layer_norm.weight"]),
+                "self_attn_norm_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
                 "ffn_norm_w": to_f32(w[p + "final_layer_norm.weight"]), "ffn_norm_b": to_f32(w[p + "final_layer_norm.bias"]),
                 "fc1_w": to_bf16(w[p + "fc1.weight"]), "fc1_b": to_f32(w[p + "fc1.bias"]),
                 "fc2_w": to_bf16(w[p + "fc2.weight"]), "fc2_b": to_f32(w[p + "fc2.bias"]),
@@ -238,9 +239,11 @@ class CudaEngine:
             p = f"decoder.layers.{i}."
             layer = common(p)
             layer.update({
-                "cross_attn_norm_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]), "cross_attn_norm_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
+                "cross_attn_norm_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]),
+                "cross_attn_norm_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
                 "cross_q_w": to_bf16(w[p + "encoder_attn.q_proj.weight"]), "cross_q_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
-                "cross_out_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]), "cross_out_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
+                "cross_out_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]),
+                "cross_out_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
             })
             self.decoder.append(layer)
             cross_w += [w[p + "encoder_attn.k_proj.weight"], w[p + "encoder_attn.v_proj.weight"]]

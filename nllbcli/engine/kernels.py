@@ -156,10 +156,10 @@ def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each costing
     TILE_COSTS's fixed part plus the tile's flops at its rate. Fitted to and checked against the H200's times
     at each decode GEMM with 64 to 4,096 rows and the encoder's, it picks the fastest of ten tiles at every one
-    (docs/PERFORMANCE.md, "GEMM tiles"). Every tile sums each output in the same order (the same bits), so the choice changes no
-    result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small ones (measured on
-    the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x
-    1,024 columns)."""
+    (docs/PERFORMANCE.md, "GEMM tiles"). Every tile sums each output in the same order (the same bits), so the
+    choice changes no result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small
+    ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x
+    large at 256 rows x 1,024 columns)."""
     if wgmma_available():
         sms = multiprocessors()
 

@@ -86,10 +86,6 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray 
     return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
 
 
-def causal_mask(t: int) -> np.ndarray:
-    return np.tril(np.ones((t, t), dtype=bool))
-
-
 # ------------------------------------------------------------------------------------------------ the model
 
 
