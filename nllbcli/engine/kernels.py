@@ -137,9 +137,6 @@ def multiprocessors() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
-TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call: for measuring tiles inside generate
-
-
 # The wgmma tiles' cost a wave: a fixed part in microseconds (loads in flight, epilogue) and a rate in flops per
 # microsecond per SM (with a bias, the engine's stores), fitted to every tile at every decode GEMM (64 to 4,096
 # rows) and the encoder's on the H200 (docs/PERFORMANCE.md, "GEMM tiles"). A larger tile computes faster once there
@@ -237,7 +234,6 @@ def stores_only(name: str) -> bool:
     return GEMM_TILES[name]["BN"] % 64 != 0
 
 
-PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
 # A wgmma GEMM's bf16 outputs without a residual, and its f32 outputs onto their residual in place (out is
 # residual), leave through shared memory and the TMA unit (gemm_sm90.cu's TMA_STORE 1 and 2), while the consumers
 # go on with their next tile (0: stored from the registers, for measuring)
@@ -340,7 +336,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
                           **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
-        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
+        grid = (min(tiles, multiprocessors()),)  # persistent: a block an SM walks the tiles
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
             (cp.int32(1 if w_early else 0),)
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
@@ -374,7 +370,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
+        gemm_launch(tile or gemm_tile(m, n, k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
                     out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights)
     return out
 
