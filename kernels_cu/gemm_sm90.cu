@@ -11,7 +11,7 @@
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
 // in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
 // run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
-// Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)), or (tiles); dynamic shared memory
+// Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)) (any grid works); dynamic shared memory
 // STAGES * (BM + BN) * BK * 2 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
