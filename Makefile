@@ -18,17 +18,16 @@ test:
 gpu-test:
 	$(PYTHON) -m pytest -q -m gpu tests/gpu
 
-# Issue 5's measurements on a GPU with transformers beside nllbcli (about 10 minutes on an H200): the harness's
-# table (greedy and beam 4 at each engine's best batch), then whole jobs (A: 1,000 sentences; B: start-up;
-# C: 100,000 sentences against the engine alone), then continuous batching against static batches on sentences
-# ending at drawn lengths. JSON lines into $(BENCH_OUT).
+# The measurements of docs/PERFORMANCE.md on a GPU with transformers beside nllbcli (about 10 minutes on an H200;
+# bench/README.md says what each answers): the harness's table (greedy and beam 4 at each engine's best batch),
+# then whole jobs (A: 1,000 sentences; B: start-up; C: 100,000 sentences against the engine alone). JSON lines
+# into $(BENCH_OUT).
 BENCH_OUT ?= bench-results
 gpu-bench:
 	mkdir -p $(BENCH_OUT)
-	$(PYTHON) bench/harness.py --ours 4096x1,2048x4 --transformers 4096x1,1024x4 --out $(BENCH_OUT)/harness.json
-	$(PYTHON) bench/e2e.py --measure A,B --tf-batch 1000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
-	$(PYTHON) bench/e2e.py --measure C --sentences 100000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
-	$(PYTHON) bench/continuous.py --out $(BENCH_OUT)/continuous.jsonl
+	$(PYTHON) -m bench.harness --ours 4096x1,2048x4 --transformers 4096x1,1024x4 --out $(BENCH_OUT)/harness.json
+	$(PYTHON) -m bench.e2e --measure A,B --tf-batch 1000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
+	$(PYTHON) -m bench.e2e --measure C --sentences 100000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
 
 demo:
 	@$(PYTHON) -m nllbcli.demo $(SAMPLE_MODEL)

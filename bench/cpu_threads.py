@@ -2,7 +2,7 @@
 and beside processes that spin on cores of their own (another job sharing the machine). JSON lines: one per run,
 seconds of Translator.generate over the same sources, in the same process for every setting.
 
-    python bench/cpu_threads.py [--model data/samples/model] [--rows 300] [--beam-size 4] [--threads 1,2,0]
+    python -m bench.cpu_threads [--model data/samples/model] [--rows 300] [--beam-size 4] [--threads 1,2,0]
                                 [--loads 0,1] [--repeats 3]
 
 --threads 0 is the BLAS library's own count (one per core); --loads counts the spinning processes. The sample
@@ -15,17 +15,15 @@ import argparse
 import json
 import multiprocessing
 import os
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits
 
-from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.pipeline import plan_batches  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.options import DecodeOptions
+from nllbcli.pipeline import plan_batches
+from nllbcli.translator import load_translator
 
 HELDOUT = ROOT / "data" / "samples" / "heldout" / "eng_Latn.txt"
 

@@ -15,25 +15,25 @@ device tool's 10 minutes; --timeout bounds every process it starts:
     # A and B, 600M shape, 1,000 sentences: about 2-4 minutes (model build ~15 s; tokenizer check ~10 s; the
     # cold nllb run, i.e. the kernel compile, 30-90 s (unmeasured so far); a warm nllb run ~10 s; transformers
     # warm-up on 64 lines + one timed run ~20 s each)
-    python3 bench/e2e.py --measure A,B --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy --timeout 280 \
+    python3 -m bench.e2e --measure A,B --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy --timeout 280 \
         --out $OUT/e2e_ab.jsonl
 
     # C, 100,000 sentences: about 3-5 minutes (input ~12 s; reuses /tmp/e2e-model and the warm kernel cache if
     # the machine is still held, else rebuilds them first; a warm-up nllb run on the first chunk; the nllb job
     # and the engine alone on the CLI's batches ~0.5-2 min each, depending on the CLI's GPU batch defaults; the
     # engine alone on 4,096-sentence batches, as the harness, ~0.5 min)
-    python3 bench/e2e.py --measure C --sentences 100000 --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy \
+    python3 -m bench.e2e --measure C --sentences 100000 --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy \
         --timeout 280 --out $OUT/e2e_c.jsonl
 
     # more transformers batch sizes for A (one more process each, ~20 s): --tf-batch 128,256,1000
 
 Here, on the CPU (reference engine; transformers from another interpreter, float32 on the CPU):
 
-    .venv/bin/python bench/e2e.py --device cpu --shape tiny --sentences 50 --measure A,B,C \
+    .venv/bin/python -m bench.e2e --device cpu --shape tiny --sentences 50 --measure A,B,C \
         --transformers-python /opt/ref/bin/python
 
 The model: a directory in the hub layout (config.json as NLLB's, bf16 model.safetensors with the tied embedding
-stored once as model.shared.weight, generation_config.json) with seeded random weights of a bench/shapes.py
+stored once as model.shared.weight, generation_config.json) with seeded random weights of a nllbcli/shapes.py
 shape, and the tokenizer of data/samples/model (sentencepiece.bpe.model, tokenizer.json,
 tokenizer_config.json): its ids stop at 3,203, far below the 600M vocabulary, which random weights do not
 mind. Both tokenizers are checked to give the same ids (--no-check skips it).
@@ -49,7 +49,7 @@ on the CPU: the best piece's logit at least 9.9, every other id's at most -4.8, 
 outputs repeat one piece or a few, as random tied embeddings do (cost does not depend on the values), and
 nllbcli's reference engine gives transformers' float32 ids and text exactly.
 
-Start-up (B) without touching nllbcli: every nllb run is `python bench/e2e.py __probe__ translate ...`, which
+Start-up (B) without touching nllbcli: every nllb run is `python -m bench.e2e __probe__ translate ...`, which
 wraps nllbcli.translator's load_translator and Translator.generate with timestamps (time.time(), the clock
 the parent reads before starting the process) and then runs nllbcli.cli.main() as the `nllb` script does.
 "first batch start" is the first call of Translator.generate (weights on the GPU, the first chunk read and
@@ -108,7 +108,6 @@ def probe(argv: list[str]) -> None:
     """`nllb` with timestamps: run in the child process, before anything else is imported."""
     events = {"probe_start": time.time()}
     path = os.environ["NLLB_E2E_PROBE"]
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import atexit
 
     def dump() -> None:
@@ -165,23 +164,22 @@ if __name__ == "__main__" and sys.argv[1:2] == ["__probe__"]:
     probe(sys.argv[2:])
     sys.exit(0)
 
-import argparse  # noqa: E402
-import random  # noqa: E402
-import shlex  # noqa: E402
-import shutil  # noqa: E402
-import signal  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from bench.shapes import DEFAULT, PRESETS, parameter_count  # noqa: E402
-from bench.shapes import random_weights as shape_weights  # noqa: E402
-from nllbcli.checkpoint import ModelConfig, write_safetensors  # noqa: E402
+from nllbcli.shapes import DEFAULT, PRESETS, parameter_count
+from nllbcli.shapes import random_weights as shape_weights
+from nllbcli.checkpoint import ModelConfig, write_safetensors
 
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
@@ -205,7 +203,7 @@ def emit(record: dict, out) -> None:
 
 
 def random_weights(config: ModelConfig, seed: int, pieces: int) -> dict[str, np.ndarray]:
-    """transformers' names -> float32 arrays holding bf16 values (bench/shapes.py's random weights, deviation
+    """transformers' names -> float32 arrays holding bf16 values (nllbcli/shapes.py's random weights, deviation
     0.02, every layer of a side sharing its arrays: the file still holds each layer), the tied embedding stored
     once as model.shared.weight. Ids 4..pieces-1 only can win the argmax (see the module's docstring)."""
     ties = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
@@ -410,7 +408,7 @@ class Runner:
         if a.plain:
             command = [a.nllb_python, "-m", "nllbcli.cli", *options]
         else:
-            command = [a.nllb_python, str(Path(__file__).resolve()), "__probe__", *options]
+            command = [a.nllb_python, "-m", "bench.e2e", "__probe__", *options]
         run = run_process(command, self.env(cache_dir, NLLB_E2E_PROBE=str(probe_file)), timeout or a.timeout,
                           self.work / f"{tag}.stdout", self.work / f"{tag}.stderr", source if a.nllb_stdin else None)
         record = {"what": "nllb_run", "label": label, "input": source.name, "cache_dir": str(cache_dir or self.cache_dir),
@@ -581,7 +579,7 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
     config = {"model": str(runner.model_dir), "input": str(source), "device": a.device, "src": a.src, "tgt": a.tgt,
               "beam_size": a.beam_size, "max_length": a.new_tokens, "max_batch_tokens": a.max_batch_tokens,
               "chunk_rows": a.chunk_rows, "engine_batches": a.engine_batch, "result": str(runner.work / "engine.json")}
-    engine_run = run_process([a.nllb_python, str(Path(__file__).resolve()), "__engine__", json.dumps(config)],
+    engine_run = run_process([a.nllb_python, "-m", "bench.e2e", "__engine__", json.dumps(config)],
                              runner.env(), a.timeout, runner.work / "engine.stdout", runner.work / "engine.stderr")
     engine = json.loads(Path(config["result"]).read_text()) if Path(config["result"]).is_file() else {}
     emit({"what": "engine_run", "wall_s": engine_run["wall_s"], "exit": engine_run["exit"], **engine,
@@ -682,7 +680,7 @@ def gpu_facts() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", default="A,B", help="which of A, B, C, comma-separated (default A,B)")
-    parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (bench/shapes.py or tiny; default {DEFAULT})")
+    parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (nllbcli/shapes.py or tiny; default {DEFAULT})")
     parser.add_argument("--model-dir", type=Path, help="model directory: reused when it holds this script's model of the same shape and seed, "
                                                         "else built there and kept (default: built in the work directory, removed)")
     parser.add_argument("--cache-dir", type=Path, help="CUPY_CACHE_DIR of the warm runs, kept (default: in the work directory, removed)")

@@ -1,6 +1,6 @@
 """The transformers side of bench/e2e.py's job A: translate a text file as a user of transformers would.
 
-    python bench/e2e_transformers.py --model DIR --src eng_Latn --tgt fra_Latn [--device cuda] [--batch-size 256]
+    python -m bench.e2e_transformers --model DIR --src eng_Latn --tgt fra_Latn [--device cuda] [--batch-size 256]
                                      [--max-new-tokens 40] [--timings FILE] in.txt out.txt
 
 NllbTokenizer (src_lang), M2M100ForConditionalGeneration.from_pretrained in bf16 (float32 on the CPU) straight
@@ -18,13 +18,13 @@ import time
 
 START = time.time()
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
+import argparse
+import json
+import sys
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import M2M100ForConditionalGeneration, NllbTokenizer  # noqa: E402
+import torch
+import transformers
+from transformers import M2M100ForConditionalGeneration, NllbTokenizer
 
 
 def main() -> int:

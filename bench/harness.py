@@ -1,11 +1,11 @@
 """The benchmark harness: nllbcli's GPU engine and transformers' `generate`, one run, same GPU, same inputs.
 
-    python bench/harness.py [--preset nllb-200-distilled-600M] [--sentences 4096]
+    python -m bench.harness [--preset nllb-200-distilled-600M] [--sentences 4096]
                             [--ours 256x1,1024x1,4096x1,256x4,1024x4]
                             [--transformers 1024x1,4096x1,256x4,1024x4] [--out results.json]
 
 Workload (issue 5): an NLLB-200-distilled-600M-shaped model with random bf16 weights, or another published
-shape with --preset (bench/shapes.py: the NLLB-200 sizes 600M, 1.3B and 3.3B, M2M-100 418M and 1.2B), the
+shape with --preset (nllbcli/shapes.py: the NLLB-200 sizes 600M, 1.3B and 3.3B, M2M-100 418M and 1.2B), the
 same shape for both engines; 4,096 sentences of 10 to 60 source tokens, sorted by length; 40 generated
 tokens each (the target-language token included, as transformers' max_new_tokens counts it: transformers
 gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of the vocabulary for nllbcli,
@@ -26,9 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.shapes import DEFAULT, PRESETS, Preset, parameter_count  # noqa: E402
-from nllbcli.checkpoint import ModelConfig  # noqa: E402
+from nllbcli.shapes import DEFAULT, PRESETS, Preset, parameter_count
+from nllbcli.checkpoint import ModelConfig
 
 NEW_TOKENS = 40
 
@@ -45,17 +44,52 @@ def parse(runs: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
 
 
+def normal_weights(config: ModelConfig) -> dict[str, np.ndarray]:
+    """Seeded weights of standard deviation 0.02, LayerNorms 1 and 0, one embedding shared (as NLLB's): the
+    harness's model, rounded to bf16 when the engine uploads it."""
+    rng = np.random.default_rng(0)
+    d, out = config.d_model, {}
+    normal = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * 0.02)  # noqa: E731
+    shared = normal(config.vocab_size, d)
+    out.update({"encoder.embed_tokens.weight": shared, "decoder.embed_tokens.weight": shared, "lm_head.weight": shared})
+    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim), ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
+        for i in range(layers):
+            p = f"{side}.layers.{i}."
+            for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+                for proj in "qkvo":
+                    name = f"{p}{attn}.{'out' if proj == 'o' else proj}_proj."
+                    out[name + "weight"], out[name + "bias"] = normal(d, d), normal(d)
+                out[f"{p}{attn}_layer_norm.weight"], out[f"{p}{attn}_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+            out[p + "fc1.weight"], out[p + "fc1.bias"] = normal(ffn, d), normal(ffn)
+            out[p + "fc2.weight"], out[p + "fc2.bias"] = normal(d, ffn), normal(d)
+            out[p + "final_layer_norm.weight"], out[p + "final_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+        out[f"{side}.layer_norm.weight"], out[f"{side}.layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
+    return out
+
+
+def in_parts(sources, beams: int, rows: int, source_rows: int):
+    """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
+    part, tokens = [], 0
+    for s in sources:
+        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
+            yield part
+            part, tokens = [], 0
+        part.append(s)
+        tokens += len(s)
+    if part:
+        yield part
+
+
 def bench_ours(sources, runs, results, preset: Preset) -> None:
     import cupy as cp
 
-    from bench.engine_bench import in_parts, random_weights
     from nllbcli.engine.cuda import CudaEngine
     from nllbcli.options import DecodeOptions
     from nllbcli.search import generate
 
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
-    engine = CudaEngine(config, random_weights(config))
+    engine = CudaEngine(config, normal_weights(config))
     for batch, beams in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
         rows, source_rows = engine.capacity(options.max_length, options.beam_size)
@@ -149,7 +183,7 @@ def table(results: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=list(PRESETS), default=DEFAULT,
-                        help=f"model shape, random weights (bench/shapes.py; default {DEFAULT})")
+                        help=f"model shape, random weights (nllbcli/shapes.py; default {DEFAULT})")
     parser.add_argument("--sentences", type=int, default=4096)
     parser.add_argument("--ours", default="256x1,1024x1,4096x1,256x4,1024x4")
     parser.add_argument("--transformers", default="1024x1,4096x1,256x4,1024x4")

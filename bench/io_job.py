@@ -4,7 +4,7 @@ text, so that the model costs nothing), then the reader alone and the writer alo
 become Python values when the writer needs them, so compare readers and writers together across versions.
 Prints rows/s, the best of --repeat runs. A few minutes.
 
-    python bench/io_job.py [--rows 100000] [--repeat 3]
+    python -m bench.io_job [--rows 100000] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import FakeTranslator  # noqa: E402
-from nllbcli.io import open_input, open_sink  # noqa: E402
-from nllbcli.options import BatchOptions  # noqa: E402
-from nllbcli.pipeline import Job, translate_file  # noqa: E402
+from tests.conftest import FakeTranslator  # the tests' stand-in model (run from the repository root)
+
+from nllbcli.io import open_input, open_sink
+from nllbcli.options import BatchOptions
+from nllbcli.pipeline import Job, translate_file
 
 WORDS = "the red car is in garden on monday it was there tuesday too number of my uncle went to rome friday".split()
 

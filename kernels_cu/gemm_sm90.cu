@@ -4,34 +4,28 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
-// CONSUMER_ROWS (64, or 128 as two 64-row halves) rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256);
-// BM = CONSUMER_ROWS * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
+// 64 rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = 64 * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
 // (KSTEPS > 1: one 3-D copy an operand a stage, see tma_load3), a full and an empty mbarrier per stage. Tile
 // sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
 // (t / tiles_n, t % tiles_n): consecutive tiles share a W tile (good when A is the smaller operand and stays
 // in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
 // run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
-// Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)), or (tiles); dynamic shared memory
+// Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)) (any grid works); dynamic shared memory
 // STAGES * (BM + BN) * BK * 2 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
-// PINGPONG (2 consumers): each consumer warpgroup takes every other tile of the block's (PP_ROWS-row tiles: 64,
-// or 128 as two 64-row halves with an accumulator set each), and their main loops take turns, so one's epilogue
-// overlaps the other's products. The stages run on in tile order across both; a consumer passes over the
-// other's k-steps, and starts its own main loop only once the other's is through every wait, so no stage's
-// barrier is more than one phase ahead of a waiting consumer.
-// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; cooperative consumers; BN a multiple of 64): each consumer writes its 64 x BN
+// TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; BN a multiple of 64): each consumer writes its 64 x BN
 // part of the tile (bias and ReLU applied) into a buffer of its own in shared memory, as BN / 64 boxes of 64 x 64
 // laid out as map_out's 128-byte swizzle, and one thread hands them to the TMA unit, which copies them out while
 // the consumer goes on to its next tile. The stores from the fragments (16 bytes a row a quad) took ~11 us a
-// tile that no product overlapped (docs/PERF.md). map_out: `out`'s tensor map, box 64 x 64 (else unused).
+// tile that no product overlapped. map_out: `out`'s tensor map, box 64 x 64 (else unused).
 // TMA_STORE 2 (f32 out onto its residual, in place: out is residual): the same with relu?(acc + bias) in f32,
 // in two passes of BN / 2 columns (boxes of 32 x 64, map_out's box), which the TMA unit adds to out
 // (cp.reduce.async.bulk.tensor .add): out = relu?(acc + bias) + residual, the register path's two adds in its
 // order, rounded to nearest, subnormals flushed as --use_fast_math flushes them there.
 // How the TMA_STORE epilogue leaves (kernels.STORE_OPTIONS picks; a 128 x 256 bf16 tile's epilogue ~2.4 -> ~1.4 us,
-// docs/PERF.md ninth session): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
+// docs/PERFORMANCE.md, "GEMM tiles"): STMATRIX (bf16) writes the fragments into shared memory by stmatrix, four 8 x 8
 // matrices an instruction; EPI_CHUNKS splits a pass into chunks of whole boxes, each handed to the TMA unit as
 // soon as it is written, while the next is; OUT_3D makes map_out 3-D (out seen as (N / box columns, M, box
 // columns), box OUT_BOXES x 64 x box columns), so a chunk's boxes leave in one copy, not a copy a box;
@@ -46,17 +40,11 @@
 #define CONSUMERS 2
 #define STAGES 5
 #endif
-#ifndef PINGPONG
-#define PINGPONG 0
-#endif
 #ifndef KSTEPS
 #define KSTEPS 1
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
-#endif
-#ifndef EPI_SKIP  // (measuring) 1: no epilogue; 2: the tile into shared memory, no copies; 3: copies, nothing written
-#define EPI_SKIP 0
 #endif
 #ifndef OUT_3D  // 1: map_out is 3-D, and a chunk's boxes leave in one copy (else a copy a box)
 #define OUT_3D 0
@@ -79,29 +67,11 @@
 #ifndef EPI_PASSES  // TMA_STORE: passes a tile leaves in, each through a buffer of BN / EPI_PASSES columns a consumer
 #define EPI_PASSES (TMA_STORE == 2 ? 2 : 1)  // (more passes: a smaller buffer, so more stages fit beside it)
 #endif
-#define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's 64-row half's buffer
-#ifndef TMA_REDUCE  // TMA_STORE 2 adds onto out; 0 (for measuring what the add costs): copies, out = relu?(acc + bias)
-#define TMA_REDUCE 1
+#define STAGING_BYTES (64 * (BN / EPI_PASSES) * (TMA_STORE == 2 ? 4 : 2))  // a consumer's buffer
+#if TMA_STORE && (!defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
+#error "TMA_STORE is for the store epilogue, a multiple of 64 columns"
 #endif
-#if TMA_STORE && (PINGPONG || !defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0 || BN % 64 != 0)
-#error "TMA_STORE is for the store epilogue of cooperative consumers, a multiple of 64 columns"
-#endif
-#if PINGPONG  // a tile per consumer warpgroup; named barriers 1, 2: their epilogues; 3, 4: their turns
-#ifndef PP_ROWS
-#define PP_ROWS 64
-#endif
-#define BM PP_ROWS
-#define HALVES (PP_ROWS / 64)  // 64-row halves of a consumer's tile, an accumulator set each
-#else  // the consumer warpgroups share a tile, CONSUMER_ROWS (64 or 128) rows each; named barrier 1: their epilogue
-#ifndef CONSUMER_ROWS
-#define CONSUMER_ROWS 64
-#endif
-#if CONSUMER_ROWS != 64 && (!defined(EPILOGUE_KIND) || EPILOGUE_KIND != 0)
-#error "128-row consumers have the store epilogue only (the others reduce rows across the block's warps)"
-#endif
-#define BM (CONSUMER_ROWS * CONSUMERS)
-#define HALVES (CONSUMER_ROWS / 64)  // 64-row halves of a consumer's rows, an accumulator set each
-#endif
+#define BM (64 * CONSUMERS)  // the consumer warpgroups share a tile, 64 rows each; named barrier 1: their epilogue
 #define BK 64
 #define THREADS (128 * (CONSUMERS + 1))
 #define WM 16
@@ -109,13 +79,8 @@
 #define MT 1
 #define NT (BN / 8)
 #define WARPS_N 1
-#if PINGPONG
-#define EPI_THREADS 128
-#define EPI_SYNC() asm volatile("bar.sync %0, 128;\n" ::"r"(threadIdx.x >> 7))
-#else
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
-#endif
 #define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each) and of W (BN x BK)
 #define EPI_SMEM_BYTES (STAGES * STAGE_ELEMS * 2)
 #include "common.cuh"
@@ -151,8 +116,8 @@ __device__ __forceinline__ void mbar_expect_bytes(unsigned long long* bar, unsig
 // Copy the box at (column x, row y) of a 2-D tensor map into shared memory; completes on `bar`.
 // KSTEPS > 1: a 3-D map of the array seen as (K / 64, rows, 64), box KSTEPS x rows x 64: KSTEPS k-steps of the
 // 2-D box, one after another, in one copy. A stage's cost is mostly per copy and per stage, hardly per byte
-// (bench/tma_throughput.py: ~220 ns a stage of two 2-D boxes of any size; 4 k-steps in 3-D boxes 65 ns a
-// k-step), so a tile of few rows loads several k-steps a stage.
+// (docs/PERFORMANCE.md, "GEMM tiles": ~220 ns a stage of two 2-D boxes of any size; 4 k-steps in 3-D boxes 65 ns
+// a k-step), so a tile of few rows loads several k-steps a stage.
 __device__ __forceinline__ void tma_load3(void* dst, const TensorMap* map, int y, int z, unsigned long long* bar) {
     asm volatile(
         "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
@@ -168,7 +133,7 @@ __device__ __forceinline__ void tma_load(void* dst, const TensorMap* map, int x,
 // Copy a box of shared memory to (column x, row y) of a 2-D tensor map (the parts past its edges are not written),
 // or add it there (TMA_STORE 2).
 __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src, int x, int y) {
-#if TMA_STORE == 2 && TMA_REDUCE
+#if TMA_STORE == 2
     asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(x), "r"(y) : "memory");
 #else
@@ -178,7 +143,7 @@ __device__ __forceinline__ void tma_store(const TensorMap* map, const void* src,
 }
 
 __device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src, int y, int z) {
-#if TMA_STORE == 2 && TMA_REDUCE
+#if TMA_STORE == 2
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n"
                  ::"l"((unsigned long long)map), "r"(smem_addr(src)), "r"(0), "r"(y), "r"(z) : "memory");
 #else
@@ -298,7 +263,7 @@ __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long lon
 // even (the launcher's).
 // bias_lane: the tile's bias, column col0 + lane + 32 i in element i of each lane (0 past N, or with no bias),
 // loaded before the main loop: read here from global memory, the bias was half of the epilogue's stalls
-// (docs/PERF.md, seventh session); each quad's columns come by shuffles.
+// (docs/PERFORMANCE.md, "GEMM tiles"); each quad's columns come by shuffles.
 __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4], unsigned char* stage,
                                                    const TensorMap* map_out, int tid, int consumer, int row0,
                                                    int col0, const float (&bias_lane)[BN / 32], int relu) {
@@ -316,7 +281,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
             const int j0 = pass * NT / PASSES + chunk_i * CHUNK_J;
 #if STMATRIX  // bf16: 8 x 8 matrices from the fragments, four an instruction (a j pair's two row halves)
 #pragma unroll
-            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); j += 2) {
+            for (int j = j0; j < j0 + CHUNK_J; j += 2) {
                 unsigned packed[4];
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {  // matrix q: column block j + q / 2, rows + 8 (q % 2)
@@ -337,7 +302,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
             }
 #else
 #pragma unroll
-            for (int j = j0; j < (EPI_SKIP == 3 ? j0 : j0 + CHUNK_J); ++j) {
+            for (int j = j0; j < j0 + CHUNK_J; ++j) {
                 const int col = j * 8 + (lane & 3) * 2;  // in the tile
                 const float2 b = make_float2(__shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32),
                                              __shfl_sync(0xffffffffu, bias_lane[j / 4], col % 32 + 1));
@@ -358,7 +323,7 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 #endif
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the writes, seen by the TMA unit
             asm volatile("bar.sync %0, 128;\n" ::"r"(2 + consumer));
-            if (tid == 0 && EPI_SKIP != 2) {
+            if (tid == 0) {
                 const int first_box = chunk_i * CHUNK_COLS / BOX_COLS, col = col0 + pass * PASS_COLS + chunk_i * CHUNK_COLS;
 #if OUT_3D  // one copy: map_out is the array seen as (N / BOX_COLS, M, BOX_COLS), boxes CHUNK_COLS / BOX_COLS x 64 x BOX_COLS
                 tma_store3(map_out, stage + first_box * 8192, row0, col / BOX_COLS);
@@ -398,7 +363,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);            // the producer's arrival, plus the copies' bytes
-            mbar_init(&empty[s], PINGPONG ? 1 : CONSUMERS);  // one arrival per consumer warpgroup using it
+            mbar_init(&empty[s], CONSUMERS);  // one arrival per consumer warpgroup
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -447,23 +412,10 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 
     SET_MAX_REGISTERS(inc, CONSUMER_REGISTERS);
     const int consumer = warpgroup - 1;
-#if PINGPONG
-    const int tid = threadIdx.x % 128;
-    int turn = 0;  // tiles taken so far by the two consumers together
-#else
     const int tid = threadIdx.x - 128;
-#endif
     int it = 0;
     for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
         if (SKIPPED(t)) continue;
-#if PINGPONG
-        if (turn++ % 2 != consumer) {  // the other consumer's tile
-            it += k_tiles;
-            continue;
-        }
-        // wait for the other consumer's main loop to finish its waits (its arrival below), except on the first tile
-        if (turn > 1) asm volatile("bar.sync %0, 256;\n" ::"r"(3 + consumer));
-#endif
 #if TMA_STORE
         float bias_lane[BN / 32];  // for the epilogue, loaded while the main loop runs
 #pragma unroll
@@ -472,64 +424,34 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
             bias_lane[i] = bias && col < N ? bias[col] : 0.f;
         }
 #endif
-        float acc[HALVES][MT][NT][4];
+        float acc[MT][NT][4];
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-            for (int j = 0; j < NT; ++j) acc[h][0][j][0] = acc[h][0][j][1] = acc[h][0][j][2] = acc[h][0][j][3] = 0.f;
+        for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + (PINGPONG ? 0 : consumer * HALVES * 64 * BK);
+            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + consumer * 64 * BK;
             const __nv_bfloat16* w = Ws + s * BN * BK * KSTEPS;
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
                 for (int kk = 0; kk < BK; kk += 16)
-#pragma unroll
-                    for (int h = 0; h < HALVES; ++h)
-                        WGMMA(acc[h], smem_desc(a + ks * BM * BK + h * 64 * BK + kk), smem_desc(w + ks * BN * BK + kk));
+                    WGMMA(acc, smem_desc(a + ks * BM * BK + kk), smem_desc(w + ks * BN * BK + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
             if (kt > 0 && tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
         }
-#if PINGPONG
-        {  // the other consumer's turn, if the block has another tile for it
-            int next = t + gridDim.x;
-            while (next < tiles && SKIPPED(next)) next += gridDim.x;
-            if (next < tiles) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 + (1 - consumer)));
-        }
-#endif
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
-#if EPI_SKIP == 1 || EPI_SKIP == 3  // (measuring) 1: no epilogue, the products alone (summed, so that ptxas keeps
-        {                                // them); 2: the tile into shared memory, not stored; 3: stored, not written there
-            float sum = 0.f;
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h)
-#pragma unroll
-                for (int j = 0; j < NT; ++j) sum += acc[h][0][j][0] + acc[h][0][j][1] + acc[h][0][j][2] + acc[h][0][j][3];
-            if (sum == 1.2345e-30f) reinterpret_cast<float*>(out)[tile_n] = sum;
-        }
-#endif
-#if EPI_SKIP == 1
-#elif TMA_STORE
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)  // a buffer per half of each consumer's rows
-            store_through_smem(acc[h], base + EPI_SMEM_BYTES + (consumer * HALVES + h) * STAGING_BYTES,
-                               &map_out, tid % 128, consumer, TILE_M(t) * BM + (consumer * HALVES + h) * 64, tile_n * BN,
-                               bias_lane, relu);
+#if TMA_STORE
+        store_through_smem(acc, base + EPI_SMEM_BYTES + consumer * STAGING_BYTES, &map_out, tid % 128, consumer,
+                           TILE_M(t) * BM + consumer * 64, tile_n * BN, bias_lane, relu);  // a buffer per consumer
 #else
-        // warp w of consumer c (warp_m = tid / 32 = 4c + w, rows 64c + 16w from block_m) holds, in half h, tile rows
-        // 64 (c * HALVES + h) + 16w (pingpong: c = 0, one consumer's warps a tile)
-#pragma unroll
-        for (int h = 0; h < HALVES; ++h)
-            gemm_epilogue(acc[h], base, tid, tid / 32, 0,
-                          TILE_M(t) * BM + h * 64 + (PINGPONG ? 0 : consumer * (HALVES - 1) * 64), tile_n * BN, tile_n,
-                          tiles_n, bias, residual, out, part_val, part_idx, part_stat, thresh, M, N, relu, epilogue,
-                          out_f32);
+        // warp w of consumer c (warp_m = tid / 32 = 4c + w) holds tile rows 64c + 16w
+        gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
+                      part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
 #endif
     }
 #if TMA_STORE

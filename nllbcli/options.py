@@ -46,14 +46,14 @@ class BatchOptions:
     @classmethod
     def for_device(cls, device: str, max_batch_tokens: int | None = None, read_chunk_rows: int | None = None) -> "BatchOptions":
         """The defaults for where the engine runs, overridden by what is given. A GPU is fast per step only with
-        thousands of sentences in it at once (docs/PERF.md: 100,000 tokens/s at 1,024 sentences a batch,
+        thousands of sentences in it at once (100,000 tokens/s at 1,024 sentences a batch,
         200,000 at 4,096; the Translator splits what its KV pool cannot hold); the CPU's reference engine gains
         nothing from large batches and would only hold more in memory."""
         default = GPU_BATCHING if device.startswith("cuda") else cls()
         return cls(max_batch_tokens or default.max_batch_tokens, read_chunk_rows or default.read_chunk_rows)
 
 
-# 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERF.md)
+# 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERFORMANCE.md, "Host side")
 GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)
 
 

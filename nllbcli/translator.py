@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
+from .engine import Engine
 from .engine.reference import ReferenceEngine
 from .errors import NllbError
 from .options import DecodeOptions
@@ -47,7 +48,7 @@ def release_free_memory() -> None:
 class Translator:
     config: ModelConfig
     tokenizer: NllbTokenizer | M2M100Tokenizer  # the engine and search never know which
-    engine: ReferenceEngine  # or engine.cuda.CudaEngine: the same calls
+    engine: Engine  # engine.reference.ReferenceEngine or engine.cuda.CudaEngine
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from nllbcli.options import DecodeOptions
-from nllbcli.search import Ready, generate
+from nllbcli.engine import OnHost
+from nllbcli.search import generate
 from nllbcli.translator import load_translator
 
 HERE = Path(__file__).parent
@@ -85,7 +86,7 @@ class AheadEngine:
         return Logged(ids, step, self.log)
 
 
-class Logged(Ready):
+class Logged(OnHost):
     def __init__(self, ids, step, log):
         super().__init__(ids)
         self.step, self.log = step, log

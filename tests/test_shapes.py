@@ -1,15 +1,10 @@
-"""The benchmark's model shapes (bench/shapes.py): the published sizes, language ids where the tokenizers put them."""
-
-import sys
-from pathlib import Path
+"""The published model shapes (nllbcli/shapes.py): the published sizes, language ids where the tokenizers put them."""
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.shapes import DEFAULT, NLLB_600M, PRESETS, parameter_count  # noqa: E402
-from nllbcli.checkpoint import ModelConfig  # noqa: E402
-from nllbcli.langs import FLORES_200_CODES, M2M100_CODES  # noqa: E402
+from nllbcli.checkpoint import ModelConfig
+from nllbcli.langs import FLORES_200_CODES, M2M100_CODES
+from nllbcli.shapes import DEFAULT, NLLB_600M, PRESETS, parameter_count
 
 # the parameter counts transformers reports for each hub model (model.num_parameters())
 PUBLISHED = {

@@ -1,23 +1,96 @@
 """The engines: the NumPy float32 reference (reference.py) and the CuPy GPU engine (cuda.py).
 
-Both answer the same calls, so search.py runs on either:
-
-    capacity(max_length, beams) -> (rows, source_tokens)  what the KV pool holds at once (the GPU's is fixed)
-    encode(sources) -> encoded                     the encoder, and every decoder layer's cross K/V
-    start(encoded, source_rows, max_positions)     a decoder state with one row per sequence (per beam)
-    step(encoded, state, tokens, want_logits)      feed one token per row; the logits (tests, prefill)
-    step_argmax(encoded, state, tokens)            ... and each row's best next token (greedy)
-    step_argmax_ahead(encoded, state, tokens)      (optional) the same without waiting: an object whose
-                                                   .device feeds the next step, .fetch() gives the ids and
-                                                   .subset(rows) follows a select(); search.py falls back
-                                                   to step_argmax where an engine has none
-    step_topk(encoded, state, tokens, k)           ... and each row's k best by log-probability (beams)
-    fetch_later(array)                             (optional) a device array on its way to the host: .fetch()
-    reorder(state, parents)                        beams follow their parents (repeats allowed)
-    select(state, rows)                            keep these rows; the others' cache goes back
-    join(state, other)                             append other's rows (another encoding's, perhaps, at other
-                                                   positions: each row keeps its own, state.t) to state's;
-                                                   other is left empty (search.greedy_continuous)
-    release(state), release_sources(encoded)       give the pool back
-    xp                                             numpy or cupy: where the search keeps its beam arrays
+`Engine` is what search.py asks of an engine, and both answer it, so the search runs on either. An engine's
+`encoded` (what `encode` returns) and `state` (what `start` returns) are its own; a state is a `RowPositions`.
 """
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+class RowPositions:
+    """Decoder rows that advance together: `t` (N,) on the host, the positions each row has filled."""
+
+    t: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.t)
+
+    @property
+    def length(self) -> int:
+        """Positions the rows have filled: what a cache must hold."""
+        return int(self.t.max(initial=0))
+
+
+class OnHost:
+    """A step's ids already on the host, as step_argmax_ahead's answer for an engine that has nothing to overlap."""
+
+    def __init__(self, ids):
+        self.device = np.asarray(ids)
+
+    def fetch(self) -> np.ndarray:
+        return self.device
+
+    def subset(self, rows: np.ndarray) -> "OnHost":
+        return OnHost(self.device[rows])
+
+
+class PendingArray(Protocol):
+    """A device array on its way to the host."""
+
+    def fetch(self) -> np.ndarray: ...
+
+
+class PendingStep(PendingArray, Protocol):
+    """A greedy step's ids (N,): `device` feeds the next step where it lies, fetch() gives them on the host."""
+
+    device: Any
+
+    def subset(self, rows: np.ndarray) -> "PendingStep":
+        """These rows' ids: the next step's input after engine.select(state, rows)."""
+
+
+class Engine(Protocol):
+    """The calls search.py makes. Arrays of tokens and parents may be on the host or in `xp`."""
+
+    xp: Any  # numpy or cupy: where the search keeps its beam arrays
+
+    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
+        """(decoder rows, source tokens) the KV pool holds at once (the GPU's is fixed)."""
+
+    def encode(self, sources: list[list[int]]) -> Any:
+        """The encoder over the sources, and every decoder layer's cross K/V."""
+
+    def start(self, encoded: Any, source_rows: np.ndarray, max_positions: int) -> RowPositions:
+        """A decoder state with one row per sequence (per beam), row i reading source source_rows[i]."""
+
+    def step(self, encoded: Any, state: RowPositions, tokens: Any, want_logits: bool = True) -> np.ndarray | None:
+        """Feed one token per row; the next-token logits (N, V) on the host (tests, prefill), or None."""
+
+    def step_argmax(self, encoded: Any, state: RowPositions, tokens: Any) -> np.ndarray:
+        """... and each row's best next token (N,) (greedy; ties: the lower id)."""
+
+    def step_argmax_ahead(self, encoded: Any, state: RowPositions, tokens: Any) -> PendingStep:
+        """step_argmax without waiting for the ids: the next step can be queued before they are fetched."""
+
+    def step_topk(self, encoded: Any, state: RowPositions, tokens: Any, k: int) -> tuple[Any, Any]:
+        """... and each row's k best next tokens by log-probability, best first: (log-probs, ids), (N, k) each."""
+
+    def fetch_later(self, array: Any) -> PendingArray:
+        """An array of `xp` on its way to the host."""
+
+    def reorder(self, state: RowPositions, parents: Any) -> None:
+        """Beams follow their parents: row i continues row parents[i]'s history (repeats allowed)."""
+
+    def select(self, state: RowPositions, rows: Sequence[int]) -> None:
+        """Keep these rows (host indices), in that order; the others' cache goes back."""
+
+    def release(self, state: RowPositions) -> None:
+        """Give the state's cache back to the pool."""
+
+    def release_sources(self, encoded: Any) -> None:
+        """Give the sources' cross K/V back to the pool."""

@@ -23,14 +23,14 @@ import numpy as np
 
 from ..checkpoint import ModelConfig, bf16_to_float32
 from ..errors import NllbError
-from . import kernels
+from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, plan_pool
-from .reference import RowPositions, sinusoidal_positions
+from .numerics import sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
 DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
-MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy (docs/PERF.md)
+MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy
 
 
 def to_bf16(a: np.ndarray) -> cp.ndarray:
@@ -124,7 +124,7 @@ class Workspace:
 
 @dataclass
 class CudaState(RowPositions):
-    """Decoder rows, each at its own position t (RowPositions). Row i writes its K/V for position t into cache
+    """Decoder rows at position t (RowPositions). Row i writes its K/V for position t into cache
     row slots[i] * cache_rows + t (its own slot, for as long as it lives) and reads positions 0..t through its
     table row: after a beam reorder, a beam's history lies in its parent's rows, and only the table row is
     copied (re-pointing, not moving, the cache). The rows' state lies in the first `n` rows of the workspace
@@ -219,13 +219,14 @@ class CudaEngine:
         def attention(prefix: str) -> dict:
             qkv_w = np.concatenate([w[prefix + f"{p}_proj.weight"] for p in "qkv"])  # (3D, D): one GEMM for q, k, v
             qkv_b = np.concatenate([w[prefix + f"{p}_proj.bias"] for p in "qkv"])
-            return {"qkv_w": to_bf16(qkv_w), "qkv_b": to_f32(qkv_b), "o_w": to_bf16(w[prefix + "out_proj.weight"]),
-                    "o_b": to_f32(w[prefix + "out_proj.bias"])}
+            return {"self_qkv_w": to_bf16(qkv_w), "self_qkv_b": to_f32(qkv_b),
+                    "self_out_w": to_bf16(w[prefix + "out_proj.weight"]), "self_out_b": to_f32(w[prefix + "out_proj.bias"])}
 
         def common(p: str) -> dict:
             return {
-                "ln1_w": to_f32(w[p + "self_attn_layer_norm.weight"]), "ln1_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
-                "ln3_w": to_f32(w[p + "final_layer_norm.weight"]), "ln3_b": to_f32(w[p + "final_layer_norm.bias"]),
+                "self_attn_norm_w": to_f32(w[p + "self_attn_layer_norm.weight"]),
+                "self_attn_norm_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
+                "ffn_norm_w": to_f32(w[p + "final_layer_norm.weight"]), "ffn_norm_b": to_f32(w[p + "final_layer_norm.bias"]),
                 "fc1_w": to_bf16(w[p + "fc1.weight"]), "fc1_b": to_f32(w[p + "fc1.bias"]),
                 "fc2_w": to_bf16(w[p + "fc2.weight"]), "fc2_b": to_f32(w[p + "fc2.bias"]),
                 **attention(p + "self_attn."),
@@ -238,9 +239,11 @@ class CudaEngine:
             p = f"decoder.layers.{i}."
             layer = common(p)
             layer.update({
-                "ln2_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]), "ln2_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
-                "cq_w": to_bf16(w[p + "encoder_attn.q_proj.weight"]), "cq_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
-                "co_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]), "co_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
+                "cross_attn_norm_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]),
+                "cross_attn_norm_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
+                "cross_q_w": to_bf16(w[p + "encoder_attn.q_proj.weight"]), "cross_q_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
+                "cross_out_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]),
+                "cross_out_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
             })
             self.decoder.append(layer)
             cross_w += [w[p + "encoder_attn.k_proj.weight"], w[p + "encoder_attn.v_proj.weight"]]
@@ -296,12 +299,12 @@ class CudaEngine:
         longest = int(lengths.max())
         d = c.d_model
         for layer in self.encoder:
-            x = kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"])
-            qkv = kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], weights=True)  # (T, 3D)
+            x = kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
+            qkv = kernels.gemm(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
             a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
-            h = kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h, weights=True)
-            x = kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"])
+            h = kernels.gemm(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
+            x = kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
             f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
             h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         x = kernels.layernorm(h, *self.enc_ln)
@@ -420,19 +423,19 @@ class CudaEngine:
         self_keys = pool.plan.cache_rows  # picks the kernel; each row's own count is in self_len
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
         for i, layer in enumerate(self.decoder):
-            kernels.layernorm(h, layer["ln1_w"], layer["ln1_b"], out=x)
-            kernels.gemm(x, layer["qkv_w"], layer["qkv_b"], out=qkv, weights=True)  # (b, 3D)
+            kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], out=x)
+            kernels.gemm(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True)  # (b, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
                               table=table, max_keys=self_keys)
-            kernels.gemm(a, layer["o_w"], layer["o_b"], residual=h, out=h, weights=True)
-            kernels.layernorm(h, layer["ln2_w"], layer["ln2_b"], out=x)
-            kernels.gemm(x, layer["cq_w"], layer["cq_b"], out=q, weights=True)
+            kernels.gemm(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
+            kernels.layernorm(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], out=x)
+            kernels.gemm(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True)
             kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
                               max_keys=cross_keys)
-            kernels.gemm(a, layer["co_w"], layer["co_b"], residual=h, out=h, weights=True)
-            kernels.layernorm(h, layer["ln3_w"], layer["ln3_b"], out=x)
+            kernels.gemm(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True)
+            kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"], out=x)
             kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True)
             kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
@@ -481,8 +484,6 @@ class CudaEngine:
         """Beams follow their parents: row i continues row parents[i]'s history (parents on the host or the
         device, repeats allowed). Only the table rows move; each row keeps writing into its own slot."""
         state.ws.gather(state.n, cp.asarray(parents).astype(cp.int32), ("row_t", "table", "cross_start", "cross_len"))
-        if state.n and state.t.min() != state.t.max():  # rows at several positions (joined): the host's follow
-            state.t = state.t[cp.asnumpy(parents).astype(np.int64)]
 
     def select(self, state: CudaState, rows: np.ndarray) -> None:
         """Keep decoder rows `rows` (host indices, each at most once), in that order, their state (the next
@@ -497,36 +498,6 @@ class CudaEngine:
         state.ws.pad_rows(len(rows), n)
         state.slots = state.slots[rows]
         state.t = state.t[rows]
-
-    def join(self, state: CudaState, other: CudaState) -> None:
-        """Append the rows of `other` (a state started on another encoding, perhaps) after those of `state`,
-        each with its own position, slot, cache table and cross K/V rows (its source's run in the pool), so that
-        it steps as in its own state: step_prep reads each row's position, and attention each row's key count
-        and source rows, from the row's own entries. `other` is left empty, holding nothing (its slots are
-        `state`'s now). The workspace grows when the rows outgrow it (graphs are captured again for it)."""
-        if state is other:
-            raise ValueError("a state cannot join itself")
-        n, m = state.n, other.n
-        if n + m > state.ws.capacity:
-            self.grow(state, n + m)
-        for name in ROW_ARRAYS:  # rows n .. n + m were padding (start and select leave them so)
-            state.ws.rows(name, n + m)[n:] = other.ws.rows(name, m)
-        state.slots = np.concatenate([state.slots, other.slots])
-        state.t = np.concatenate([state.t, other.t])
-        state.cross_keys = max(state.cross_keys, other.cross_keys)
-        other.slots, other.t = other.slots[:0], other.t[:0]
-        if self.bound is other:
-            self.bound = None
-
-    def grow(self, state: CudaState, rows: int) -> None:
-        """A workspace of room for `rows` rows for `state`, its rows' state copied there (the engine's own
-        workspace is replaced, with its graphs, when the state steps as graphs)."""
-        ws = Workspace(bucket(rows) if state.graphs else rows, self.pool, self.config.pad_token_id)
-        for name in ROW_ARRAYS:
-            ws.rows(name, state.n)[:] = state.ws.rows(name, state.n)
-        if state.graphs:
-            self.ws = ws
-        state.ws = ws
 
     def release(self, state: CudaState) -> None:
         self.pool.slots.release(state.slots)

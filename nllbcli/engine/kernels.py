@@ -97,29 +97,24 @@ GEMM_TILES = {
     "large": dict(kind="mma", BM=128, BN=128, WM=64, WN=32, STAGES=2),
     "small": dict(kind="mma", BM=64, BN=64, WM=32, WN=32, STAGES=2),
     # (deeper pipelines and wider warp tiles, large3 / wide3 / small4, were never clearly faster than the best of
-    # the others at the shapes of docs/PERF.md's GEMM tables, and are taken out: each GPU test run compiled them)
+    # the others at the engine's GEMM shapes: docs/PERFORMANCE.md, "Tried and rejected")
     # gemm_sm90.cu, TMA + wgmma: Hopper only; BM = 64 * CONSUMERS
     "wg256": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4),
     "wg128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6),
     "wg64": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=8),
     "wg64w": dict(kind="sm90", BN=256, CONSUMERS=1, STAGES=5),  # 64 x 256: the output projection of <= 64 rows
     "wg192": dict(kind="sm90", BN=192, CONSUMERS=2, STAGES=4),  # 128 x 192: a wave of tiles where 128 x 256 leaves SMs idle
-    "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64: more tiles for few rows
     # several k-steps a stage, by 3-D boxes (KSTEPS; where 64 | K, else one): a one-consumer tile's pace is its
-    # stages', ~220 ns each whatever their bytes (bench/tma_throughput.py, docs/PERF.md seventh session). The
-    # narrow ones (64 x 32, 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers
-    # (stores_only); with one k-step a stage they were no faster than wg64n.
+    # stages', ~220 ns each whatever their bytes (docs/PERFORMANCE.md, "GEMM tiles"). The narrow ones (64 x 32,
+    # 64 x 8, as cuBLAS's at 64 rows) have the store epilogue only, from the registers (stores_only); with one
+    # k-step a stage they were no faster than 64 x 64 (bench/micro/gemm_variants.py's wg64n).
     "wg64nk4": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=3, KSTEPS=4),
     "wg64k2": dict(kind="sm90", BN=128, CONSUMERS=1, STAGES=4, KSTEPS=2),
     "wg64n32k4": dict(kind="sm90", BN=32, CONSUMERS=1, STAGES=4, KSTEPS=4),
-    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% over 5 (PERF.md, eighth session)
+    "wg64n8k4": dict(kind="sm90", BN=8, CONSUMERS=1, STAGES=6, KSTEPS=4),  # 6 stages: 2-6% faster than 5
     "wg128k2": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=3, KSTEPS=2),
-    # (256 x 128 with two 128-row consumers, CONSUMER_ROWS=128 as cuBLAS's tiles at the decode shapes, was never
-    # the fastest by more than 2%: docs/PERF.md, seventh session)
-    # ping-pong consumers, a 128 x 128 tile each (two 64-row accumulator sets); 64 x 256 each measured no faster
-    "pp128": dict(kind="sm90", BN=128, CONSUMERS=2, STAGES=6, PINGPONG=1, PP_ROWS=128),
-    # (clusters sharing an operand's tile by TMA multicast, along M or N, measured 2-20% slower at every shape that
-    # matters: docs/PERF.md, fifth and eighth sessions; the code is in commit 881d664)
+    # (128-row consumers, ping-pong consumers and clusters sharing tiles by TMA multicast were measured and
+    # rejected: docs/PERFORMANCE.md, "Tried and rejected")
 }
 EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 
@@ -142,12 +137,9 @@ def multiprocessors() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
-TILE_OVERRIDE = os.environ.get("NLLB_GEMM_TILE")  # a tile for every gemm() call: for measuring tiles inside generate
-
-
 # The wgmma tiles' cost a wave: a fixed part in microseconds (loads in flight, epilogue) and a rate in flops per
 # microsecond per SM (with a bias, the engine's stores), fitted to every tile at every decode GEMM (64 to 4,096
-# rows) and the encoder's on the H200 (docs/PERF.md, seventh session). A larger tile computes faster once there
+# rows) and the encoder's on the H200 (docs/PERFORMANCE.md, "GEMM tiles"). A larger tile computes faster once there
 # are tiles enough for every SM; a smaller one makes more tiles where there are not, and several k-steps a stage
 # (KSTEPS) make its loads cheaper.
 TILE_COSTS = {"wg256": (4.34, 6.18e6), "wg192": (3.70, 6.22e6), "wg128k2": (3.05, 5.63e6), "wg64k2": (2.47, 4.31e6),
@@ -161,10 +153,10 @@ def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each costing
     TILE_COSTS's fixed part plus the tile's flops at its rate. Fitted to and checked against the H200's times
     at each decode GEMM with 64 to 4,096 rows and the encoder's, it picks the fastest of ten tiles at every one
-    (docs/PERF.md). Every tile sums each output in the same order (the same bits), so the choice changes no
-    result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small ones (measured on
-    the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x large at 256 rows x
-    1,024 columns)."""
+    (docs/PERFORMANCE.md, "GEMM tiles"). Every tile sums each output in the same order (the same bits), so the
+    choice changes no result. Elsewhere mma.sync: large tiles once they make a full wave of blocks, else small
+    ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x
+    large at 256 rows x 1,024 columns)."""
     if wgmma_available():
         sms = multiprocessors()
 
@@ -234,15 +226,14 @@ def tile_rows(name: str) -> int:
     tile = GEMM_TILES[name]
     if tile["kind"] == "mma":
         return tile["BM"]
-    return tile["PP_ROWS"] if tile.get("PINGPONG") else tile.get("CONSUMER_ROWS", 64) * tile["CONSUMERS"]
+    return 64 * tile["CONSUMERS"]
 
 
 def stores_only(name: str) -> bool:
     """A tile whose kernel has the store epilogue alone (gemm), not the logits' (argmax, top-k)."""
-    return GEMM_TILES[name].get("CONSUMER_ROWS", 64) != 64 or GEMM_TILES[name]["BN"] % 64 != 0
+    return GEMM_TILES[name]["BN"] % 64 != 0
 
 
-PERSISTENT = os.environ.get("NLLB_PERSISTENT", "1") == "1"  # a block per SM walking the tiles (0: a block per tile)
 # A wgmma GEMM's bf16 outputs without a residual, and its f32 outputs onto their residual in place (out is
 # residual), leave through shared memory and the TMA unit (gemm_sm90.cu's TMA_STORE 1 and 2), while the consumers
 # go on with their next tile (0: stored from the registers, for measuring)
@@ -250,11 +241,10 @@ TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
 # How a TMA_STORE epilogue leaves (gemm_sm90.cu; a tile's entry overrides): OUT_3D, one copy a chunk of boxes (a
 # 3-D map of out); EPI_CHUNKS, copies a pass (at most: a divisor of its boxes), each out while the next part is
 # written; STMATRIX (bf16), the tile into shared memory by stmatrix. All three: the epilogue of a 128 x 256 bf16
-# tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERF.md, ninth session)
-# (PREFETCH_OUT, the residual fetched into L2 a few stages before a tile's end, gained nothing: PERF.md, tenth session)
+# tile ~2.4 -> ~1.4 us, the decode GEMMs at 4,096 rows +1-3% (docs/PERFORMANCE.md, "GEMM tiles")
 # STAGING_DIV: where a tile's stages would not all fit beside whole-pass staging buffers, the buffers up to that
 # many times smaller, the tile leaving in as many times the passes (gemm_sm90.cu's EPI_PASSES): 128 x 256 keeps
-# its 4 stages (3 beside whole buffers), +5-8% at 4,096 rows and on the encoder's GEMMs (PERF.md, twelfth session);
+# its 4 stages (3 beside whole buffers), +5-8% at 4,096 rows and on the encoder's GEMMs;
 # STAGING_ALWAYS (for testing) divides them whether needed or not.
 STORE_OPTIONS = {"OUT_3D": 1, "EPI_CHUNKS": 4, "STMATRIX": 1, "STAGING_DIV": 2, "STAGING_ALWAYS": 0}
 KERNEL_DEFAULTS = {"OUT_3D": 0, "EPI_CHUNKS": 1, "STMATRIX": 0, "OUT_BOXES": 1}  # gemm_sm90.cu's
@@ -277,9 +267,9 @@ def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
             and out.data.ptr == residual.data.ptr and out.shape == residual.shape and out.strides == residual.strides)
 
 
-def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, part_val, part_idx, part_stat,
-                epilogue: int, relu: bool = False, out_f32: bool = False, thresh=None, needed=None, w_early=False,
-                **defines) -> None:
+def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=None, residual=None, out=None,
+                part_val=None, part_idx=None, part_stat=None, relu: bool = False, out_f32: bool = False, thresh=None,
+                needed=None, w_early=False, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
     the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
@@ -316,7 +306,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
-        if TMA_STORE and epilogue == EPILOGUE_STORE and not tile.get("PINGPONG") and bn % 64 == 0 and out is not None:
+        if TMA_STORE and epilogue == EPILOGUE_STORE and bn % 64 == 0 and out is not None:
             store = 1 if residual is None and not out_f32 else 2 if in_place(out, residual) else 0
             if store and tma_ready(out) and (bias is None or bias.data.ptr % 8 == 0):
                 box_cols, passes = (64, 1) if store == 1 else (32, 2)  # bf16 in one pass, f32 in two by default
@@ -346,7 +336,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, bias, residual, out, pa
                           **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
-        grid = (min(tiles, multiprocessors()) if PERSISTENT else tiles,)
+        grid = (min(tiles, multiprocessors()),)  # persistent: a block an SM walks the tiles
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
             (cp.int32(1 if w_early else 0),)
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
@@ -380,8 +370,8 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or TILE_OVERRIDE or gemm_tile(m, n, k), a, w, bias, residual, out, None, None, None, EPILOGUE_STORE, relu=relu,
-                    out_f32=out.dtype == F32, w_early=weights)
+        gemm_launch(tile or gemm_tile(m, n, k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
+                    out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights)
     return out
 
 
@@ -403,14 +393,14 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
     # wgmma: 64 x 256 tiles up to 64 rows (the weights at 3.9 TB/s against 3.2 with 128 x 256), else 128 x 256
-    # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows (docs/PERF.md)
+    # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows
     if tile is None:
         tile = ("wg64w" if m <= 64 else "wg256") if wgmma_available() else gemm_tile(m, n)
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     part_val = take("argmax part_val", (m, blocks_n), F32)
     part_idx = take("argmax part_idx", (m, blocks_n), cp.int32)
     if m:
-        gemm_launch(tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_ARGMAX)
+        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx)
     ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
     values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
@@ -455,7 +445,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     if not m:
         return logprob, ids
     stat = take("topk stat", (m, parts, 2), F32)
-    gemm_launch(tile, h, w, None, None, None, None, None, stat, EPILOGUE_STAT, **({"PART": part} if part < bn else {}))
+    gemm_launch(tile, h, w, epilogue=EPILOGUE_STAT, part_stat=stat, **({"PART": part} if part < bn else {}))
     lse, thresh = take("topk lse", (m,), F32), take("topk thresh", (m,), F32)
     rows = tile_rows(select_tile)
     needed = take("topk needed", (-(-m // rows), parts), cp.uint8)
@@ -464,7 +454,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
                                                                        cp.int32(rows)))
     part_val = take("topk part_val", (m, parts, k), F32)
     part_idx = take("topk part_idx", (m, parts, k), cp.int32)
-    gemm_launch(select_tile, h, w, None, None, None, part_val, part_idx, None, EPILOGUE_TOPK, thresh=thresh,
+    gemm_launch(select_tile, h, w, epilogue=EPILOGUE_TOPK, part_val=part_val, part_idx=part_idx, thresh=thresh,
                 needed=needed, TOPK=k)
     function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
         stat, part_val, part_idx, lse, thresh, logprob, ids, cp.int32(m), cp.int32(parts)))
@@ -501,9 +491,6 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.nda
     if m:
         function("embed.cu", "embed_kernel")((m,), (128,), (ids, pos, table, positions, out, cp.int32(d), cp.float32(scale)))
     return out
-
-
-MAX_KEYS = 2048  # attention.cu keeps a query's scores in shared memory
 
 
 def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,

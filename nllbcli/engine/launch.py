@@ -4,7 +4,7 @@ A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may
 and their set-up run, while the kernel before it in the stream finishes; gemm_sm90.cu (PDL) waits for that
 kernel (griddepcontrol.wait: done, its writes seen) before it reads or writes any array, so results are those
 of launches one after the other. Back to back, a GEMM's launch and set-up hide behind the last kernel's tail:
-~0.5-0.8 us a GEMM, 10-15% of a 64-row GEMM's time (docs/PERF.md, ninth session). Stream capture records the
+~0.5-0.8 us a GEMM, 10-15% of a 64-row GEMM's time (docs/PERFORMANCE.md). Stream capture records the
 dependency into CUDA graphs. CuPy's RawKernel has no way to ask for it, hence ctypes. NLLB_PDL=0: CuPy's launches.
 """
 
@@ -52,7 +52,7 @@ class Prepared:
     """What a kernel's launches from one thread share: a buffer its parameters are packed into (struct.pack_into,
     one call), the array of pointers into it that the driver reads, and the launch config. The driver copies the
     parameters at the launch, so the next launch may overwrite them. Made once: built per launch from ~40 ctypes
-    objects, an eager GEMM took 127 us of the host's time, 39 us so (docs/PERF.md, eleventh session)."""
+    objects, an eager GEMM took 127 us of the host's time, 39 us so."""
 
     def __init__(self, kernel, args: tuple, function: int):
         self.kernel = kernel  # held, so that its id (the cache's key) is never another kernel's
@@ -84,7 +84,7 @@ def available() -> bool:
     if _launch_kernel_ex is None:
         try:
             # PyDLL: the call keeps the GIL (a few microseconds). Through CDLL each launch let the GIL go and waited
-            # to take it back from the pipeline's reader thread: C, 267,000 -> 262,000 tokens/s (PERF.md, ninth)
+            # to take it back from the pipeline's reader thread: C, 267,000 -> 262,000 tokens/s
             _launch_kernel_ex = ctypes.PyDLL("libcuda.so.1").cuLaunchKernelEx
             _launch_kernel_ex.restype = ctypes.c_int
         except (OSError, AttributeError) as error:  # an old driver

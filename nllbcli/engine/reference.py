@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..checkpoint import ModelConfig
+from . import OnHost, RowPositions
+from .numerics import log_softmax, sinusoidal_positions, to_host, topk_desc
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
@@ -42,7 +44,8 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) & np.uint32(0xFFFF0000)).view(np.float32).reshape(x.shape)
 
 
-def keep(x: np.ndarray) -> np.ndarray:
+def unrounded(x: np.ndarray) -> np.ndarray:
+    """float32 values as they are (the engine's rounding where bf16 activations are off)."""
     return x
 
 
@@ -55,19 +58,6 @@ def activation(x: np.ndarray, name: str) -> np.ndarray:
     return (0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))).astype(np.float32)
 
 
-def sinusoidal_positions(num_positions: int, dim: int, padding_idx: int) -> np.ndarray:
-    """fairseq's (tensor2tensor's) sinusoidal table: [sin | cos] halves, row `padding_idx` zero. (P, D)"""
-    half = dim // 2
-    step = np.log(10000) / (half - 1)
-    freqs = np.exp(np.arange(half, dtype=np.float32) * np.float32(-step))  # (D/2,)
-    angles = np.arange(num_positions, dtype=np.float32)[:, None] * freqs[None, :]  # (P, D/2)
-    table = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
-    if dim % 2:
-        table = np.concatenate([table, np.zeros((num_positions, 1), np.float32)], axis=1)
-    table[padding_idx] = 0
-    return table.astype(np.float32)
-
-
 def embed(ids: np.ndarray, positions: np.ndarray, table: np.ndarray, scale: float, pos_table: np.ndarray) -> np.ndarray:
     """Token embedding times sqrt(D) (when the model scales) plus the sinusoidal position rows. (..., D)"""
     return table[ids] * np.float32(scale) + pos_table[positions]
@@ -76,11 +66,6 @@ def embed(ids: np.ndarray, positions: np.ndarray, table: np.ndarray, scale: floa
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray | None, heads: int) -> np.ndarray:
@@ -101,10 +86,6 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray 
     return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
 
 
-def causal_mask(t: int) -> np.ndarray:
-    return np.tril(np.ones((t, t), dtype=bool))
-
-
 # ------------------------------------------------------------------------------------------------ the model
 
 
@@ -117,25 +98,9 @@ class EncoderOutput:
     cross_v: list[np.ndarray]
 
 
-class RowPositions:
-    """Decoder rows each at its own position: `t` (N,) on the host, the positions each row has filled. Rows
-    started together advance in lockstep; rows joined from another state (engine.join) keep their own."""
-
-    t: np.ndarray
-
-    @property
-    def n(self) -> int:
-        return len(self.t)
-
-    @property
-    def length(self) -> int:
-        """Positions filled by the row furthest on (every row's, for rows in lockstep): what a cache must hold."""
-        return int(self.t.max(initial=0))
-
-
 @dataclass
 class DecoderState(RowPositions):
-    """The decoder's cache for N rows, each reading one source, each at its own position (RowPositions)."""
+    """The decoder's cache for N rows, each reading one source, all at the same position (RowPositions)."""
 
     source_rows: np.ndarray  # (N,) which source each row reads: rows with equal values read the same cross K/V
     self_k: list[np.ndarray]  # per layer (N, T_room, D): room for T_room positions, grown as the rows need more
@@ -157,16 +122,12 @@ class ReferenceEngine:
 
     xp = np  # where the search keeps its beam arrays
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False,
-                 bf16_residual: bool = False):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False):
         self.config = config
         self.w = weights
         # bf16_activations: round every GEMM input and every stored K/V to bfloat16 where the GPU engine does,
         # so that the GPU can be checked against the same numbers, not only against float32.
-        self.r = bf16_round if bf16_activations else keep
-        # bf16_residual (for measuring, bench/residual_bf16.py): the residual stream rounded to bfloat16 at each
-        # add, as transformers keeps it in bf16; the GPU engine keeps it in float32
-        self.res = bf16_round if bf16_residual else keep
+        self.r = bf16_round if bf16_activations else unrounded
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
 
@@ -197,14 +158,13 @@ class ReferenceEngine:
         mask = ids != c.pad_token_id  # (B, S)
         # positions start past the padding index; pad tokens take the zero row (transformers' create_position_ids)
         positions = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
-        h = self.res(embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale,
-                           self.positions_for(s)))  # (B, S, D)
+        h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s))  # (B, S, D)
         for i in range(c.encoder_layers):
             p = f"encoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
-            h = self.res(h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads))
+            h = h + self.attention_block(p + "self_attn.", x, x, mask, c.encoder_attention_heads)
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = self.res(h + self.ffn(p, x))
+            h = h + self.ffn(p, x)
         h = self.r(layernorm(h, w["encoder.layer_norm.weight"], w["encoder.layer_norm.bias"]))
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
@@ -255,7 +215,7 @@ class ReferenceEngine:
                 cache[i][:, : state.length] = old[:, : state.length]
 
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
-        """Feed one token per row, each at its own position state.t; return the next-token logits (N, V) float32.
+        """Feed one token per row at position state.t; return the next-token logits (N, V) float32.
         (`encoded` is not read: each row's source K/V are in the state.)"""
         c, w = self.config, self.w
         t, heads = state.t, c.decoder_attention_heads
@@ -263,12 +223,10 @@ class ReferenceEngine:
         tokens = np.asarray(tokens, dtype=np.int64)
         # position t+2 (past the padding index), except a pad token, which takes the zero row as in transformers
         positions = np.where(tokens == c.pad_token_id, c.pad_token_id, t + c.pad_token_id + 1)
-        h = self.res(embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale,
-                           self.positions_for(state.length + 1)))[:, None, :]
+        h = embed(tokens, positions, w["decoder.embed_tokens.weight"], c.embed_scale,
+                  self.positions_for(state.length + 1))[:, None, :]
         every, keys = np.arange(n), state.length + 1
         self.make_room(state, keys)
-        # each row attends to its own positions 0..t, the others' later ones masked (None: rows in lockstep, all see all)
-        own = None if (t == keys - 1).all() else np.arange(keys)[None, :] <= t[:, None]  # (N, T)
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
@@ -277,19 +235,17 @@ class ReferenceEngine:
             state.self_k[i][every, t] = self.r(linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
             state.self_v[i][every, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
             k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
-            if own is not None:  # past a row's own positions lies whatever its cache row held (np.empty's, gather_rows'):
-                k_keys, v_keys = (np.where(own[:, :, None], kv, np.float32(0)) for kv in (k_keys, v_keys))  # zeros: no NaN * 0
-            out = self.r(attention(q, k_keys, v_keys, own, heads))
-            h = self.res(h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"]))
+            out = self.r(attention(q, k_keys, v_keys, None, heads))
+            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
             q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
             out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
-            h = self.res(h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"]))
+            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = self.res(h + self.ffn(p, x))
+            h = h + self.ffn(p, x)
         state.t = t + 1
         if not want_logits:
             return None
@@ -300,12 +256,18 @@ class ReferenceEngine:
         """Greedy: feed one token per row and return each row's most likely next token (N,); ties: lower id."""
         return self.step(encoded, state, tokens).argmax(axis=-1)
 
+    def step_argmax_ahead(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> OnHost:
+        """step_argmax's ids as the search queues them: here they are on the host at once."""
+        return OnHost(self.step_argmax(encoded, state, tokens))
+
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,
         best first (ties: lower id), as (log-probs (N, k) float32, ids (N, k))."""
-        from ..search import topk_desc
-
         return topk_desc(log_softmax(self.step(encoded, state, tokens)), k)
+
+    def fetch_later(self, a: np.ndarray) -> OnHost:
+        """An array the search will want on the host: it is there already."""
+        return OnHost(to_host(a))
 
     def reorder(self, state: DecoderState, parents: np.ndarray) -> None:
         """Beams follow their parents: row i continues row parents[i]'s history."""
@@ -324,28 +286,6 @@ class ReferenceEngine:
             for i, old in enumerate(cache):  # layer by layer: one layer's old and new arrays alive at once
                 cache[i] = gather_rows(old, rows, state.length)
         state.t = state.t[rows]
-
-    def join(self, state: DecoderState, other: DecoderState) -> None:
-        """Append the rows of `other` (a state started on another encoding, perhaps) after those of `state`. Each
-        row keeps its own position, cache and source: its self-attention masks the positions past its own, its
-        cross-attention the source positions past its own source's (as in a batch padded to its longest source),
-        so it steps as in a state of its own, up to float32 rounding. The caches and sources are padded to the
-        wider of the two; `other` is left empty (nothing to release)."""
-        def stack(a: np.ndarray, b: np.ndarray, fill=0) -> np.ndarray:  # rows of a then of b, axis 1 padded
-            width = max(a.shape[1], b.shape[1])
-            pad = lambda x: np.pad(x, [(0, 0), (0, width - x.shape[1])] + [(0, 0)] * (x.ndim - 2), constant_values=fill)  # noqa: E731
-            return np.concatenate([pad(a), pad(b)])
-
-        state.self_k = [stack(a, b) for a, b in zip(state.self_k, other.self_k)]
-        state.self_v = [stack(a, b) for a, b in zip(state.self_v, other.self_v)]
-        state.cross_k = [stack(a, b) for a, b in zip(state.cross_k, other.cross_k)]
-        state.cross_v = [stack(a, b) for a, b in zip(state.cross_v, other.cross_v)]
-        state.src_mask = stack(state.src_mask, other.src_mask, False)
-        # other's sources numbered past this state's, so that no two rows of different sources compare equal (select)
-        state.source_rows = np.concatenate([state.source_rows, other.source_rows + state.source_rows.max(initial=-1) + 1])
-        state.t = np.concatenate([state.t, other.t])
-        state.max_positions = max(state.max_positions, other.max_positions)
-        self.select(other, np.arange(0))
 
 
 def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:

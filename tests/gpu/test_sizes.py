@@ -13,7 +13,6 @@
 
 import gc
 import json
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,9 +22,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from bench.shapes import PRESETS, random_weights  # noqa: E402
 from nllbcli.checkpoint import ModelConfig  # noqa: E402
 from nllbcli.engine import kernels  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
@@ -33,6 +30,7 @@ from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.pipeline import cut_source  # noqa: E402
 from nllbcli.search import generate  # noqa: E402
+from nllbcli.shapes import PRESETS, random_weights  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402
 
 from checks import teacher_forced_errors  # noqa: E402
@@ -229,13 +227,13 @@ def gpu_matrices(engine: CudaEngine) -> dict[str, np.ndarray]:
     for side, layers in (("encoder", engine.encoder), ("decoder", engine.decoder)):
         for i, layer in enumerate(layers):
             p = f"{side}.layers.{i}."
-            for proj, w in zip("qkv", np.split(host(layer["qkv_w"]), 3)):
+            for proj, w in zip("qkv", np.split(host(layer["self_qkv_w"]), 3)):
                 out[f"{p}self_attn.{proj}_proj.weight"] = w
-            out[p + "self_attn.out_proj.weight"] = host(layer["o_w"])
+            out[p + "self_attn.out_proj.weight"] = host(layer["self_out_w"])
             out[p + "fc1.weight"], out[p + "fc2.weight"] = host(layer["fc1_w"]), host(layer["fc2_w"])
             if side == "decoder":
-                out[p + "encoder_attn.q_proj.weight"] = host(layer["cq_w"])
-                out[p + "encoder_attn.out_proj.weight"] = host(layer["co_w"])
+                out[p + "encoder_attn.q_proj.weight"] = host(layer["cross_q_w"])
+                out[p + "encoder_attn.out_proj.weight"] = host(layer["cross_out_w"])
     for i, (k, v) in enumerate(zip(*[iter(np.split(host(engine.cross_w), 2 * len(engine.decoder)))] * 2)):
         out[f"decoder.layers.{i}.encoder_attn.k_proj.weight"], out[f"decoder.layers.{i}.encoder_attn.v_proj.weight"] = k, v
     return out

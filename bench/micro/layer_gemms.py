@@ -1,11 +1,11 @@
 """A decoder's layer GEMMs as a decode step runs them, against cuBLAS run the way a step could run it.
 
-    python bench/layer_gemms.py [--rows 64,256,1024,4096] [--layers 12] [--out results.jsonl]
+    python -m bench.micro.layer_gemms [--rows 64,256,1024,4096] [--layers 12] [--out results.jsonl]
 
 Three ways of timing the same GEMMs, side by side, in one run:
 - kernels alone: queued behind a spin kernel, back to back, so that no host time is in them; each kind of GEMM
-  with every layer's weights in turn (from HBM, as in a step), where bench/gemm_variants.py repeats one
-  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there, docs/PERF.md). Against
+  with every layer's weights in turn (from HBM, as in a step), where bench/micro/gemm_variants.py repeats one
+  weight matrix (left in L2 by the call before: ours at 81-101% of cuBLAS's there). Against
   cuBLAS three ways: its bare product into bf16 (less work than ours: no bias, ReLU or residual); onto the f32
   residual with beta 1 (no bias); and its bf16 product followed by the epilogue kernel doing the rest of our
   work (bias and ReLU, or bias and the add onto the residual), which is what fusing replaces.
@@ -32,10 +32,9 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import hold_gpu  # noqa: E402
-from bench.gemm_variants import cublas_library, cublas_onto_residual, epilogue  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
+from bench.micro.engine_bench import hold_gpu
+from bench.micro.gemm_variants import cublas_library, cublas_onto_residual, epilogue
+from nllbcli.engine import kernels
 
 D, FFN = 1024, 4096  # the 600M shape
 GEMMS = (("QKV", D, 3 * D), ("attention out", D, D), ("FFN1", D, FFN), ("FFN2", FFN, D))  # name, K, N

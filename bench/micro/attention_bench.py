@@ -1,6 +1,6 @@
 """The decode-step attention kernel alone at the harness's shapes: GB/s of keys and values read.
 
-    python bench/attention_bench.py [--rows 4096] [--min-blocks 1,10,12]
+    python -m bench.micro.attention_bench [--rows 4096] [--min-blocks 1,10,12]
 
 Cross-attention (each row reads its source's run of 10-60 cross K/V rows, as a batch sorted by length) and
 self-attention through a row table (every row at 20 and at 40 positions), NLLB-600M's 16 heads of 64, for
@@ -12,14 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import timed  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
+from bench.micro.engine_bench import timed
+from nllbcli.engine import kernels
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """First GPU measurements: the project's GEMM against cuBLAS (cupy.matmul) and the engine's generation speed.
 
-    python bench/engine_bench.py [--out results.json] [--quick]
+    python -m bench.micro.engine_bench [--out results.json] [--quick]
 
 Shapes are NLLB-200-distilled-600M's (d_model 1,024, FFN 4,096, 12+12 layers, 256,206-row output
 projection) with random weights, so no checkpoint is needed. The workload of generation: sources of 10 to
@@ -18,15 +18,13 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nllbcli.checkpoint import ModelConfig  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.search import generate  # noqa: E402
+from bench.harness import in_parts, normal_weights
+from nllbcli.engine import kernels
+from nllbcli.engine.cuda import CudaEngine
+from nllbcli.options import DecodeOptions
+from nllbcli.search import generate
+from nllbcli.shapes import NLLB_600M
 
-NLLB_600M = ModelConfig(vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
-                        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)
 
 
 _spin = None
@@ -100,44 +98,10 @@ def bench_gemm(results: list) -> None:
         print(json.dumps(results[-1]), flush=True)
 
 
-def random_weights(config: ModelConfig) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    d, out = config.d_model, {}
-    normal = lambda *shape: (rng.standard_normal(shape, dtype=np.float32) * 0.02)  # noqa: E731
-    shared = normal(config.vocab_size, d)
-    out.update({"encoder.embed_tokens.weight": shared, "decoder.embed_tokens.weight": shared, "lm_head.weight": shared})
-    for side, layers, ffn in (("encoder", config.encoder_layers, config.encoder_ffn_dim), ("decoder", config.decoder_layers, config.decoder_ffn_dim)):
-        for i in range(layers):
-            p = f"{side}.layers.{i}."
-            for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
-                for proj in "qkvo":
-                    name = f"{p}{attn}.{'out' if proj == 'o' else proj}_proj."
-                    out[name + "weight"], out[name + "bias"] = normal(d, d), normal(d)
-                out[f"{p}{attn}_layer_norm.weight"], out[f"{p}{attn}_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
-            out[p + "fc1.weight"], out[p + "fc1.bias"] = normal(ffn, d), normal(ffn)
-            out[p + "fc2.weight"], out[p + "fc2.bias"] = normal(d, ffn), normal(d)
-            out[p + "final_layer_norm.weight"], out[p + "final_layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
-        out[f"{side}.layer_norm.weight"], out[f"{side}.layer_norm.bias"] = np.ones(d, np.float32), np.zeros(d, np.float32)
-    return out
-
-
-def in_parts(sources, beams: int, rows: int, source_rows: int):
-    """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
-    part, tokens = [], 0
-    for s in sources:
-        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
-            yield part
-            part, tokens = [], 0
-        part.append(s)
-        tokens += len(s)
-    if part:
-        yield part
-
-
 def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
     config = NLLB_600M
     t0 = time.perf_counter()
-    engine = CudaEngine(config, random_weights(config))
+    engine = CudaEngine(config, normal_weights(config))
     results.append({"what": "engine load (random 600M weights, host to GPU)", "seconds": time.perf_counter() - t0})
     rng = np.random.default_rng(1)
     for batch, beams in runs:

@@ -1,14 +1,14 @@
 """GEMM kernel variants against each other and cuBLAS at the engine's shapes (a tuning aid, not the harness).
 
-    python bench/gemm_variants.py [--out results.jsonl]
+    python -m bench.micro.gemm_variants [--out results.jsonl]
 
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
-bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" and
-" store" after a tile: the f32 shapes in bf16 without their residual, or in f32 copied over it, not added;
+bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" after a
+tile: the f32 shapes in bf16 without their residual;
 " nopdl": CuPy's launches, not programmatic dependents, nllbcli/engine/launch.py). "auto" for a tile:
 kernels.gemm_tile's pick. Timed over
-10 launches back to back behind a spin kernel (bench/engine_bench.py's timed: the GPU's time alone, no launch
+10 launches back to back behind a spin kernel (bench/micro/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
 packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
 one elementwise kernel doing what ours fuses (bias, ReLU for FFN1, the add onto the f32 residual for FFN2 and
@@ -28,18 +28,18 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import GEMM_SHAPES, timed  # noqa: E402
-from nllbcli.engine import kernels, launch  # noqa: E402
+from bench.micro.engine_bench import GEMM_SHAPES, timed
+from nllbcli.engine import kernels, launch
 
 EXTRA_TILES = {
+    "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64, one k-step a stage: more tiles for few rows
     "wg256s3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=3),  # the stages wg256 kept beside whole TMA_STORE buffers
     # few rows, long K (FFN2 at 64 rows): fewer blocks each reading the whole of A, more bytes a stage (neither
-    # faster than wg64n8k4: docs/PERF.md, eighth session)
+    # faster than wg64n8k4)
     "wg64n16k4": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=5, KSTEPS=4),
     "wg64n16k8": dict(kind="sm90", BN=16, CONSUMERS=1, STAGES=2, KSTEPS=8),
     # the TMA store epilogue's ways (kernels.STORE_OPTIONS, by default all three): 3-D copies of a chunk's boxes
-    # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none, as before the ninth session
+    # (o3), copies in 2 or 4 chunks (c2, c4), stmatrix for bf16 (st); "wg256e0": none of them
     "wg256e0": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=0, EPI_CHUNKS=1, STMATRIX=0),
     "wg256o3": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=1, STMATRIX=0),
     "wg256o3c2": dict(kind="sm90", BN=256, CONSUMERS=2, STAGES=4, OUT_3D=1, EPI_CHUNKS=2, STMATRIX=0),
@@ -156,19 +156,17 @@ def measure(args) -> int:
             row["cublas f32+residual"] = flops / timed(lambda: cublas_onto_residual(a, w, out), inner=10) / 1e12
         for variant in variants:
             tile, how = (variant.split() + [""])[:2]
-            if how in ("bf16", "store") and not f32:
+            if how == "bf16" and not f32:
                 continue
             if tile == "auto":  # the engine's pick
                 tile = kernels.gemm_tile(m, n, k)
             kernels.TMA_STORE = how != "reg"
-            # "bf16": the f32 shapes stored as bf16 without their residual (cuBLAS's output); "store": in f32, copied
-            # over the residual instead of added to it (TMA_REDUCE 0): what the epilogue's add and width cost;
+            # "bf16": the f32 shapes stored as bf16 without their residual (cuBLAS's output);
             # "nopdl": CuPy's launches, not programmatic dependents (launch.py), each one's set-up after the last
             o, r = (out16, None) if how == "bf16" else (out, residual)
-            defines = {"TMA_REDUCE": 0} if how == "store" else {}
             launch.ENABLED = how != "nopdl"
-            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, bias, r, o, None, None, None, kernels.EPILOGUE_STORE,
-                                                        out_f32=o.dtype == kernels.F32, **defines), inner=10)
+            seconds = timed(lambda: kernels.gemm_launch(tile, a, w, epilogue=kernels.EPILOGUE_STORE, bias=bias, residual=r,
+                                                        out=o, out_f32=o.dtype == kernels.F32), inner=10)
             launch.ENABLED = True
             row[variant] = flops / seconds / 1e12
         kernels.TMA_STORE = True
@@ -181,8 +179,8 @@ def measure(args) -> int:
         for tile in ("wg256", "wg64w") if m <= 256 else ("wg256",):
             parts = -(-256206 // kernels.GEMM_TILES[tile]["BN"])
             pv, pi = cp.empty((m, parts), cp.float32), cp.empty((m, parts), cp.int32)
-            seconds = timed(lambda: kernels.gemm_launch(tile, h, w, None, None, None, pv, pi, None,
-                                                        kernels.EPILOGUE_ARGMAX), repeat=10, inner=5)
+            seconds = timed(lambda: kernels.gemm_launch(tile, h, w, epilogue=kernels.EPILOGUE_ARGMAX, part_val=pv,
+                                                        part_idx=pi), repeat=10, inner=5)
             row[tile + " ms"], row[tile + " TB/s"] = seconds * 1e3, w.nbytes / seconds / 1e12
         lines.append(json.dumps(row))
         print(lines[-1], flush=True)

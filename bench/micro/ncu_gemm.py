@@ -1,23 +1,21 @@
 """One GEMM shape, ours (the default tile, or --tile) and cuBLAS's, launched a few times for Nsight Compute.
 
     ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-        -k regex:'gemm_sm90|nvjet|sm90_xmma' --launch-skip 2 python3 bench/ncu_gemm.py --shape 4096,1024,4096
+        -k regex:'gemm_sm90|nvjet|sm90_xmma' --launch-skip 2 python3 -m bench.micro.ncu_gemm --shape 4096,1024,4096
 
 --shape M,K,N (default: decode FFN1 at 4,096 rows); with a bias, and for K = 4,096 (FFN2) f32 out onto a
 residual in place, as the engine runs them. cuBLAS's kernel name gives its tile, stages and cluster shape (the
-sixth session's PERF.md). The first two launches of each (warm-up) are there for --launch-skip.
+docs/history/PERF-log.md's sixth session). The first two launches of each (warm-up) are there for --launch-skip.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import cupy as cp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nllbcli.engine import kernels  # noqa: E402
+from nllbcli.engine import kernels
 
 
 def main() -> int:

@@ -1,9 +1,9 @@
-"""The published NLLB-200 and M2M-100 sizes as ModelConfig presets, for the benchmark and the GPU tests.
+"""The published NLLB-200 and M2M-100 sizes as ModelConfig presets, for the benchmarks and the tests.
 
-    from bench.shapes import PRESETS
+    from nllbcli.shapes import PRESETS
     preset = PRESETS["nllb-200-3.3B"]     # preset.config: a ModelConfig; preset.tgt_lang_id: fra_Latn's id
 
-    python bench/harness.py --preset nllb-200-3.3B         # the harness on that shape (default: 600M)
+    python -m bench.harness --preset nllb-200-3.3B         # the harness on that shape (default: 600M)
 
 random_weights(config, ...) makes seeded random weights of a shape, fast enough for the 3.3B one (the GPU
 tests and bench/e2e.py).
@@ -27,14 +27,11 @@ is distilled from the 3.3B); nllb-200-3.3B is the only size whose head size is 1
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from nllbcli.checkpoint import ModelConfig  # noqa: E402
+from .checkpoint import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     m2m("m2m100_418M", 1024, 12, 4096),
     m2m("m2m100_1.2B", 1024, 24, 8192),
 ]}
-DEFAULT = "nllb-200-distilled-600M"  # the shape every measurement in docs/PERF.md used before the presets
-NLLB_600M = PRESETS[DEFAULT].config  # the same ModelConfig as bench/engine_bench.py's NLLB_600M
+DEFAULT = "nllb-200-distilled-600M"  # the benchmarks' shape unless told otherwise (docs/PERFORMANCE.md's figures)
+NLLB_600M = PRESETS[DEFAULT].config
 
 
 def parameter_count(config: ModelConfig) -> int:

@@ -1,7 +1,7 @@
 """Where a decode step's time goes: GPU time per kernel family (CUDA events around each launcher) against
 the step's wall time, on NLLB-600M shapes with random weights.
 
-    python bench/profile_step.py [--batches 1024,4096] [--steps 8] [--generate 4096x1,2048x4]
+    python -m bench.micro.profile_step [--batches 1024,4096] [--steps 8] [--generate 4096x1,2048x4]
 
 Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
 --generate BATCHxBEAMS: whole `generate` calls (the harness's workload, </s> out of reach) with the same
@@ -19,19 +19,18 @@ import json
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import cupy as cp
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.engine_bench import NLLB_600M, random_weights, timed  # noqa: E402
-from bench.harness import NEW_TOKENS, workload  # noqa: E402
-from bench.shapes import DEFAULT, PRESETS  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.search import generate  # noqa: E402
+from bench.harness import normal_weights
+from bench.micro.engine_bench import timed
+from bench.harness import NEW_TOKENS, workload
+from nllbcli.shapes import DEFAULT, NLLB_600M, PRESETS
+from nllbcli.engine import kernels
+from nllbcli.engine.cuda import CudaEngine
+from nllbcli.options import DecodeOptions
+from nllbcli.search import generate
 
 FAMILIES = ["gemm", "attention", "attention_prefill", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
 
@@ -77,7 +76,7 @@ def main() -> int:
     parser.add_argument("--generate", default="", help="BATCHxBEAMS,...: profile whole generate calls instead")
     args = parser.parse_args()
     config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
-    engine = CudaEngine(config, random_weights(config), pool_bytes=40 << 30)  # room for 4,096 sources at once
+    engine = CudaEngine(config, normal_weights(config), pool_bytes=40 << 30)  # room for 4,096 sources at once
     engine.capacity(40)
     engine.use_graphs = False  # the timer's events wrap each launcher: nothing to wrap inside a graph's replay
     timer = Timer()
@@ -122,8 +121,8 @@ def main() -> int:
             hr = cp.concatenate([h] * (rows // batch))
             tile = "wg128" if kernels.wgmma_available() else "small"
             stat = cp.empty((rows, -(-256206 // kernels.GEMM_TILES[tile]["BN"]), 2), dtype=cp.float32)
-            first = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, None, None, None, None, None, stat,
-                                                      kernels.EPILOGUE_STAT, TOPK=8), repeat=5) * 1e3
+            first = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, epilogue=kernels.EPILOGUE_STAT,
+                                                      part_stat=stat, TOPK=8), repeat=5) * 1e3
             row = {"rows": rows, "topk_first_pass_ms": first}
             for second in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg64")]:
                 if kernels.GEMM_TILES[second]["BN"] == kernels.GEMM_TILES[tile]["BN"]:

@@ -1,0 +1,1 @@
+"""Kernel micro-benchmarks, kept for tuning the kernels: see bench/README.md."""
