@@ -9,7 +9,7 @@ a thread (ChunkReader), so they overlap the model's work on the chunk before. De
 joining, writing and committing a chunk run behind the model on another thread (Finisher), in order, while the
 main thread drives the GPU on the next batches (NLLB_FINISHER=0: on the main thread, between batches). With
 each decoder step one CUDA graph launch, the main thread needs little of the GIL, so the two threads' Python
-costs the GPU little (docs/PERF.md, sixth session).
+costs the GPU little (docs/PERFORMANCE.md, Host side).
 
 A row that cannot be translated (unreadable, no text, an unknown language, text the tokenizer cannot take, a
 sentence too large for the GPU even alone) fails alone: with --on-error fail the job stops on it; with skip it
