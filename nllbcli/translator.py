@@ -99,8 +99,9 @@ class Translator:
         return (self.generate_part(sources[:half], langs, options, first)
                 + self.generate_part(sources[half:], langs, options, first + half))
 
-    def translate(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
-        """Translate a few texts as one batch (the pipeline batches large inputs itself)."""
+    def translate_sentences(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
+        """Translate a few sentences as one batch, each text whole, as one sentence (FLORES-200 codes; errors
+        raise). Rows of text go through nllbcli.translate, which splits them into sentences as the CLI does."""
         if not texts:
             return []
         sources = [self.tokenizer.encode(text, src_lang) for text in texts]

@@ -122,8 +122,8 @@ def test_names_without_the_model_prefix_load(tmp_path):
     model = copy_model(TINY_A, tmp_path / "bare", weights)
     options = DecodeOptions(beam_size=2, max_length=8)
     texts = ["Hello world!"]
-    assert load_translator(str(model), "cpu").translate(texts, "eng_Latn", "fra_Latn", options) == \
-        load_translator(str(TINY_A), "cpu").translate(texts, "eng_Latn", "fra_Latn", options)
+    assert load_translator(str(model), "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", options) == \
+        load_translator(str(TINY_A), "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", options)
 
 
 def test_missing_config_is_explained(tmp_path):

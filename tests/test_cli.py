@@ -425,7 +425,7 @@ def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
     result = CliRunner().invoke(cli, TRANSLATE + args + [str(source), str(target)])
     assert result.exit_code == 0, result.output
     options = DecodeOptions(beam_size=beam_size, max_length=12)
-    expected = [tiny.translate([text], "eng_Latn", "fra_Latn", options)[0] if text else "" for text in SENTENCES]
+    expected = [tiny.translate_sentences([text], "eng_Latn", "fra_Latn", options)[0] if text else "" for text in SENTENCES]
     assert sum(map(bool, expected)) >= 3  # the random weights do say something
     output = read_output(target, fmt)
     assert output == (expected if fmt == "text" else [{**row, "translation": t} for row, t in zip(rows, expected)])
@@ -534,7 +534,7 @@ def test_sample_model_translates_the_demo_file(tmp_path):
     assert result.exit_code == 0, result.output
     rows = read_output(tmp_path / "out.jsonl", "jsonl")
     texts = [row["text"] for row in rows]
-    expected = load_translator(model, "cpu").translate(texts, "eng_Latn", "fra_Latn", DecodeOptions(beam_size=1))
+    expected = load_translator(model, "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", DecodeOptions(beam_size=1))
     assert [row["translation"] for row in rows] == expected
     assert all(expected)
 

@@ -96,8 +96,8 @@ def test_converted_model_translates_like_the_source_rounded_to_bf16(tmp_path):
     expected_translator = Translator(source.config, source.tokenizer, ReferenceEngine(source.config, rounded), "cpu")
     options = DecodeOptions(beam_size=2, max_length=12)
     texts = ["Hello world!", "The quick brown fox jumps over the lazy dog.", "Wie geht es dir?"]
-    expected = expected_translator.translate(texts, "eng_Latn", "fra_Latn", options)
-    assert load_translator(str(tmp_path / "bf16"), "cpu").translate(texts, "eng_Latn", "fra_Latn", options) == expected
+    expected = expected_translator.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
+    assert load_translator(str(tmp_path / "bf16"), "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", options) == expected
     assert all(expected)
 
 

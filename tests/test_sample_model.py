@@ -35,21 +35,21 @@ def golden():
 @pytest.mark.parametrize("src,tgt", list(itertools.permutations(LANGS, 2)))
 def test_greedy_translates_held_out_sentences_exactly(src, tgt):
     """Sentences training never saw come out as the reference translation, in all 20 directions."""
-    got = translator().translate(heldout(src)[:FIRST], src, tgt, DecodeOptions(beam_size=1, max_length=64))
+    got = translator().translate_sentences(heldout(src)[:FIRST], src, tgt, DecodeOptions(beam_size=1, max_length=64))
     assert got == heldout(tgt)[:FIRST]
 
 
 @pytest.mark.parametrize("src,tgt", [("eng_Latn", "deu_Latn"), ("ita_Latn", "fra_Latn"), ("deu_Latn", "spa_Latn")])
 def test_beam_search_translates_held_out_sentences_exactly(src, tgt):
-    got = translator().translate(heldout(src)[:FIRST], src, tgt, DecodeOptions(beam_size=4, max_length=64))
+    got = translator().translate_sentences(heldout(src)[:FIRST], src, tgt, DecodeOptions(beam_size=4, max_length=64))
     assert got == heldout(tgt)[:FIRST]
 
 
 def test_examples_a_reader_can_check():
     tr = translator()
     greedy = DecodeOptions(beam_size=1, max_length=64)
-    assert tr.translate(["My uncle went to Rome on Friday."], "eng_Latn", "fra_Latn", greedy) == ["Mon oncle est allé à Rome vendredi."]
-    assert tr.translate(["The green bicycle costs forty-five euros."], "eng_Latn", "deu_Latn", greedy) == \
+    assert tr.translate_sentences(["My uncle went to Rome on Friday."], "eng_Latn", "fra_Latn", greedy) == ["Mon oncle est allé à Rome vendredi."]
+    assert tr.translate_sentences(["The green bicycle costs forty-five euros."], "eng_Latn", "deu_Latn", greedy) == \
         ["Das grüne Fahrrad kostet fünfundvierzig Euro."]
 
 

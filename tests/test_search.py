@@ -63,9 +63,9 @@ def test_translation_does_not_depend_on_the_batch(beam_size):
     tr = translator("tiny-a")
     texts = [c["texts"] for c in golden("tiny-a")["generate"]][0]
     options = DecodeOptions(beam_size=beam_size, max_length=16)
-    together = tr.translate(texts, "eng_Latn", "deu_Latn", options)
-    alone = [tr.translate([t], "eng_Latn", "deu_Latn", options)[0] for t in texts]
-    reversed_batch = tr.translate(texts[::-1], "eng_Latn", "deu_Latn", options)[::-1]
+    together = tr.translate_sentences(texts, "eng_Latn", "deu_Latn", options)
+    alone = [tr.translate_sentences([t], "eng_Latn", "deu_Latn", options)[0] for t in texts]
+    reversed_batch = tr.translate_sentences(texts[::-1], "eng_Latn", "deu_Latn", options)[::-1]
     assert together == alone == reversed_batch
 
 
@@ -125,7 +125,7 @@ def test_greedy_queues_the_next_steps_before_it_looks_at_this_one():
 def test_max_length_one_gives_only_the_language_token():
     tr = translator("tiny-b")
     for beam_size in (1, 4):
-        assert tr.translate(["Hello!"], "eng_Latn", "fra_Latn", DecodeOptions(beam_size=beam_size, max_length=1)) == [""]
+        assert tr.translate_sentences(["Hello!"], "eng_Latn", "fra_Latn", DecodeOptions(beam_size=beam_size, max_length=1)) == [""]
 
 
 def test_generate_with_no_sources_returns_nothing():

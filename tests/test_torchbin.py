@@ -101,8 +101,8 @@ def test_floating_tensors_become_float32_and_integer_buffers_are_skipped():
 def test_bin_model_translates_like_the_safetensors_model():
     options = DecodeOptions(beam_size=2, max_length=12)
     texts = ["Hello world!", "The quick brown fox jumps over the lazy dog."]
-    expected = load_translator(str(TINY_A), "cpu").translate(texts, "eng_Latn", "fra_Latn", options)
-    assert load_translator(str(TINY_BIN), "cpu").translate(texts, "eng_Latn", "fra_Latn", options) == expected
+    expected = load_translator(str(TINY_A), "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", options)
+    assert load_translator(str(TINY_BIN), "cpu").translate_sentences(texts, "eng_Latn", "fra_Latn", options) == expected
 
 
 def test_translate_command_reads_a_bin_directory(tmp_path):

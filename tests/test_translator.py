@@ -91,7 +91,7 @@ def test_the_pipeline_fails_only_the_row_of_a_sentence_too_large(tiny, gpu_like,
         return
     outcomes = translate_records(short, records, job, OPTIONS, 1000)
     lengths = [len(tiny.tokenizer.encode(t, "eng_Latn")) for t in TEXTS]
-    expected = tiny.translate(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
+    expected = tiny.translate_sentences(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
     for outcome, length, translation in zip(outcomes, lengths, expected):
         if length > 12:
             assert outcome.translation is None and "ran out of memory" in outcome.error

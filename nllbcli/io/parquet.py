@@ -88,6 +88,12 @@ def open_parquet(source: str, name: str, field: str, start: Position, identity: 
     except (pa.ArrowException, OSError) as error:
         raise NllbError(f"{name}: cannot read it as Parquet: {error}") from None
     schema = parquet.schema_arrow
+    check_text_column(schema, name, field)
+    return Input(read_parquet(parquet, name, field, start), parquet.metadata.num_rows, schema, start, identity)
+
+
+def check_text_column(schema: pa.Schema, name: str, field: str) -> None:
+    """Refuse a schema without one string column `field` to translate."""
     if field not in schema.names:
         raise NllbError(f"{name}: no column {field!r} to translate (columns: {', '.join(schema.names) or 'none'}); name the text column with --field.")
     check_columns(schema, name, "parquet", {"--field": field})
@@ -96,7 +102,6 @@ def open_parquet(source: str, name: str, field: str, start: Position, identity: 
         kind = kind.value_type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)):
         raise NllbError(f"{name}: column {field!r} is {kind}, not a string.")
-    return Input(read_parquet(parquet, name, field, start), parquet.metadata.num_rows, schema, start, identity)
 
 
 def read_parquet(parquet: pq.ParquetFile, name: str, field: str, position: Position) -> Iterator[Record]:
@@ -116,17 +121,22 @@ def read_parquet(parquet: pq.ParquetFile, name: str, field: str, position: Posit
             return
         if skip:
             batch, skip = batch.slice(min(skip, batch.num_rows)), skip - min(skip, batch.num_rows)
-        columns = BatchColumns(batch, name, position.rows)
-        for row, text in enumerate(columns.values(field)):
-            position.rows += 1
-            where = f"{name}: row {position.rows}"
-            fields = RowFields(columns, row)
-            error = None
-            if isinstance(text, Unreadable):
-                error = f"{where}: cannot read it: {text.reason}"
-            elif not isinstance(text, str):
-                error = text_error(fields, field, where)
-            yield Record(position.rows - 1, "" if error else text, fields, error, where, batch, row)
+        yield from batch_records(batch, name, field, position)
+
+
+def batch_records(batch: pa.RecordBatch, name: str, field: str, position: Position) -> Iterator[Record]:
+    """A batch's rows as Records, numbered on from `position` (which it keeps up to date)."""
+    columns = BatchColumns(batch, name, position.rows)
+    for row, text in enumerate(columns.values(field)):
+        position.rows += 1
+        where = f"{name}: row {position.rows}"
+        fields = RowFields(columns, row)
+        error = None
+        if isinstance(text, Unreadable):
+            error = f"{where}: cannot read it: {text.reason}"
+        elif not isinstance(text, str):
+            error = text_error(fields, field, where)
+        yield Record(position.rows - 1, "" if error else text, fields, error, where, batch, row)
 
 
 class BatchColumns:

@@ -62,8 +62,8 @@ def sample(device):
 def test_sample_model_translations_agree_with_the_cpu(beam_size, src, tgt):
     texts = (HELDOUT / f"{src}.txt").read_text(encoding="utf-8").splitlines()
     options = DecodeOptions(beam_size=beam_size, max_length=64)
-    gpu = sample("cuda").translate(texts, src, tgt, options)
-    cpu = sample("cpu").translate(texts, src, tgt, options)
+    gpu = sample("cuda").translate_sentences(texts, src, tgt, options)
+    cpu = sample("cpu").translate_sentences(texts, src, tgt, options)
     same = sum(a == b for a, b in zip(gpu, cpu))
     assert same >= 0.99 * len(texts), [(a, b) for a, b in zip(gpu, cpu) if a != b][:5]
 
@@ -72,9 +72,9 @@ def test_sample_model_translations_agree_with_the_cpu(beam_size, src, tgt):
 def test_gpu_translation_does_not_depend_on_the_batch(beam_size):
     texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:24]
     tr, options = sample("cuda"), DecodeOptions(beam_size=beam_size, max_length=64)
-    together = tr.translate(texts, "eng_Latn", "fra_Latn", options)
-    alone = [tr.translate([t], "eng_Latn", "fra_Latn", options)[0] for t in texts]
-    assert together == alone == tr.translate(texts[::-1], "eng_Latn", "fra_Latn", options)[::-1]
+    together = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
+    alone = [tr.translate_sentences([t], "eng_Latn", "fra_Latn", options)[0] for t in texts]
+    assert together == alone == tr.translate_sentences(texts[::-1], "eng_Latn", "fra_Latn", options)[::-1]
 
 
 def test_a_batch_larger_than_the_pool_goes_in_parts():
@@ -85,10 +85,10 @@ def test_a_batch_larger_than_the_pool_goes_in_parts():
     per_slot = config.decoder_layers * 2 * 65 * config.d_model * 2
     small.engine.pool_bytes = per_slot * 10 * 5 // 4  # slots get 4/5 at 4 beams: 10 sequences, 2 sentences a part
     options = DecodeOptions(beam_size=4, max_length=64)
-    assert small.translate(texts, "eng_Latn", "deu_Latn", options) == big.translate(texts, "eng_Latn", "deu_Latn", options)
+    assert small.translate_sentences(texts, "eng_Latn", "deu_Latn", options) == big.translate_sentences(texts, "eng_Latn", "deu_Latn", options)
     assert small.engine.pool.plan.slots == 10
     with pytest.raises(ValueError, match="lower --beam-size or --max-length"):
-        small.translate(texts[:1], "eng_Latn", "deu_Latn", DecodeOptions(beam_size=12, max_length=64))
+        small.translate_sentences(texts[:1], "eng_Latn", "deu_Latn", DecodeOptions(beam_size=12, max_length=64))
 
 
 def test_cli_translates_on_the_gpu(tmp_path):
@@ -103,7 +103,7 @@ def test_cli_translates_on_the_gpu(tmp_path):
                                           "--device", device, str(source), str(tmp_path / "out.txt")])
         assert result.exit_code == 0, result.output
         got = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
-        assert got == sample("cpu").translate(texts, "eng_Latn", "ita_Latn", DecodeOptions())
+        assert got == sample("cpu").translate_sentences(texts, "eng_Latn", "ita_Latn", DecodeOptions())
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
@@ -115,12 +115,12 @@ def test_cuda_graphs_change_no_translation(beam_size):
     options = DecodeOptions(beam_size=beam_size, max_length=64)
     tr = load_translator(str(SAMPLE), "cuda")
     tr.engine.use_graphs = False
-    eager = tr.translate(texts, "eng_Latn", "fra_Latn", options)
+    eager = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
     assert tr.engine.ws is None
     tr.engine.use_graphs = True
-    first = tr.translate(texts, "eng_Latn", "fra_Latn", options)  # each bucket's first step runs eagerly
+    first = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)  # each bucket's first step runs eagerly
     graphs = dict(tr.engine.ws.graphs)
-    again = tr.translate(texts, "eng_Latn", "fra_Latn", options)  # now from the graphs
+    again = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)  # now from the graphs
     assert len(graphs) >= 2 and len(tr.engine.ws.graphs) >= len(graphs)
     assert first == again == eager
 
@@ -171,15 +171,15 @@ def test_a_refused_graph_capture_falls_back_to_launches(monkeypatch):
     texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()[:20]
     options = DecodeOptions(beam_size=1, max_length=32)
     tr = load_translator(str(SAMPLE), "cuda")
-    want = tr.translate(texts, "eng_Latn", "fra_Latn", options)
+    want = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
 
     def refuse(launches):
         raise cp.cuda.runtime.CUDARuntimeError(900)  # cudaErrorStreamCaptureUnsupported
 
     tr = load_translator(str(SAMPLE), "cuda")
     monkeypatch.setattr(tr.engine, "capture", refuse)
-    assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
-    assert tr.translate(texts, "eng_Latn", "fra_Latn", options) == want
+    assert tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options) == want
+    assert tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options) == want
     assert tr.engine.capture_error and not tr.engine.ws.graphs and tr.engine.ws.failed
 
 

@@ -1,0 +1,133 @@
+"""The library: load a model once, then translate lists of strings or Arrow tables with the CLI's semantics.
+
+    import nllbcli
+
+    translator = nllbcli.load("data/samples/model")          # -m's forms; None: $NLLB_MODEL, else the default
+    for result in nllbcli.translate(translator, ["Hello. How are you?"], "eng_Latn", "fra_Latn"):
+        print(result.text, result.status, result.error)
+    table = nllbcli.translate_table(translator, table, src="eng_Latn", tgt="fra_Latn", error_field="error")
+
+Rows go through what `nllb translate` does to them: each is split into sentences, which are translated in
+length-sorted batches and joined back, a row's own src_lang/tgt_lang fields (columns) override the languages
+given, and a row that cannot be translated fails alone, as a value (`Result.error`, an error column), never as an
+exception: the translations are those of the CLI's output, to the byte.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import pyarrow as pa
+
+from .errors import NllbError
+from .io import Position, Record
+from .io.parquet import batch_records, check_text_column
+from .options import BatchOptions, DecodeOptions
+from .pipeline import Job, check_added_columns, check_fields, read_chunks, status_of, translate_records
+from .progress import Reporter
+from .translator import Translator, load_translator
+
+DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One row's translation, or why it has none."""
+
+    text: str | None  # the translation; None when the row failed
+    error: str | None = None  # why the row failed, naming it ("row 3: ..."), else None
+    status: str = "ok"  # ok, cut, max_length or cut,max_length (--status-field's values); failed with an error
+
+
+def load(model: str | None = None, device: str = "auto", adapter: str | None = None) -> Translator:
+    """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
+    on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given."""
+    return load_translator(model or os.environ.get("NLLB_MODEL") or DEFAULT_MODEL, device, adapter)
+
+
+def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
+              decode: DecodeOptions = DecodeOptions(), *, split: bool = True, batching: BatchOptions | None = None,
+              progress: bool = False) -> list[Result]:
+    """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
+    `batching` defaults to the device's (the CLI's); `progress` shows the bar on stderr."""
+    from .langs import resolve_lang
+
+    known = translator.tokenizer.lang_codes
+    job = Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
+              output_format="jsonl", overwrite_field=True)
+    records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
+                      None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
+                      f"row {n + 1}") for n, text in enumerate(texts)]
+    return [Result(o.translation, o.error, "failed" if o.error else status_of(o))
+            for _, o in run_records(translator, records, job, decode, batching, progress)]
+
+
+def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
+                    src: str | None = None, tgt: str | None = None, decode: DecodeOptions = DecodeOptions(), *,
+                    field: str = "text", output_field: str = "translation", status_field: str | None = None,
+                    error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
+                    split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
+                    progress: bool = False) -> pa.Table:
+    """The table with the translation (and the status) as string columns, as a Parquet output of the CLI has
+    them: failed rows left out; with `error_field`, every row kept, a failed one with a null translation and its
+    reason in that column (null for the others). A table whose schema the CLI refuses (no text column, one named
+    twice, a column the translation would replace without `overwrite_field`) raises NllbError."""
+    from .langs import resolve_lang
+
+    batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
+    schema = table.schema if isinstance(table, (pa.Table, pa.RecordBatch)) else batches[0].schema if batches else None
+    if schema is None:
+        raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
+    known = translator.tokenizer.lang_codes
+    job = Job(src=src and resolve_lang(src, known), tgt=tgt and resolve_lang(tgt, known), input_format="parquet",
+              output_format="parquet", field=field, output_field=output_field, src_field=src_field,
+              tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
+              overwrite_field=overwrite_field)
+    check_fields(job)
+    check_text_column(schema, "the table", field)
+    check_added_columns(schema, job)
+    if error_field is not None and error_field in (field, output_field, status_field):
+        raise NllbError(f"error_field {error_field!r} is another added field's or the text's: name another.")
+    position = Position()
+    records = [record for batch in batches for record in batch_records(batch, "the table", field, position)]
+    done = run_records(translator, records, job, decode, batching, progress)
+    kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
+    names, columns = list(schema.names), rows_of(schema, [r for r, _ in kept])
+    added = {output_field: [o.translation for _, o in kept]}
+    if status_field is not None:
+        added[status_field] = [None if o.error else status_of(o) for _, o in kept]
+    if error_field is not None:
+        added[error_field] = [o.error for _, o in kept]
+    for name, values in added.items():  # in place where the input has the column (overwrite_field), else last
+        if name in names:
+            columns[names.index(name)] = pa.array(values, pa.string())
+        else:
+            names.append(name)
+            columns.append(pa.array(values, pa.string()))
+    return pa.Table.from_arrays(columns, names=names)
+
+
+def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:
+    """The input columns of these rows, from their batches."""
+    from .io.parquet import batch_groups, take_rows
+
+    parts = [take_rows(batch, [r.row for r in group]) for batch, group in batch_groups(records)]
+    taken = pa.Table.from_batches(parts, schema=schema) if parts else schema.empty_table()
+    return taken.columns
+
+
+def run_records(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,
+                batching: BatchOptions | None, progress: bool) -> list[tuple[Record, object]]:
+    """Each record with its Outcome, in order: a chunk at a time, as the CLI's job translates them."""
+    batching = batching or BatchOptions.for_device(translator.device)
+    reporter = Reporter("bar" if progress else "none", len(records), summary=False)
+    done = []
+    try:
+        for chunk in read_chunks(records, batching.read_chunk_rows):
+            outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance)
+            done += zip(chunk, outcomes)
+    finally:
+        reporter.close(summary=False)
+    return done

@@ -1,0 +1,114 @@
+"""The Python API: the command's semantics from a list of strings or an Arrow table, failures as values, and the
+README's example as it is written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import nllbcli
+from nllbcli.cli import cli
+from nllbcli.errors import NllbError
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "samples" / "model"
+TWO = "The concert is on the twelfth of March. Emma's birthday is on the fourth of July."
+ROWS = [TWO, "David sees twenty black hats at the market every morning.", "", "  Hello there.\nMy uncle went to Rome on Friday.  "]
+GREEDY = nllbcli.DecodeOptions(beam_size=1, max_length=48)
+
+
+@lru_cache(maxsize=1)
+def sample():
+    return nllbcli.load(str(SAMPLE), "cpu")
+
+
+def cli_jsonl(tmp_path, rows: list[dict], *args: str) -> list[dict]:
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = CliRunner().invoke(cli, ["translate", "-q", "-m", str(SAMPLE), "--device", "cpu", "--beam-size", "1",
+                                      "--max-length", "48", *args, str(source), str(target)])
+    assert result.exit_code in (0, 3), result.output
+    return [json.loads(line) for line in target.read_text().splitlines()]
+
+
+def test_translate_gives_the_commands_translations_sentence_by_sentence(tmp_path):
+    results = nllbcli.translate(sample(), ROWS, "en", "fr", GREEDY)
+    expected = cli_jsonl(tmp_path, [{"text": text} for text in ROWS], "--src", "en", "--tgt", "fr")
+    assert [r.text for r in results] == [row["translation"] for row in expected]
+    assert [r.status for r in results] == ["ok"] * len(ROWS) and all(r.error is None for r in results)
+    # two sentences, each translated: not the one sentence that translating the row whole gives
+    whole = sample().translate_sentences([TWO], "eng_Latn", "fra_Latn", GREEDY)[0]
+    assert results[0].text.count(".") == 2 and results[0].text != whole
+    assert [r.text for r in nllbcli.translate(sample(), ROWS, "en", "fr", GREEDY, split=False)] == \
+        [row["translation"] for row in cli_jsonl(tmp_path, [{"text": t} for t in ROWS], "--src", "en", "--tgt", "fr", "--no-split")]
+
+
+def test_translate_gives_failures_and_flags_as_values():
+    results = nllbcli.translate(sample(), [ROWS[1], 5, None, ROWS[1]], "en", "fr", nllbcli.DecodeOptions(beam_size=1, max_length=4))
+    assert [r.status for r in results] == ["max_length", "failed", "failed", "max_length"]
+    assert results[1] == nllbcli.Result(None, "row 2: int, not a string.", "failed")
+    assert results[2].error == "row 3: NoneType, not a string."
+    with pytest.raises(NllbError, match="unknown language code"):
+        nllbcli.translate(sample(), ROWS, "en", "xx_Latn")
+
+
+def test_translate_table_gives_the_parquet_output_of_the_command(tmp_path):
+    table = pa.table({"id": pa.array([1, 2, 3, 4, 5], pa.int16()), "text": [ROWS[0], None, ROWS[1], ROWS[3], "Hola."],
+                      "tgt_lang": [None, None, "deu_Latn", None, "xx"],
+                      "meta": [{"a": 1}, None, {"a": 3}, {"a": 4}, None]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    result = CliRunner().invoke(cli, ["translate", "-q", "-m", str(SAMPLE), "--device", "cpu", "--beam-size", "1",
+                                      "--max-length", "48", "--src", "en", "--tgt", "fr", "--status-field", "status",
+                                      "--on-error", "skip", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet")])
+    assert result.exit_code == 3, result.output
+    expected = pq.read_table(tmp_path / "out.parquet")
+    got = nllbcli.translate_table(sample(), table, src="en", tgt="fr", decode=GREEDY, status_field="status")
+    assert got.equals(expected)
+    batches = nllbcli.translate_table(sample(), table.to_batches(max_chunksize=2), src="en", tgt="fr", decode=GREEDY,
+                                      status_field="status")
+    assert batches.to_pylist() == got.to_pylist()
+    kept = nllbcli.translate_table(sample(), table, src="en", tgt="fr", decode=GREEDY, error_field="error")
+    assert kept.num_rows == 5 and kept.column_names == ["id", "text", "tgt_lang", "meta", "translation", "error"]
+    errors = kept.column("error").to_pylist()
+    assert [e is None for e in errors] == [True, False, True, True, False]
+    assert errors[1] == "the table: row 2: field 'text' is null, not a string." and "unknown language code 'xx'" in errors[4]
+    assert kept.filter(pa.array([e is None for e in errors])).drop_columns(["error"]).to_pylist() == \
+        expected.drop_columns(["status"]).to_pylist()
+
+
+def test_translate_table_refuses_what_the_command_refuses():
+    with pytest.raises(NllbError, match="no column 'body'"):
+        nllbcli.translate_table(sample(), pa.table({"text": ["a"]}), "en", "fr", field="body")
+    with pytest.raises(NllbError, match="--overwrite-field"):
+        nllbcli.translate_table(sample(), pa.table({"text": ["a"], "translation": ["b"]}), "en", "fr")
+    replaced = nllbcli.translate_table(sample(), pa.table({"text": ["Hello."], "translation": ["old"]}), "en", "fr",
+                                       GREEDY, overwrite_field=True)
+    assert replaced.column_names == ["text", "translation"] and replaced.column("translation")[0].as_py() != "old"
+
+
+def test_the_readmes_example_runs_as_written(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    section = (ROOT / "README.md").read_text().split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, "README.md", "exec"), {})
+    said = [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "#" in line]
+    assert printed.getvalue().splitlines() == said
+
+
+def test_the_api_is_not_imported_by_the_command_start_up():
+    import subprocess
+    import sys
+
+    code = "import sys, nllbcli.cli; print('nllbcli.api' in sys.modules, 'nllbcli.pipeline' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]
