@@ -156,11 +156,17 @@ class Reporter:
             self.emit("summary")
             return
         c = self.counters
-        line = (f"Done: {c.rows:,} rows ({c.translated:,} translated, {c.failed:,} failed, {c.flagged:,} flagged: "
-                f"{c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), {c.sentences:,} sentences, "
-                f"{c.tokens:,} tokens in {c.seconds:.1f} s, {c.as_dict()['tokens_per_s']:,.0f} tokens/s.")
+        line = (f"Done: {counted(c.rows, 'row')} ({c.translated:,} translated, {c.failed:,} failed, {c.flagged:,} flagged: "
+                f"{c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), "
+                f"{counted(c.sentences, 'sentence')}, {counted(c.tokens, 'token')} in {c.seconds:.1f} s, "
+                f"{c.as_dict()['tokens_per_s']:,.0f} tokens/s.")
         width = self.width()
         self.write(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))
+
+
+def counted(number: int, noun: str) -> str:
+    """"1 row", "2,048 rows"."""
+    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
 
 
 def job_progress(console, label: str, total: int | None):
