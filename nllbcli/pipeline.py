@@ -23,6 +23,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from .errors import NllbError
 from .io import Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .io.parquet import check_columns
+from .io.streams import compressing
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
@@ -67,6 +69,7 @@ class Job:
     on_error: str = "fail"  # fail, skip or record: what a bad row does
     errors: str | None = None  # the JSONL file bad rows go to under record
     force: bool = False  # replace an OUTPUT file nllb did not write
+    output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
 
 
 @dataclass
@@ -226,8 +229,10 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     """The chunk loop: translate, write, commit; then put the finished files in place."""
     counters = reporter.counters
     saved, output, errors, state, errors_path = files.saved, files.output, files.errors, files.state, files.errors_path
+    compressor = ExitStack()  # a stream's compression, ended after its last row
     if state is None:  # a stream: written as it goes
-        sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field)
+        stream = compressor.enter_context(compressing(output.stream, job.output_compression))
+        sink = open_sink(stream, job.output_format, job.output_field, source.schema, job.field)
     else:
         sink = open_frames(output, job, source, saved)
 
@@ -258,12 +263,13 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             end = reader.position
         with critical():
             sink.close()
+            compressor.close()
             if state is not None:
                 reporter.tick()
                 done = Saved(identity, end, output.sync(), errors.sync() if errors else 0, vars(counters).copy(),
                              done=True, errors=errors_path, output_file=files.replaces)
                 save_state(state, done)
-            output.finish(parquet_converter(job, source) if job.output_format == "parquet" and state else None)
+            output.finish(finish_converter(job, source) if state else None)
             if errors is not None:
                 errors.finish()
             if state is not None:
@@ -294,15 +300,26 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
     return sink
 
 
-def parquet_converter(job: Job, source: Input):
+def finish_converter(job: Job, source: Input):
+    """How a finished partial file becomes OUTPUT when it is not simply renamed: Parquet written from its frames,
+    and a .gz or .zst output compressed (the partial file is written plain, so that --resume can cut it back to
+    a commit); None when a rename does."""
     from .io import file_mode, parquet
 
+    if job.output_format != "parquet" and job.output_compression is None:
+        return None
+
     def convert(partial: str, path: str) -> None:
-        """Write the Parquet file beside `path` under a fixed name, then rename it into place. The name is
-        fixed, not random, so a conversion killed half-way leaves nothing that the next run does not replace."""
+        """Write the file beside `path` under a fixed name, then rename it into place. The name is fixed, not
+        random, so a conversion killed half-way leaves nothing that the next run does not replace."""
         temp = converting_path(path)
         with NamedStream(os.fdopen(create_private(temp, os.O_WRONLY), "wb"), path) as target:
-            parquet.frames_to_parquet(partial, target, source.schema, job.output_field, job.field)
+            with compressing(target, job.output_compression) as sink:
+                if job.output_format == "parquet":
+                    parquet.frames_to_parquet(partial, sink, source.schema, job.output_field, job.field)
+                else:
+                    with open(partial, "rb") as lines:
+                        shutil.copyfileobj(lines, sink, 1 << 20)
             target.flush()
             os.fsync(target.fileno())
         os.chmod(temp, file_mode(path))
@@ -354,13 +371,27 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
             reporter.warn(f"Skipped: {error}")
 
 
-def read_chunks(records: Iterable[Record], size: int, first: int | None = None) -> Iterator[list[Record]]:
-    """Chunks of `size` records, the first of `first` (default: size)."""
+def read_chunks(records: Iterable[Record], size: int, first: int | None = None,
+                arrived: Callable[[float], bool] | None = None) -> Iterator[list[Record]]:
+    """Chunks of `size` records, the first of `first` (default: size). With `arrived` (a pipe or terminal's), a
+    chunk also ends when its next line has not come within IDLE seconds: what came is translated while the
+    input is quiet, and a fast pipe still fills whole chunks."""
     iterator = iter(records)
     take = first or size
-    while chunk := list(islice(iterator, take)):
+    while True:
+        chunk: list[Record] = []
+        while len(chunk) < take and (not chunk or arrived is None or arrived(IDLE)):
+            record = next(iterator, None)
+            if record is None:
+                break
+            chunk.append(record)
+        if not chunk:
+            return
         yield chunk
         take = size
+
+
+IDLE = 0.3  # seconds without a new line from a pipe or terminal that end a chunk
 
 
 # seconds: how long the GIL may stay with one thread while another waits for it (NLLB_SWITCH_INTERVAL: measuring)
@@ -433,7 +464,7 @@ class ChunkReader:
 
     def __iter__(self) -> Iterator[tuple[list[Record], Position, object]]:
         if not self.ahead:
-            for chunk in read_chunks(self.source.records, self.size, self.first):
+            for chunk in read_chunks(self.source.records, self.size, self.first, self.source.arrived):
                 self.position = replace(self.source.position)
                 yield chunk, self.position, self.prepare(chunk)
             self.position = replace(self.source.position)
@@ -442,7 +473,7 @@ class ChunkReader:
 
         def work() -> None:
             try:
-                for chunk in read_chunks(self.source.records, self.size, self.first):
+                for chunk in read_chunks(self.source.records, self.size, self.first, self.source.arrived):
                     position = replace(self.source.position)
                     ready.put(("chunk", chunk, position, self.prepare(chunk)))
                     self.turn.acquire()

@@ -154,11 +154,10 @@ def bad_row(position: Position, error: str, where: str) -> Record:
     return Record(position.rows - 1, "", {}, error, where)
 
 
-def count_rows(path: str) -> int:
-    """Non-blank lines in a file: the rows read_jsonl will yield."""
+def count_rows(stream: BinaryIO) -> int:
+    """Non-blank lines in a file's bytes: the rows read_jsonl will yield."""
     blank = JSON_SPACE.encode()
-    with open(path, "rb") as stream:
-        return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
+    return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
 
 
 def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:

@@ -26,11 +26,10 @@ def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> It
         yield Record(position.rows - 1, line, {field: line}, None, where)
 
 
-def count_lines(path: str) -> int:
-    """Lines in a file, a final line without a newline included: what read_text will yield."""
+def count_lines(stream: BinaryIO) -> int:
+    """Lines in a file's bytes, a final line without a newline included: what read_text will yield."""
     lines, last = 0, b"\n"
-    with open(path, "rb") as stream:
-        while block := stream.read(1 << 20):
-            lines += block.count(b"\n")
-            last = block[-1:]
+    while block := stream.read(1 << 20):
+        lines += block.count(b"\n")
+        last = block[-1:]
     return lines + (last != b"\n")
