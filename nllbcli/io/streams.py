@@ -101,6 +101,8 @@ class Lines:
             if end >= 0:
                 line = bytes(self.buffer[self.start : end + 1])
                 self.start = self.scanned = end + 1
+                if self.start == len(self.buffer):
+                    self.buffer, self.start, self.scanned = bytearray(), 0, 0  # a long line's bytes are not kept twice
                 return line
             self.scanned = len(self.buffer)
             if self.eof or not self.more():

@@ -15,12 +15,13 @@ def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> It
         position.rows += 1
         position.offset += len(raw)
         where = f"{name}:{position.lines}"
+        end = len(raw) - raw.endswith(b"\n")
+        end -= raw.endswith(b"\r", 0, end)
         try:
-            line = raw.decode("utf-8")
+            line = str(memoryview(raw)[:end], "utf-8")  # without the line's end, and without copying a long line
         except UnicodeDecodeError as error:
             yield Record(position.rows - 1, "", {}, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where)
             continue
-        line = line.removesuffix("\n").removesuffix("\r")
         if first:
             line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the text
         yield Record(position.rows - 1, line, {field: line}, None, where)
