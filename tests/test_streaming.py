@@ -56,7 +56,8 @@ def read_line(fd: int, timeout: float) -> bytes:
 @pytest.mark.parametrize("stdin", ["pipe", "terminal"])
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
 def test_a_line_is_translated_before_the_next_is_sent(tmp_path, stdin, fmt):
-    lines = [b"ab\n", b"cd\n"] if fmt == "text" else [b'{"text": "ab"}\n', b'{"text": "cd"}\n']
+    # a JSON Lines blank line holds no row: one after a row does not keep it waiting for the next
+    lines = [b"ab\n", b"cd\n"] if fmt == "text" else [b'{"text": "ab"}\n \n', b'{"text": "cd"}\n']
     expected = [b"ba\n", b"dc\n"] if fmt == "text" else [b'{"text": "ab", "translation": "ba"}\n',
                                                          b'{"text": "cd", "translation": "dc"}\n']
     extra = [] if stdin == "pipe" else ["--input-format", fmt]  # a terminal is not sniffed
@@ -84,14 +85,15 @@ def test_a_line_is_translated_before_the_next_is_sent(tmp_path, stdin, fmt):
     assert process.stdout.read() == b""
 
 
-def pipe_lines(writes, pause: float) -> tuple[Lines, threading.Thread]:
-    """Lines of a real pipe that a thread writes `writes` into, `pause` seconds apart."""
+def pipe_lines(writes, pause) -> tuple[Lines, threading.Thread]:
+    """Lines of a real pipe that a thread writes `writes` into, `pause` seconds apart (or pause[n - 1] before
+    write n)."""
     read_end, write_end = os.pipe()
 
     def write() -> None:
         for n, data in enumerate(writes):
             if n:
-                time.sleep(pause)
+                time.sleep(pause[n - 1] if isinstance(pause, list) else pause)
             os.write(write_end, data)
         os.close(write_end)
 
@@ -116,6 +118,17 @@ def test_a_quiet_pipe_ends_the_chunk():
     writer.join()
     assert [chunk for chunk, _ in chunks] == [[b"a\n", b"b\n"], [b"c\n"], [b"d\n", b"e"]]
     assert chunks[0][1] < 0.7  # once 0.3 s have passed without a line, not when the next comes
+
+
+def test_a_line_that_comes_in_parts_does_not_hold_back_the_chunk_before_it():
+    lines, writer = pipe_lines([b"a\n", b"b", b"c\n"], [0.1, 1.0])  # "b" comes while the chunk waits, its end later
+    started = time.monotonic()
+    chunks = []
+    for chunk in read_chunks(iter(lines), 100, arrived=lines.arrived):
+        chunks.append((chunk, time.monotonic() - started))
+    writer.join()
+    assert [chunk for chunk, _ in chunks] == [[b"a\n"], [b"bc\n"]]
+    assert chunks[0][1] < 0.9  # 0.3 s after "b" came, not when "c\n" did
 
 
 def test_lines_of_a_stream_give_every_byte():

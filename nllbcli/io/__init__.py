@@ -192,7 +192,7 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             return
         arrived = None
         if not regular and compression is None:
-            stream = Lines(raw)
+            stream = Lines(raw, blank_rows=fmt != "jsonl")
             arrived = stream.arrived
         total = None  # a stream cannot be counted without consuming it: only a regular file is read twice
         if count and regular:

@@ -15,6 +15,7 @@ import gzip
 import io
 import os
 import select
+import time
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator
 
@@ -76,14 +77,14 @@ class Replay(io.RawIOBase):
 
 
 class Lines:
-    """The lines of a Replay, each as soon as its newline has come; `arrived(timeout)` says whether the next one
+    """The lines of a Replay, each as soon as its newline has come; `arrived(timeout)` says whether the next row
     is there or came within `timeout` seconds (a pipe that went quiet: the chunk so far is translated)."""
 
-    def __init__(self, source: Replay):
-        self.source = source
-        self.buffer = bytearray()
-        self.start = 0  # where the unread bytes begin in buffer
-        self.scanned = 0  # buffer[start:scanned] holds no newline
+    def __init__(self, source: Replay, blank_rows: bool = True):
+        self.source, self.blank_rows = source, blank_rows
+        self.lines: list[bytes] = []  # whole lines read, given from `next` on
+        self.next = 0
+        self.partial: list[bytes] = []  # the pieces of a line whose newline has not come
         self.eof = False
 
     def __iter__(self) -> "Lines":
@@ -96,43 +97,67 @@ class Lines:
         return line
 
     def readline(self) -> bytes:
-        while True:
-            end = self.buffer.find(b"\n", max(self.start, self.scanned))
-            if end >= 0:
-                line = bytes(self.buffer[self.start : end + 1])
-                self.start = self.scanned = end + 1
-                if self.start == len(self.buffer):
-                    self.buffer, self.start, self.scanned = bytearray(), 0, 0  # a long line's bytes are not kept twice
-                return line
-            self.scanned = len(self.buffer)
+        while self.next == len(self.lines):
             if self.eof or not self.more():
-                line = bytes(self.buffer[self.start :])
-                self.start = self.scanned = len(self.buffer)
+                line = b"".join(self.partial)
+                self.partial = []
                 return line
+        line = self.lines[self.next]
+        self.next += 1
+        return line
 
     def more(self) -> bool:
-        """Read what the source gives next into the buffer; False at its end."""
-        if self.start and self.start * 2 >= len(self.buffer):
-            del self.buffer[: self.start]
-            self.scanned -= self.start
-            self.start = 0
+        """Read what the source gives next; False at its end."""
         block = self.source.read(SNIFF_BYTES)
         if not block:
             self.eof = True
             return False
-        self.buffer += block
+        self.feed(block)
         return True
 
+    def feed(self, block: bytes) -> None:
+        if b"\n" not in block:
+            self.partial.append(block)  # a long line's pieces, joined once when its newline comes
+            return
+        lines = io.BytesIO(block).readlines()  # split at each newline, kept, in C
+        if self.partial:
+            lines[0] = b"".join([*self.partial, lines[0]])
+        self.partial = [] if lines[-1].endswith(b"\n") else [lines.pop()]
+        self.lines, self.next = self.lines[self.next :] + lines, 0
+
     def read(self, size: int) -> bytes:
-        while len(self.buffer) - self.start < size and not self.eof and self.more():
-            pass
-        data = bytes(self.buffer[self.start : self.start + size])
-        self.start += len(data)
-        self.scanned = max(self.scanned, self.start)
-        return data
+        """`size` bytes (fewer at the end), from where the lines have got to (to skip a resumed stream's rows)."""
+        pending = b"".join([*self.lines[self.next :], *self.partial])
+        self.lines, self.next, self.partial = [], 0, []
+        while len(pending) < size and not self.eof:
+            block = self.source.read(SNIFF_BYTES)
+            self.eof = not block
+            pending += block
+        if pending[size:]:
+            self.feed(pending[size:])
+        return pending[:size]
 
     def arrived(self, timeout: float) -> bool:
-        return self.eof or b"\n" in self.buffer[self.start :] or self.source.ready(timeout)
+        """Whether a whole row is there, or comes within `timeout` seconds: what comes meanwhile is read (a
+        line's first part, blank JSON Lines lines), so the next row's read cannot wait on the input."""
+        if self.eof or self.next_row():
+            return True
+        deadline = time.monotonic() + timeout
+        while not (self.eof or self.next_row()):
+            if not self.source.ready(max(0.0, deadline - time.monotonic())):
+                return False
+            self.more()
+        return True
+
+    def next_row(self) -> bool:
+        """Whether a whole line that holds a row is read already: with `blank_rows` False (JSON Lines), a blank
+        line holds none, and one that came alone does not keep the rows before it waiting."""
+        if self.blank_rows:
+            return self.next < len(self.lines)
+        for n in range(self.next, len(self.lines)):
+            if self.lines[n].strip(BLANK):
+                return True
+        return False
 
 
 def compression_of(path: str) -> str | None:
