@@ -227,8 +227,8 @@ def output_name(path: str, output_format: str | None) -> str:
     if output_format is None:
         return name
     compressed = {name: extension for extension, name in COMPRESSIONS.items()}.get(compression_of(name), "")
-    return (os.path.splitext(without_compression(name))[0] + {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
-            + compressed)
+    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
+    return os.path.splitext(without_compression(name))[0] + extension + compressed  # in.jsonl.gz: in.txt.gz
 
 
 def checked_job(job, input_format: str | None, output_format: str | None, resume: bool):

@@ -1,4 +1,5 @@
-"""Streaming readers and writers of Records: JSONL, Parquet and text lines, on files or stdin/stdout, gzip or zstd compressed or not (streams.py).
+"""Streaming readers and writers of Records: JSONL, Parquet and text lines, on files or stdin/stdout, plain or
+gzip and zstd compressed (streams.py).
 
 A reader yields one Record per input row, in input order; a writer takes a chunk of Records with their
 translations and writes them in that order. Output files are written beside their destination and renamed
