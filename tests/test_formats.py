@@ -202,3 +202,25 @@ def test_several_inputs_keep_their_compression_in_the_directory(fake, here):
     assert result.exit_code == 0, result.output
     assert gzip.decompress((here / "out" / "a.txt.gz").read_bytes()) == b"ba\ne dc\ngf\n"
     assert (here / "out" / "b.txt").read_bytes() == b"ba\ne dc\ngf\n"
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbled"])
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+@pytest.mark.parametrize("ext", [".jsonl", ".txt", ".parquet"])
+def test_a_damaged_compressed_input_is_named_in_one_line(fake, here, compression, damage, ext):
+    content = compress(JSONL * 200 if ext != ".parquet" else parquet_bytes(ROWS * 200), compression)
+    content = content[: len(content) // 2] if damage == "cut" else content[:20] + bytes(200) + content[220:]
+    (here / ("in" + ext + SUFFIX[compression])).write_bytes(content)
+    result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "--progress", "json",
+                                      "--input-format", "text" if ext == ".txt" else ext[1:], "in" + ext + SUFFIX[compression], "out.jsonl"])
+    assert result.exit_code == 1, result.output
+    error = result.stderr.splitlines()[-1]
+    assert error.startswith(f"Error: cannot read in{ext}{SUFFIX[compression]}: ") and "Traceback" not in result.output, result.output
+    assert "out.jsonl" not in listing(here)
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_several_gzip_members_or_zstd_frames_are_one_input(fake, here, compression):
+    (here / ("in.jsonl" + SUFFIX[compression])).write_bytes(compress(JSONL[:30], compression) + compress(JSONL[30:], compression))
+    assert translate("in.jsonl" + SUFFIX[compression], "out.jsonl").exit_code == 0
+    assert (here / "out.jsonl").read_bytes() == TRANSLATED

@@ -20,8 +20,8 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 import pyarrow as pa
 
 from ..errors import NllbError
-from .streams import (Lines, Replay, compression_in, compression_of, decompressing, describe_head, is_terminal,
-                      read_magic, sniff, without_compression)
+from .streams import (READ_ERRORS, Lines, Replay, compression_in, compression_of, decompressing, describe_head,
+                      is_terminal, read_error, read_magic, sniff, without_compression)
 
 FORMATS = ("jsonl", "parquet", "text")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text"}
@@ -198,8 +198,11 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
         total = None  # a stream cannot be counted without consuming it: only a regular file is read twice
         if count and regular:
             with open(path, "rb") as again, decompressing(again, compression) as counted:
-                total = jsonl.count_rows(counted) if fmt == "jsonl" else text.count_lines(counted)
-        skip_bytes(stream, start.offset)
+                try:
+                    total = jsonl.count_rows(counted) if fmt == "jsonl" else text.count_lines(counted)
+                except READ_ERRORS as error:
+                    raise read_error(name, error) from None
+        skip_bytes(stream, start.offset, name, seek=compression is None)
         if fmt == "jsonl":
             records = jsonl.read_jsonl(stream, name, field, start)
             schema = None
@@ -210,11 +213,12 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
 
 
 def name_read_errors(records: Iterator[Record], name: str) -> Iterator[Record]:
-    """The records; a read error (a disk's EIO, a network file system gone) names the input."""
+    """The records; a read error (a disk's EIO, a network file system gone, a damaged gzip or zstd stream) names
+    the input."""
     try:
         yield from records
-    except OSError as error:
-        raise NllbError(f"cannot read {name}: {error.strerror or error}.") from None
+    except READ_ERRORS as error:
+        raise read_error(name, error) from None
 
 
 def is_regular_file(path: str) -> bool:
@@ -237,20 +241,29 @@ def file_identity(path: str) -> dict:
     return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
-def skip_bytes(stream: BinaryIO, count: int) -> None:
-    """Move past the first `count` bytes: a seek on a file, reading them on a pipe."""
+def skip_bytes(stream: BinaryIO, count: int, name: str = STDIN_NAME, seek: bool = True) -> None:
+    """Move past the first `count` bytes: a seek on a file, reading them on a pipe or a decompressed stream
+    (`seek` False)."""
     if not count:
         return
-    try:
-        stream.seek(count)
-        return
-    except (OSError, ValueError, AttributeError):
-        pass
+    if seek:
+        try:
+            stream.seek(count)
+            return
+        except (OSError, ValueError, AttributeError):
+            pass
     while count:
-        block = stream.read(min(count, 1 << 20))
+        block = read_block(stream, name, min(count, 1 << 20))
         if not block:
             raise NllbError(f"the input is shorter than the {count} bytes an earlier run read: it is not the same input.")
         count -= len(block)
+
+
+def read_block(stream: BinaryIO, name: str, size: int = 1 << 20) -> bytes:
+    try:
+        return stream.read(size)
+    except READ_ERRORS as error:
+        raise read_error(name, error) from None
 
 
 @contextmanager
@@ -258,7 +271,7 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
     """Copy a stream into a temporary file ($TMPDIR), for readers that need to seek; removed afterwards."""
     with tempfile.NamedTemporaryFile(prefix="nllb-stdin-", suffix=".parquet") as temp:
         try:
-            while block := stream.read(1 << 20):
+            while block := read_block(stream, name):
                 temp.write(block)
             temp.flush()
         except OSError as error:

@@ -16,16 +16,20 @@ import io
 import os
 import select
 import time
+import zlib
 from contextlib import contextmanager
 from typing import BinaryIO, Iterator
 
-from ..errors import NllbError
+import zstandard
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 MAGIC = ((b"PAR1", "parquet"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 SNIFF_BYTES = 1 << 16  # at most this much of an input is read to find its format
 BLANK = b" \t\r\n"
 BOM = b"\xef\xbb\xbf"
+ZSTD_PIECE = 1 << 14  # compressed bytes decompressed at a time: what one piece gives is held at once
+# what reading a stream may raise: a disk's EIO, a gzip or zstd stream cut short, damaged, or not one
+READ_ERRORS = (OSError, EOFError, zlib.error, zstandard.ZstdError)
 
 
 class Replay(io.RawIOBase):
@@ -176,9 +180,44 @@ def decompressing(stream: BinaryIO, compression: str | None) -> BinaryIO:
         return stream
     if compression == "gzip":
         return gzip.GzipFile(fileobj=stream, mode="rb")
-    import zstandard
+    return io.BufferedReader(ZstdReader(stream), 1 << 16)
 
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True))
+
+class ZstdReader(io.RawIOBase):
+    """The decompressed bytes of a zstd stream, frame after frame, through zstandard's decompressobj: a stream
+    that ends inside a frame is an error (zstandard's stream_reader ends there without one, and a cut file would
+    read as a shorter one)."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream = stream
+        self.decompressor = zstandard.ZstdDecompressor()
+        self.frame = None  # the frame being read; None before the first
+        self.out, self.given = b"", 0  # decompressed bytes, and how many of them were read
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.given == len(self.out):
+            data = self.stream.read(ZSTD_PIECE)
+            if not data:
+                if self.frame is not None and not self.frame.eof:
+                    raise EOFError("the zstd stream ends inside a frame (the file is cut short)")
+                return 0
+            self.out, self.given = self.decompress(data), 0
+        count = min(len(buffer), len(self.out) - self.given)
+        buffer[:count] = self.out[self.given : self.given + count]
+        self.given += count
+        return count
+
+    def decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            if self.frame is None or self.frame.eof:
+                self.frame = self.decompressor.decompressobj()
+            out.append(self.frame.decompress(data))
+            data = self.frame.unused_data if self.frame.eof else b""
+        return b"".join(out)
 
 
 @contextmanager
@@ -194,8 +233,6 @@ def compressing(stream: BinaryIO, compression: str | None) -> Iterator[BinaryIO]
         yield writer
         writer.close()
         return
-    import zstandard
-
     writer = zstandard.ZstdCompressor().stream_writer(stream, closefd=False)  # its flush() ends a block
     yield writer
     writer.close()
@@ -208,7 +245,7 @@ def decompressed_head(head: bytes, compression: str) -> bytes:
         reader = decompressing(io.BytesIO(head), compression)
         while len(out) < SNIFF_BYTES and (block := reader.read(256)):
             out += block
-    except (OSError, EOFError, ValueError, Exception):  # noqa: BLE001 - a prefix ends inside the stream
+    except Exception:  # noqa: BLE001 - a prefix ends inside the compressed stream: what came before it is enough
         pass
     return out
 
@@ -249,6 +286,14 @@ def sniff(replay: Replay) -> tuple[str, str | None, bytes]:
         if found is not None:
             return found, compression, head
         head = replay.fill(len(head) + 1)
+
+
+def read_error(name: str, error: BaseException) -> NllbError:
+    """A read error as the message that names the input."""
+    from ..errors import NllbError
+
+    reason = getattr(error, "strerror", None) or str(error).rstrip(".") or type(error).__name__
+    return NllbError(f"cannot read {name}: {reason}.")
 
 
 def describe_head(head: bytes) -> str:
