@@ -221,21 +221,21 @@ def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output
 
 def output_name(path: str, output_format: str | None) -> str:
     """An input's name in an output directory: its own, or with the extension of --output-format."""
-    from .io.streams import COMPRESSIONS, compression_of, without_compression
+    from .io.streams import compression_of, without_compression
 
     name = os.path.basename(path)
     if output_format is None:
         return name
-    compressed = {name: extension for extension, name in COMPRESSIONS.items()}.get(compression_of(name), "")
+    compressed = os.path.splitext(name)[1] if compression_of(name) else ""  # in.jsonl.gz: in.txt.gz
     extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
-    return os.path.splitext(without_compression(name))[0] + extension + compressed  # in.jsonl.gz: in.txt.gz
+    return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 
 def checked_job(job, input_format: str | None, output_format: str | None, resume: bool):
     """The job with its formats, checked before any model loads: every usage error of the job's paths."""
     from dataclasses import replace
 
-    from .io.streams import compression_of
+    from .io.streams import compression_of, writes_to_terminal
     from .pipeline import check_paths
     from .resume import is_stream
 
@@ -402,24 +402,6 @@ def download(repo_id, local_dir, revision):
     except (NllbError, ValueError) as error:
         raise click.ClickException(str(error)) from None
     click.echo(str(path))
-
-
-def writes_to_terminal(output: str) -> bool:
-    """Whether OUTPUT is a terminal: stdout on one, or a terminal's device named."""
-    import stat
-
-    if output == "-":
-        return sys.stdout.isatty()
-    try:
-        if not stat.S_ISCHR(os.stat(output).st_mode):
-            return False
-        fd = os.open(output, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        return os.isatty(fd)
-    finally:
-        os.close(fd)
 
 
 def progress_mode(progress: str, output: str) -> str:

@@ -15,6 +15,8 @@ import gzip
 import io
 import os
 import select
+import stat
+import sys
 import time
 import zlib
 from contextlib import contextmanager
@@ -299,6 +301,22 @@ def read_error(name: str, error: BaseException) -> NllbError:
 def describe_head(head: bytes) -> str:
     shown = " ".join(f"{byte:02x}" for byte in head[:8])
     return f"its first bytes are {shown}" if head else "it is empty"
+
+
+def writes_to_terminal(output: str) -> bool:
+    """Whether OUTPUT is a terminal: stdout on one (`-`), or a terminal's device named."""
+    if output == "-":
+        return sys.stdout.isatty()
+    try:
+        if not stat.S_ISCHR(os.stat(output).st_mode):
+            return False
+        fd = os.open(output, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
 
 
 def is_terminal(stream: BinaryIO) -> bool:
