@@ -140,10 +140,13 @@ def test_lines_of_a_stream_give_every_byte():
     writer.join()
 
 
-def test_parquet_is_refused_on_a_terminal(tmp_path):
+@pytest.mark.parametrize("named", [False, True])
+def test_parquet_is_refused_on_a_terminal(tmp_path, named):
+    """On stdout, or a terminal's device named as OUTPUT."""
     pq.write_table(pa.table({"text": ["ab"]}), tmp_path / "in.parquet")
     master, slave = pty.openpty()
-    result = subprocess.run(nllb(*TRANSLATE, "in.parquet"), stdout=slave, stderr=subprocess.PIPE, text=True,
+    output = ["--output-format", "parquet", os.ttyname(slave)] if named else []
+    result = subprocess.run(nllb(*TRANSLATE, "in.parquet", *output), stdout=slave, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, timeout=60)
     os.close(slave)
     os.set_blocking(master, False)
