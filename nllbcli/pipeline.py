@@ -780,8 +780,8 @@ PIECE_CHARS = 16  # characters per position a long sentence keeps at first: the 
 
 def bound_text(tokenizer, text: str, src: str, limit: int) -> str:
     """The sentence, or a prefix of it that gives the same ids once cut to the model's `limit` positions, so that a
-    huge sentence costs the tokenizer (and memory) what its first positions need, not its length: a 50 MB sentence
-    took 2.3 GB to tokenize before its cut. The prefix ends before a space, where the tokenizer's pieces part
+    huge sentence costs the tokenizer (and memory) what its first positions need, not its length (a 50 MB sentence
+    takes 2.3 GB to tokenize whole). The prefix ends before a space, where the tokenizer's pieces part
     (words_apart), and is kept only when it gives at least 2 pieces more than the positions take (its last piece
     may be a lone "▁" its end adds): each piece the cut keeps is then the whole text's. A prefix of 16 characters
     a position is tried first, then ones 4 times longer, while they give too few pieces (spaces in runs, which

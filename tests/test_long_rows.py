@@ -91,8 +91,8 @@ def peak_kib(tmp_path: Path, name: str, line: str) -> int:
 
 @pytest.mark.parametrize("name", ["in.txt", "in.jsonl"])
 def test_a_long_one_sentence_row_costs_a_small_multiple_of_its_size(tmp_path, name):
-    """A 20 MB sentence: 1 GB to tokenize whole; now ~2x its size as text, ~6x as JSONL (read, and its row
-    written back whole)."""
+    """A 20 MB sentence, which takes 1 GB to tokenize whole: ~2x its size as text, ~6x as JSONL (read, and its
+    row written back whole)."""
     small = peak_kib(tmp_path, name, "the red car is in the garden")
     large = peak_kib(tmp_path, name, "the red car is in the garden and " * 600_000)
     assert large - small < (4 if name.endswith(".txt") else 8) * 20_000, (small, large)
