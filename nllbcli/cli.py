@@ -9,7 +9,7 @@ import sys
 import click
 
 from .errors import NllbError
-from .io import FORMATS, format_of, known_extension
+from .io import FORMATS, format_of, input_format_of, known_extension
 from .langs import resolve_lang
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
@@ -106,7 +106,7 @@ def cli():
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
-@click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension; text for -).")
+@click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
 @click.option("--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
@@ -134,10 +134,12 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
-    The format comes from each file's extension (.jsonl, .parquet, .txt) or
-    --input-format/--output-format; - is text, one sentence per line. JSONL
-    and Parquet rows keep every field and gain the translation. Rows stay in
-    input order. Each row is translated sentence by sentence and joined back.
+    The format comes from each file's extension (.jsonl, .ndjson, .json,
+    .parquet, .txt, each optionally .gz or .zst) or --input-format and
+    --output-format; stdin and other inputs are sniffed from their bytes,
+    gzip and zstd decompressed. JSONL and Parquet rows keep every field and
+    gain the translation. Rows stay in input order. Each row is translated
+    sentence by sentence and joined back.
 
     An OUTPUT file that nllb did not write is not replaced without --force.
     Several inputs go to a directory: nllb translate -o DIR INPUT...
@@ -234,27 +236,35 @@ def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output
 
 def output_name(path: str, output_format: str | None) -> str:
     """An input's name in an output directory: its own, or with the extension of --output-format."""
+    from .io.streams import compression_of, without_compression
+
     name = os.path.basename(path)
     if output_format is None:
         return name
-    return os.path.splitext(name)[0] + {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
+    compressed = os.path.splitext(name)[1] if compression_of(name) else ""  # in.jsonl.gz: in.txt.gz
+    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
+    return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 
 def checked_job(job, input_format: str | None, output_format: str | None, resume: bool):
     """The job with its formats, checked before any model loads: every usage error of the job's paths."""
     from dataclasses import replace
 
+    from .io.streams import compression_of, writes_to_terminal
     from .pipeline import check_fields, check_paths
     from .resume import is_stream
 
     input, output = job.input, job.output
     try:
-        in_format = format_of(input, input_format)
+        in_format = input_format_of(input, input_format)
         # a stream (stdout, /dev/stdout, a FIFO) without a known extension takes the input's format
         out_format = output_format or (in_format if output == "-" or (is_stream(output) and not known_extension(output))
                                        else format_of(output, None))
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
+    if out_format == "parquet" and writes_to_terminal(output):
+        raise InvalidUsage("Parquet is binary, and OUTPUT is a terminal: name an OUTPUT file, or pass --output-format "
+                           "jsonl or text.")
     for path, stream, what in ((input, 0, "input"), (output, 1, "output")):
         if path == "-" and stream in CLOSED_STREAMS:
             raise InvalidUsage(f"standard {what} is closed: name an {what.upper()} file instead of -.")
@@ -267,7 +277,8 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
         if resume and path and path != "-" and is_stream(path):
             raise InvalidUsage(f"--resume needs {option} to be a file: {path} is a stream (a FIFO or a device), and "
                                "what went to it cannot be taken back.")
-    job = replace(job, input_format=in_format, output_format=out_format)
+    job = replace(job, input_format=in_format, output_format=out_format,
+                  output_compression=None if output == "-" else compression_of(output))
     try:
         check_paths(job)
         check_fields(job)

@@ -23,6 +23,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import sys
 import threading
 from contextlib import ExitStack, contextmanager
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 from .errors import NllbError
 from .io import Added, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .io.parquet import check_columns
+from .io.streams import compressing
 from .langs import resolve_lang
 from .options import BatchOptions, DecodeOptions
 from .progress import Counters, Reporter
@@ -69,6 +71,7 @@ class Job:
     force: bool = False  # replace an OUTPUT file nllb did not write
     status_field: str | None = None  # the JSONL field or Parquet column that gets each row's status (status_of)
     overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
+    output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
 
     @property
     def added(self) -> Added:
@@ -234,8 +237,10 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     """The chunk loop: translate, write, commit; then put the finished files in place."""
     counters = reporter.counters
     saved, output, errors, state, errors_path = files.saved, files.output, files.errors, files.state, files.errors_path
+    compressor = ExitStack()  # a stream's compression, ended after its last row
     if state is None:  # a stream: written as it goes
-        sink = open_sink(output.stream, job.output_format, job.output_field, source.schema, job.field, job.status_field)
+        stream = compressor.enter_context(compressing(output.stream, job.output_compression))
+        sink = open_sink(stream, job.output_format, job.output_field, source.schema, job.field, job.status_field)
     else:
         sink = open_frames(output, job, source, saved)
 
@@ -266,12 +271,13 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             end = reader.position
         with critical():
             sink.close()
+            compressor.close()
             if state is not None:
                 reporter.tick()
                 done = Saved(identity, end, output.sync(), errors.sync() if errors else 0, vars(counters).copy(),
                              done=True, errors=errors_path, output_file=files.replaces)
                 save_state(state, done)
-            output.finish(parquet_converter(job, source) if job.output_format == "parquet" and state else None)
+            output.finish(finish_converter(job, source) if state else None)
             if errors is not None:
                 errors.finish()
             if state is not None:
@@ -302,15 +308,26 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
     return sink
 
 
-def parquet_converter(job: Job, source: Input):
+def finish_converter(job: Job, source: Input):
+    """How a finished partial file becomes OUTPUT when it is not simply renamed: Parquet written from its frames,
+    and a .gz or .zst output compressed (the partial file is written plain, so that --resume can cut it back to
+    a commit); None when a rename does."""
     from .io import file_mode, parquet
 
+    if job.output_format != "parquet" and job.output_compression is None:
+        return None
+
     def convert(partial: str, path: str) -> None:
-        """Write the Parquet file beside `path` under a fixed name, then rename it into place. The name is
-        fixed, not random, so a conversion killed half-way leaves nothing that the next run does not replace."""
+        """Write the file beside `path` under a fixed name, then rename it into place. The name is fixed, not
+        random, so a conversion killed half-way leaves nothing that the next run does not replace."""
         temp = converting_path(path)
         with NamedStream(os.fdopen(create_private(temp, os.O_WRONLY), "wb"), path) as target:
-            parquet.frames_to_parquet(partial, target, source.schema, job.added, job.field)
+            with compressing(target, job.output_compression) as sink:
+                if job.output_format == "parquet":
+                    parquet.frames_to_parquet(partial, sink, source.schema, job.added, job.field)
+                else:
+                    with open(partial, "rb") as lines:
+                        shutil.copyfileobj(lines, sink, 1 << 20)
             target.flush()
             os.fsync(target.fileno())
         os.chmod(temp, file_mode(path))
@@ -411,13 +428,27 @@ def error_line(record: Record, error: str, job: Job, source) -> bytes:
     return (line + "\n").encode("utf-8", "backslashreplace")
 
 
-def read_chunks(records: Iterable[Record], size: int, first: int | None = None) -> Iterator[list[Record]]:
-    """Chunks of `size` records, the first of `first` (default: size)."""
+def read_chunks(records: Iterable[Record], size: int, first: int | None = None,
+                arrived: Callable[[float], bool] | None = None) -> Iterator[list[Record]]:
+    """Chunks of `size` records, the first of `first` (default: size). With `arrived` (a pipe or terminal's), a
+    chunk also ends when its next line has not come within IDLE seconds: what came is translated while the
+    input is quiet, and a fast pipe still fills whole chunks."""
     iterator = iter(records)
     take = first or size
-    while chunk := list(islice(iterator, take)):
+    while True:
+        chunk: list[Record] = []
+        while len(chunk) < take and (not chunk or arrived is None or arrived(IDLE)):
+            record = next(iterator, None)
+            if record is None:
+                break
+            chunk.append(record)
+        if not chunk:
+            return
         yield chunk
         take = size
+
+
+IDLE = 0.3  # seconds without a new line from a pipe or terminal that end a chunk
 
 
 # seconds: how long the GIL may stay with one thread while another waits for it (NLLB_SWITCH_INTERVAL: measuring)
@@ -490,7 +521,7 @@ class ChunkReader:
 
     def __iter__(self) -> Iterator[tuple[list[Record], Position, object]]:
         if not self.ahead:
-            for chunk in read_chunks(self.source.records, self.size, self.first):
+            for chunk in read_chunks(self.source.records, self.size, self.first, self.source.arrived):
                 self.position = replace(self.source.position)
                 yield chunk, self.position, self.prepare(chunk)
             self.position = replace(self.source.position)
@@ -499,7 +530,7 @@ class ChunkReader:
 
         def work() -> None:
             try:
-                for chunk in read_chunks(self.source.records, self.size, self.first):
+                for chunk in read_chunks(self.source.records, self.size, self.first, self.source.arrived):
                     position = replace(self.source.position)
                     ready.put(("chunk", chunk, position, self.prepare(chunk)))
                     self.turn.acquire()
@@ -702,7 +733,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 row_texts, outcome.gaps = split_text(record.text)
             else:
                 row_texts = [record.text] if record.text.strip() else []
-            texts += [(position, text, src, tgt) for text in row_texts]
+            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
         except NllbError as error:
             outcome.error = str(error)
     many = getattr(tokenizer, "encode_many", None)
@@ -838,6 +869,31 @@ def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: lis
             tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
             sources = [sentences[i].ids for i in todo]
     return outputs
+
+
+PIECE_CHARS = 16  # characters per position a long sentence keeps at first: the longest piece of NLLB's vocabulary
+
+
+def bound_text(tokenizer, text: str, src: str, limit: int) -> str:
+    """The sentence, or a prefix of it that gives the same ids once cut to the model's `limit` positions, so that a
+    huge sentence costs the tokenizer (and memory) what its first positions need, not its length (a 50 MB sentence
+    takes 2.3 GB to tokenize whole). The prefix ends before a space, where the tokenizer's pieces part
+    (words_apart), and is kept only when it gives at least 2 pieces more than the positions take (its last piece
+    may be a lone "▁" its end adds): each piece the cut keeps is then the whole text's. A prefix of 16 characters
+    a position is tried first, then ones 4 times longer, while they give too few pieces (spaces in runs, which
+    the tokenizer folds into one)."""
+    size = limit * PIECE_CHARS
+    if len(text) <= size or not getattr(tokenizer, "words_apart", False):
+        return text
+    while (end := text.find(" ", size)) >= 0:
+        prefix = text[:end]
+        try:
+            if len(tokenizer.encode(prefix, src)) > limit + 1:
+                return prefix
+        except Exception:  # noqa: BLE001 - the whole text goes to the tokenizer, which names what it cannot take
+            return text
+        size = end * 4
+    return text
 
 
 def cut_source(ids: list[int], max_tokens: int) -> list[int]:

@@ -15,6 +15,7 @@ offer encode(text, src_lang), decode(ids), lang_codes and lang_id(code): the eng
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from pathlib import Path
@@ -62,6 +63,13 @@ class BatchEncode:
     def decode_many(self, outputs: list) -> list[str]:
         """decode(ids) of each id list."""
         return [self.decode(ids) for ids in outputs]
+
+    @functools.cached_property
+    def words_apart(self) -> bool:
+        """Whether a space always parts pieces: no piece holds "▁" but as its first character. Then the pieces of
+        the words before a space are the same whatever follows it (BPE merges only within a piece, never across
+        a "▁"), and a text cut before a space gives its first pieces unchanged (pipeline.bound_text)."""
+        return all(SPACE not in self.sp.IdToPiece(i)[1:] for i in range(self.sp.GetPieceSize()))
 
 
 class NllbTokenizer(BatchEncode):

@@ -2,6 +2,7 @@
 
 import json
 import os
+from contextlib import contextmanager
 
 
 def listing(directory) -> list[str]:
@@ -18,3 +19,26 @@ def listing(directory) -> list[str]:
                 pass
         names.append(name)
     return names
+
+
+@contextmanager
+def stopped_after_commits(commits: int):
+    """While the block runs, the pipeline's save_state raises KeyboardInterrupt at its commit number
+    `commits` + 1 (standing for a kill after the next chunk is written, before it is committed); yields the
+    states saved before that."""
+    import nllbcli.pipeline as pipeline
+
+    saved = []
+    save_state = pipeline.save_state
+
+    def stop_after_commits(path, state):
+        if len(saved) == commits:
+            raise KeyboardInterrupt
+        save_state(path, state)
+        saved.append(state)
+
+    pipeline.save_state = stop_after_commits
+    try:
+        yield saved
+    finally:
+        pipeline.save_state = save_state

@@ -347,10 +347,12 @@ def test_malformed_device_is_usage_error(fake):
 
 
 def test_unknown_extension(fake, tmp_path):
-    (tmp_path / "in.csv").write_text("ab\n")
-    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.csv")])
+    (tmp_path / "in.txt").write_text("ab\n")
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.csv")])
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: cannot tell the format of {tmp_path / 'in.csv'} from its extension")
+    assert result.stderr.startswith(f"Error: cannot tell the format of OUTPUT {tmp_path / 'out.csv'} from its extension "
+                                    "(tried: .csv; known: .jsonl, .ndjson, .json, .parquet, .txt, each optionally + .gz "
+                                    "or .zst): name it with --output-format.")
     assert result.stderr.count("\n") == 1
     assert fake.loaded == []
 

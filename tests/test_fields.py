@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from jobfiles import listing
+from jobfiles import listing, stopped_after_commits
 
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 
@@ -251,11 +251,9 @@ def test_a_language_column_with_unreadable_values_fails_those_rows(fake, here):
 
 
 @pytest.mark.parametrize("commits", [1, 3, 5])
-def test_jsonl_to_parquet_resumed_gives_the_same_bytes(fake, here, monkeypatch, commits):
+def test_jsonl_to_parquet_resumed_gives_the_same_bytes(fake, here, commits):
     """A resumed job takes up the columns' types (and which int64 columns hold integers a double cannot) from the
     frames it wrote, so it widens and fails rows as a job run straight through does."""
-    import nllbcli.pipeline as pipeline
-
     rows = ROWS + [{"text": "j", "w": 2 ** 60}, {"text": "k", "w": 1.5}, {"text": "l", "w": 3, "n": 7}]
     (here / "in.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     args = ["--chunk-rows", "2", "--errors", "errors.jsonl", "in.jsonl", "out.parquet"]
@@ -264,17 +262,7 @@ def test_jsonl_to_parquet_resumed_gives_the_same_bytes(fake, here, monkeypatch, 
     assert b"field 'w' is double where it was int64" in straight[1]
     os.unlink("out.parquet")
     os.unlink("errors.jsonl")
-    saved = []
-
-    def stop_after_commits(path, state):
-        if len(saved) == commits:
-            raise KeyboardInterrupt  # stands for a kill after the next chunk is written, before it is committed
-        pipeline_save_state(path, state)
-        saved.append(state)
-
-    pipeline_save_state = pipeline.save_state
-    with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "save_state", stop_after_commits)
+    with stopped_after_commits(commits) as saved:
         assert translate(*args).exit_code == 130
     assert not (here / "out.parquet").exists() and saved[-1].position.rows == 2 * commits
     result = translate(*args, "--resume")

@@ -11,15 +11,16 @@ from nllbcli.io import Record, atomic_file, format_of, open_input, open_output
 
 @pytest.mark.parametrize(
     "path,given,expected",
-    [("a.jsonl", None, "jsonl"), ("A.PARQUET", None, "parquet"), ("a.txt", None, "text"), ("-", None, "text"), ("-", "jsonl", "jsonl"), ("a.csv", "text", "text")],
+    [("a.jsonl", None, "jsonl"), ("A.PARQUET", None, "parquet"), ("a.txt", None, "text"), ("-", None, "text"), ("-", "jsonl", "jsonl"), ("a.csv", "text", "text"),
+     ("a.ndjson", None, "jsonl"), ("a.json", None, "jsonl"), ("a.jsonl.gz", None, "jsonl"), ("a.parquet.zst", None, "parquet"), ("a.TXT.GZ", None, "text")],
 )
 def test_format_of(path, given, expected):
     assert format_of(path, given) == expected
 
 
 def test_format_of_unknown_extension():
-    with pytest.raises(NllbError, match=r"cannot tell the format of a\.json from its extension"):
-        format_of("a.json", None)
+    with pytest.raises(NllbError, match=r"cannot tell the format of OUTPUT a\.csv\.gz from its extension \(tried: \.csv; "):
+        format_of("a.csv.gz", None)
 
 
 def read(path, fmt, field="text", stdin=None, errors=False):

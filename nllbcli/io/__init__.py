@@ -1,4 +1,5 @@
-"""Streaming readers and writers of Records: JSONL, Parquet and text lines, on files or stdin/stdout.
+"""Streaming readers and writers of Records: JSONL, Parquet and text lines, on files or stdin/stdout, plain or
+gzip and zstd compressed (streams.py).
 
 A reader yields one Record per input row, in input order; a writer takes a chunk of Records with their
 translations and writes them in that order. Output files are written beside their destination and renamed
@@ -19,10 +20,14 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 import pyarrow as pa
 
 from ..errors import NllbError
+from .streams import (READ_ERRORS, Lines, Replay, compression_in, compression_of, decompressing, describe_head,
+                      is_terminal, read_error, read_magic, sniff, without_compression)
 
 FORMATS = ("jsonl", "parquet", "text")
-EXTENSIONS = {".jsonl": "jsonl", ".parquet": "parquet", ".txt": "text"}
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text"}
+KNOWN = ", ".join(EXTENSIONS) + ", each optionally + .gz or .zst"  # the extensions, as messages list them
 STDIN_NAME = "<stdin>"  # how stdin is named in error messages
+SIDES = {"input": "INPUT", "output": "OUTPUT"}
 
 
 @dataclass
@@ -60,26 +65,83 @@ class Input:
     schema: pa.Schema | None  # the Arrow schema of the rows, when the format has one
     position: Position  # just after the last row `records` gave
     identity: dict  # what --resume checks to know it is the same input: path, size and modification time
+    # for a pipe or terminal, whether its next line is there or comes within a timeout (seconds); else None
+    arrived: Callable[[float], bool] | None = None
 
 
 Write = Callable[[list[Record], list[str]], None]  # writes a chunk of rows with their translations
 
 
-def format_of(path: str, given: str | None) -> str:
+def extension_format(path: str) -> str | None:
+    """The format the path's extension names (.jsonl.gz is jsonl), else None."""
+    return EXTENSIONS.get(os.path.splitext(without_compression(path))[1].lower())
+
+
+def format_of(path: str, given: str | None, side: str = "output") -> str:
     """The format named by --input-format/--output-format, else the path's extension; `-` is text."""
     if given:
         return given
     if path == "-":
         return "text"
-    extension = os.path.splitext(path)[1].lower()
-    if extension not in EXTENSIONS:
-        known = ", ".join(EXTENSIONS)
-        raise NllbError(f"cannot tell the format of {path} from its extension (known: {known}): name it with --input-format or --output-format.")
-    return EXTENSIONS[extension]
+    found = extension_format(path)
+    if found is None:
+        tried = os.path.splitext(without_compression(path))[1] or "none"
+        raise NllbError(f"cannot tell the format of {SIDES[side]} {path} from its extension (tried: {tried}; known: "
+                        f"{KNOWN}): name it with --{side}-format.")
+    return found
 
 
 def known_extension(path: str) -> bool:
-    return os.path.splitext(path)[1].lower() in EXTENSIONS
+    return extension_format(path) is not None
+
+
+def input_format_of(path: str, given: str | None, stdin: BinaryIO | None = None) -> str:
+    """The input's format: --input-format, else its extension, else found from its first bytes (streams.py);
+    a terminal is text. The bytes a stream gave to be sniffed are kept for open_input."""
+    if given:
+        return given
+    if path != "-" and (found := extension_format(path)) is not None:
+        return found
+    if path == "-" and is_terminal(stdin or sys.stdin.buffer):
+        return "text"
+    name = STDIN_NAME if path == "-" else path
+    if is_regular_file(path):
+        with open(path, "rb") as stream:
+            found, compression, head = sniff(Replay(stream))
+    else:
+        found, compression, head = sniff(replay_of(path, stdin))
+    if found == "binary":
+        inside = f" ({compression}-compressed)" if compression else ""
+        raise NllbError(f"cannot tell the format of INPUT {name}{inside}: it is not Parquet, JSON Lines or text "
+                        f"({describe_head(head)}, and it holds a NUL byte): name it with --input-format.")
+    return found
+
+
+PEEKED: dict[str, tuple[object, Replay]] = {}  # the streams sniffed, by path: their bytes are read once
+
+
+def replay_of(path: str, stdin: BinaryIO | None = None) -> Replay:
+    """The stream at `path` (stdin for `-`) as a Replay: the one its sniffing read from, else opened now."""
+    source = (stdin or sys.stdin.buffer) if path == "-" else None
+    key = path if path == "-" else os.path.abspath(path)
+    held = PEEKED.get(key)
+    if held is not None and held[0] is source:
+        return held[1]
+    try:
+        replay = Replay(source if path == "-" else open(path, "rb", buffering=0))
+    except OSError as error:
+        raise NllbError(f"cannot read {path}: {error.strerror or error}.") from None
+    PEEKED[key] = (source, replay)
+    return replay
+
+
+def input_compression(path: str, name: str, head: bytes) -> str | None:
+    """How the input is compressed, from its first bytes; an extension that says gzip or zstd must agree."""
+    found = compression_in(head)
+    said = compression_of(path) if path != "-" else None
+    if said is not None and found != said:
+        raise NllbError(f"INPUT {name} is named as {said}-compressed, but {describe_head(head)}, which is not {said}.")
+    return found
 
 
 def text_error(fields: dict, field: str, where: str) -> str | None:
@@ -108,8 +170,9 @@ def record_of(index: int, fields: dict, field: str, where: str) -> Record:
 @contextmanager
 def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, count: bool = False,
                start: Position | None = None) -> Iterator[Input]:
-    """Open a file (or stdin for `-`) as an Input; `count` asks for the row total when it is cheap to get;
-    `start` continues after the rows an earlier run read (--resume)."""
+    """Open a file (or stdin for `-`) as an Input, gzip or zstd decompressed (found from its first bytes);
+    `count` asks for the row total when it is cheap to get; `start` continues after the rows an earlier run
+    read (--resume)."""
     from . import jsonl, parquet, text
 
     name = STDIN_NAME if path == "-" else path
@@ -117,36 +180,52 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
     identity = {"path": "-"} if path == "-" else file_identity(path)
     regular = is_regular_file(path)
     with ExitStack() as stack:
+        if regular:
+            raw = stack.enter_context(open(path, "rb"))
+            compression = input_compression(path, name, raw.read(4))
+            raw.seek(0)
+        else:
+            replay = replay_of(path, stdin)
+            PEEKED.pop(path if path == "-" else os.path.abspath(path), None)
+            if path != "-":
+                stack.callback(replay.source.close)
+            terminal = path == "-" and is_terminal(stdin or sys.stdin.buffer)
+            compression = None if terminal else input_compression(path, name, read_magic(replay))
+            raw = replay
+        stream = decompressing(raw, compression)
         if fmt == "parquet":
-            # Parquet needs to seek: stdin, a pipe or a FIFO is spooled to a temporary file, not held in memory
-            if not regular:
-                stream = (stdin or sys.stdin.buffer) if path == "-" else stack.enter_context(open(path, "rb"))
-                source = stack.enter_context(spool(stream, name))
-            else:
-                source = path
+            # Parquet needs to seek: a stream or a compressed file is spooled to a temporary file, not held in memory
+            source = path if regular and compression is None else stack.enter_context(spool(stream, name))
             yield parquet.open_parquet(source, name, field, start, identity)
             return
+        arrived = None
+        if not regular and compression is None:
+            stream = Lines(raw, blank_rows=fmt != "jsonl")
+            arrived = stream.arrived
         total = None  # a stream cannot be counted without consuming it: only a regular file is read twice
-        if path == "-":
-            stream = stdin or sys.stdin.buffer
-        else:
-            if count and regular:
-                total = jsonl.count_rows(path) if fmt == "jsonl" else text.count_lines(path)
-            stream = stack.enter_context(open(path, "rb"))
-        skip_bytes(stream, start.offset)
+        if count and regular:
+            with open(path, "rb") as again, decompressing(again, compression) as counted:
+                try:
+                    total = jsonl.count_rows(counted) if fmt == "jsonl" else text.count_lines(counted)
+                except READ_ERRORS as error:
+                    raise read_error(name, error) from None
+        skip_bytes(stream, start.offset, name, seek=compression is None)
         if fmt == "jsonl":
-            yield Input(name_read_errors(jsonl.read_jsonl(stream, name, field, start), name), total, None, start, identity)
+            records = jsonl.read_jsonl(stream, name, field, start)
+            schema = None
         else:
-            yield Input(name_read_errors(text.read_text(stream, name, field, start), name), total,
-                        pa.schema([(field, pa.string())]), start, identity)
+            records = text.read_text(stream, name, field, start)
+            schema = pa.schema([(field, pa.string())])
+        yield Input(name_read_errors(records, name), total, schema, start, identity, arrived)
 
 
 def name_read_errors(records: Iterator[Record], name: str) -> Iterator[Record]:
-    """The records; a read error (a disk's EIO, a network file system gone) names the input."""
+    """The records; a read error (a disk's EIO, a network file system gone, a damaged gzip or zstd stream) names
+    the input."""
     try:
         yield from records
-    except OSError as error:
-        raise NllbError(f"cannot read {name}: {error.strerror or error}.") from None
+    except READ_ERRORS as error:
+        raise read_error(name, error) from None
 
 
 def is_regular_file(path: str) -> bool:
@@ -169,20 +248,29 @@ def file_identity(path: str) -> dict:
     return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
-def skip_bytes(stream: BinaryIO, count: int) -> None:
-    """Move past the first `count` bytes: a seek on a file, reading them on a pipe."""
+def skip_bytes(stream: BinaryIO, count: int, name: str = STDIN_NAME, seek: bool = True) -> None:
+    """Move past the first `count` bytes: a seek on a file, reading them on a pipe or a decompressed stream
+    (`seek` False)."""
     if not count:
         return
-    try:
-        stream.seek(count)
-        return
-    except (OSError, ValueError, AttributeError):
-        pass
+    if seek:
+        try:
+            stream.seek(count)
+            return
+        except (OSError, ValueError, AttributeError):
+            pass
     while count:
-        block = stream.read(min(count, 1 << 20))
+        block = read_block(stream, name, min(count, 1 << 20))
         if not block:
             raise NllbError(f"the input is shorter than the {count} bytes an earlier run read: it is not the same input.")
         count -= len(block)
+
+
+def read_block(stream: BinaryIO, name: str, size: int = 1 << 20) -> bytes:
+    try:
+        return stream.read(size)
+    except READ_ERRORS as error:
+        raise read_error(name, error) from None
 
 
 @contextmanager
@@ -190,7 +278,7 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
     """Copy a stream into a temporary file ($TMPDIR), for readers that need to seek; removed afterwards."""
     with tempfile.NamedTemporaryFile(prefix="nllb-stdin-", suffix=".parquet") as temp:
         try:
-            while block := stream.read(1 << 20):
+            while block := read_block(stream, name):
                 temp.write(block)
             temp.flush()
         except OSError as error:

@@ -20,6 +20,7 @@ from . import Position, Record, raw_text, record_of
 
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
 SHOWN_DIGITS = 20  # how much of a long number a message shows
+LINE_END = b"\r\n"
 
 
 class RawNumber:
@@ -119,17 +120,20 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
         position.lines += 1
         position.offset += len(raw)
         where = f"{name}:{position.lines}"
+        end = len(raw)
+        while end and raw[end - 1] in LINE_END:
+            end -= 1
         try:
-            line = raw.decode("utf-8")
+            line = str(memoryview(raw)[:end], "utf-8")  # without the line's end, and without copying a long line
         except UnicodeDecodeError as error:
             yield bad_row(position, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where, raw_text(raw))
             continue
         if position.lines == 1:
             line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the JSON
-        if not line.strip(JSON_SPACE):
+        if not line.lstrip(JSON_SPACE):
             continue  # blank lines (a trailing one, say) hold no row
         try:
-            fields = parse_json(line.rstrip("\r\n"))
+            fields = parse_json(line)
         except json.JSONDecodeError as error:
             yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where, line)
             continue
@@ -156,11 +160,10 @@ def bad_row(position: Position, error: str, where: str, line: str) -> Record:
 
 
 
-def count_rows(path: str) -> int:
-    """Non-blank lines in a file: the rows read_jsonl will yield."""
+def count_rows(stream: BinaryIO) -> int:
+    """Non-blank lines in a file's bytes: the rows read_jsonl will yield."""
     blank = JSON_SPACE.encode()
-    with open(path, "rb") as stream:
-        return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
+    return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
 
 
 def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:
