@@ -611,7 +611,8 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
 def engine_only(config: dict) -> None:
     """Child process of C: the Translator's generate alone on the CLI's sentences, pre-tokenized."""
     from nllbcli.options import BatchOptions, DecodeOptions
-    from nllbcli.pipeline import cut_source, plan_batches
+    from nllbcli.batching import plan_batches
+    from nllbcli.rows import cut_source
     from nllbcli.split import split_text
     from nllbcli.translator import load_translator
 
@@ -631,9 +632,9 @@ def engine_only(config: dict) -> None:
         lines = [line.rstrip("\n") for line in f]
     # as the pipeline: chunks of rows (the first smaller, where the pipeline makes it so), each row's sentences,
     # batches planned longest first within a chunk
-    import nllbcli.pipeline as pipeline
+    from nllbcli.overlap import first_chunk_rows
 
-    first_rows = getattr(pipeline, "first_chunk_rows", lambda translator, batching: None)(translator, batching)
+    first_rows = first_chunk_rows(translator, batching)
     starts = [0] + list(range(first_rows or batching.read_chunk_rows, len(lines), batching.read_chunk_rows))
     batches: list[list[list[int]]] = []
     every: list[list[int]] = []

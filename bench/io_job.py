@@ -24,7 +24,8 @@ from tests.conftest import FakeTranslator  # the tests' stand-in model (run from
 
 from nllbcli.io import open_input, open_sink
 from nllbcli.options import BatchOptions
-from nllbcli.pipeline import Job, translate_file
+from nllbcli.options import Job
+from nllbcli.pipeline import translate_file
 
 WORDS = "the red car is in garden on monday it was there tuesday too number of my uncle went to rome friday".split()
 

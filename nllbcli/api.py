@@ -25,7 +25,11 @@ from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
 from .options import BatchOptions, DecodeOptions
-from .pipeline import Job, check_added_columns, check_fields, read_chunks, status_of, translate_records
+from .batching import translate_records
+from .options import Job
+from .overlap import read_chunks
+from .pipeline import check_added_columns, check_fields
+from .rows import status_of
 from .progress import Reporter
 from .translator import Translator, load_translator
 

@@ -157,7 +157,7 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
     """
     from dataclasses import replace
 
-    from .pipeline import Job
+    from .options import Job
 
     if on_error is None:
         on_error = "record" if errors_file else "fail"

@@ -16,7 +16,8 @@ from rich.table import Table
 from .errors import NllbError
 from .io import format_of
 from .options import DecodeOptions
-from .pipeline import Job, translate_file
+from .options import Job
+from .pipeline import translate_file
 from .translator import load_translator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,6 @@ the CUDA engine sizes it at start from the memory left free (POOL_FRACTION of it
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from .checkpoint import TIED, ModelConfig, resolve_model_dir, select_weights, stored_tensors, weight_files
 from .errors import NllbError

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .io import Added
 
 
 @dataclass(frozen=True)
@@ -64,3 +68,36 @@ def cpu_threads() -> int:
     long as with half as many (README, Options)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // 2)
+
+
+ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to translate, from where to where."""
+
+    src: str | None  # FLORES-200 code of the input text, e.g. eng_Latn (None: every row names its own)
+    tgt: str | None  # FLORES-200 code of the translation
+    input: str = "-"  # a path, or - for stdin
+    output: str = "-"  # a path, or - for stdout
+    input_format: str = "text"  # jsonl, parquet or text
+    output_format: str = "text"
+    field: str = "text"  # the JSONL field or Parquet column to translate
+    output_field: str = "translation"  # the field or column the translation goes to
+    src_field: str = "src_lang"  # a row's own source language, where it has this field
+    tgt_field: str = "tgt_lang"  # a row's own target language, where it has this field
+    split: bool = True  # translate sentence by sentence
+    on_error: str = "fail"  # fail, skip or record: what a bad row does
+    errors: str | None = None  # the JSONL file bad rows go to under record
+    force: bool = False  # replace an OUTPUT file nllb did not write
+    status_field: str | None = None  # the JSONL field or Parquet column that gets each row's status (status_of)
+    overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
+    output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
+
+    @property
+    def added(self) -> Added:
+        """The fields (columns) the job adds to each row: the translation, and the status where asked for."""
+        from .io import Added
+
+        return Added(self.output_field, self.status_field)

@@ -436,7 +436,7 @@ def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
 @pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
 def test_tiny_model_cuts_long_sources(tiny):
     from nllbcli.options import DecodeOptions
-    from nllbcli.pipeline import cut_source
+    from nllbcli.rows import cut_source
 
     text = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)
     ids = tiny.tokenizer.encode(text, "eng_Latn")

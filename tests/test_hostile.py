@@ -135,7 +135,8 @@ def test_the_real_tokenizer_takes_hostile_text():
 
     from nllbcli.io import Record
     from nllbcli.options import DecodeOptions
-    from nllbcli.pipeline import Job, translate_records
+    from nllbcli.batching import translate_records
+    from nllbcli.options import Job
     from nllbcli.translator import load_translator
 
     tiny = load_translator(str(Path(__file__).parent / "models" / "tiny-a"), "cpu")

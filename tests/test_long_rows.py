@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nllbcli.io import Record, open_input
-from nllbcli.pipeline import Job, bound_text, cut_source, prepare_records
+from nllbcli.io import Record
+from nllbcli.options import Job
+from nllbcli.rows import bound_text, cut_source, prepare_records
 from nllbcli.translator import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

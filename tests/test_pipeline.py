@@ -9,7 +9,10 @@ from rich.console import Console
 from nllbcli.errors import NllbError
 from nllbcli.io import Record
 from nllbcli.options import GPU_BATCHING, BatchOptions, DecodeOptions
-from nllbcli.pipeline import Job, cut_source, plan_batches, read_chunks, translate_records
+from nllbcli.batching import plan_batches, translate_records
+from nllbcli.options import Job
+from nllbcli.overlap import read_chunks
+from nllbcli.rows import cut_source
 from nllbcli.progress import Counters, Reporter
 
 JOB = Job("eng_Latn", "fra_Latn")
@@ -263,7 +266,7 @@ def reader_of(rows: int, log: list[int], fail_at: int | None = None):
 
 
 def test_chunk_reader_gives_chunks_in_order_with_their_positions():
-    from nllbcli.pipeline import ChunkReader
+    from nllbcli.overlap import ChunkReader
 
     for ahead in (True, False):
         source, prepare = reader_of(10, [])
@@ -277,7 +280,7 @@ def test_chunk_reader_gives_chunks_in_order_with_their_positions():
 def test_chunk_reader_reads_one_chunk_ahead_at_most():
     import time
 
-    from nllbcli.pipeline import ChunkReader
+    from nllbcli.overlap import ChunkReader
 
     log: list[int] = []
     source, prepare = reader_of(100, log)
@@ -296,7 +299,7 @@ def test_chunk_reader_reads_one_chunk_ahead_at_most():
 def test_chunk_reader_shortens_the_switch_interval_while_its_thread_runs():
     import sys
 
-    from nllbcli.pipeline import SWITCH_INTERVAL, ChunkReader
+    from nllbcli.overlap import SWITCH_INTERVAL, ChunkReader
 
     before = sys.getswitchinterval()
     for ahead, inside in ((True, SWITCH_INTERVAL), (False, before)):
@@ -308,7 +311,7 @@ def test_chunk_reader_shortens_the_switch_interval_while_its_thread_runs():
 
 
 def test_chunk_reader_raises_an_error_in_its_chunks_turn():
-    from nllbcli.pipeline import ChunkReader
+    from nllbcli.overlap import ChunkReader
 
     source, prepare = reader_of(30, [], fail_at=25)
     taken = []
@@ -321,7 +324,7 @@ def test_chunk_reader_raises_an_error_in_its_chunks_turn():
 def test_finisher_runs_tasks_in_order_and_stops_at_the_first_error():
     """Commits run in order behind the main thread; after a failed task none runs (a later chunk is never
     written after an earlier one failed), and the main thread gets the error once, at its next call."""
-    from nllbcli.pipeline import Finisher
+    from nllbcli.overlap import Finisher
 
     ran = []
 
@@ -342,7 +345,7 @@ def test_finisher_runs_what_was_submitted_when_the_main_thread_fails():
     was submitted before it: the chunks already translated are committed."""
     import threading
 
-    from nllbcli.pipeline import Finisher
+    from nllbcli.overlap import Finisher
 
     ran, gate = [], threading.Event()
     with pytest.raises(NllbError, match="bad row"), Finisher() as finisher:
@@ -386,14 +389,14 @@ def test_a_job_restores_the_cyclic_collector(tmp_path):
     its walks; after the job (done or failed) Python's settings are back."""
     import gc
 
-    from nllbcli import pipeline
+    from nllbcli import overlap
 
     before = gc.get_threshold()
-    with pipeline.fewer_collections():
-        assert gc.get_threshold() == pipeline.GC_THRESHOLD
+    with overlap.fewer_collections():
+        assert gc.get_threshold() == overlap.GC_THRESHOLD
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError):
-        with pipeline.fewer_collections():
+        with overlap.fewer_collections():
             raise RuntimeError("a job that fails")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0

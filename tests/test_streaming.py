@@ -20,7 +20,7 @@ import pytest
 
 from nllbcli.io import Position
 from nllbcli.io.streams import Lines, Replay
-from nllbcli.pipeline import read_chunks
+from nllbcli.overlap import read_chunks
 
 HERE = Path(__file__).parent
 SCRIPT = """

@@ -10,7 +10,8 @@ import pytest
 
 from nllbcli.io import Record
 from nllbcli.options import DecodeOptions
-from nllbcli.pipeline import Job, translate_records
+from nllbcli.batching import translate_records
+from nllbcli.options import Job
 from nllbcli.translator import SentenceError, load_translator
 
 TINY = str(Path(__file__).parent / "models" / "tiny-a")

@@ -24,6 +24,8 @@ from typing import BinaryIO, Iterator
 
 import zstandard
 
+from ..errors import NllbError
+
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 MAGIC = ((b"PAR1", "parquet"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"))
 SNIFF_BYTES = 1 << 16  # at most this much of an input is read to find its format
@@ -292,8 +294,6 @@ def sniff(replay: Replay) -> tuple[str, str | None, bytes]:
 
 def read_error(name: str, error: BaseException) -> NllbError:
     """A read error as the message that names the input."""
-    from ..errors import NllbError
-
     reason = getattr(error, "strerror", None) or str(error).rstrip(".") or type(error).__name__
     return NllbError(f"cannot read {name}: {reason}.")
 

@@ -28,7 +28,7 @@ from nllbcli.engine import kernels  # noqa: E402
 from nllbcli.engine.cuda import CudaEngine  # noqa: E402
 from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.pipeline import cut_source  # noqa: E402
+from nllbcli.rows import cut_source  # noqa: E402
 from nllbcli.search import generate  # noqa: E402
 from nllbcli.shapes import PRESETS, random_weights  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402

@@ -1,0 +1,144 @@
+"""Batch planning and decoding: a chunk's sentences grouped by target language and sorted by length, so that a
+batch pads little, cut at max_batch_tokens (rows x longest row), each batch through translator.generate, and the
+ids decoded back into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this
+changes the output. A sentence the translator cannot take even alone fails its row; the rest go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .errors import NllbError
+from .io import Record
+from .options import DecodeOptions, Job
+from .rows import Outcome, Sentence, join_outcomes, prepare_records
+
+if TYPE_CHECKING:
+    from .overlap import Finisher
+    from .translator import Translator
+
+Advance = Callable[[int, int], None]  # (rows done, tokens generated) since the last call
+
+
+def translate_records(
+    translator: Translator,
+    records: list[Record],
+    job: Job,
+    decode: DecodeOptions,
+    max_batch_tokens: int,
+    advance: Advance = lambda rows, tokens: None,
+) -> list[Outcome]:
+    """What became of each row of a chunk, in the rows' order. Empty texts stay empty, without the model.
+
+    With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
+    outcomes, sentences = prepare_records(translator, records, job)
+    return translate_prepared(translator, records, outcomes, sentences, job, decode, max_batch_tokens, advance)
+
+
+def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
+                       sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
+                       advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
+                       batches: list[Batch] | None = None) -> list[Outcome]:
+    """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
+    unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
+    each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
+    complete once the finisher has run them)."""
+    tokenizer = translator.tokenizer
+    pending = [0] * len(records)
+    for sentence in sentences:
+        pending[sentence.row] += 1
+    done_rows = [p == 0 for p in pending]
+    advance(sum(done_rows), 0)
+
+    texts: dict[int, str] = {}
+    decode_many = getattr(tokenizer, "decode_many", None) or (lambda outputs: [tokenizer.decode(i) for i in outputs])
+    longest = decode.max_length - 1
+
+    def finish_batch(batch: list[int], outputs: list) -> None:  # decoded, and the rows it finished counted
+        done = [(n, ids) for n, ids in zip(batch, outputs) if ids is not None]
+        texts.update(zip([n for n, _ in done], decode_many([ids for _, ids in done])))
+        finished = tokens = 0
+        for n, ids in zip(batch, outputs):
+            row = sentences[n].row
+            if ids is not None:
+                tokens += len(ids)
+                if len(ids) >= longest:
+                    outcomes[row].max_length = True
+            pending[row] -= 1
+            finished += pending[row] == 0
+        advance(finished, tokens)
+
+    run = finisher.submit if finisher is not None else lambda task: task()
+    for batch in plan_chunk(sentences, max_batch_tokens) if batches is None else batches:
+        outputs = generate_batch(translator, batch, decode, records, outcomes, job)
+        run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
+    run(lambda: join_outcomes(outcomes, sentences, texts))
+    return outcomes
+
+
+@dataclass
+class Batch:
+    """A batch of a chunk's sentences, made ready for the translator on the reader's thread."""
+
+    positions: list[int]  # the sentences' numbers in the chunk
+    sentences: list[Sentence]
+    sources: list[list[int]]  # their ids
+    tgt: str | list[str]  # one target language for all where it is one (a batch may mix them: the search
+
+
+def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
+    """plan_batches over a chunk's sentences, each batch with what translator.generate takes."""
+    batches = []
+    for positions in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+        batch = [sentences[n] for n in positions]
+        targets = [s.tgt for s in batch]
+        batches.append(Batch(positions, batch, [s.ids for s in batch],
+                             targets[0] if len(set(targets)) == 1 else targets))
+    return batches
+
+
+def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: list[Record],
+                   outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
+    """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
+    rest of the batch goes on."""
+    from .translator import SentenceError
+
+    sentences = batch.sentences
+    outputs: list[list[int] | None] = [None] * len(sentences)
+    todo = list(range(len(sentences)))
+    sources, tgt = batch.sources, batch.tgt  # the whole batch, as the reader made it ready
+    while todo:
+        try:
+            for i, ids in zip(todo, translator.generate(sources, tgt, decode)):
+                outputs[i] = ids
+            return outputs
+        except SentenceError as error:
+            bad = todo[error.position]
+            row = sentences[bad].row
+            message = f"{records[row].where}: {error}"
+            if job.on_error == "fail":
+                raise NllbError(message) from None
+            outcomes[row].error = message
+            todo = [i for i in todo if sentences[i].row != row]  # the row's other sentences are of no use now
+            targets = [sentences[i].tgt for i in todo]
+            tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
+            sources = [sentences[i].ids for i in todo]
+    return outputs
+
+
+def plan_batches(lengths: dict[int, int], max_batch_tokens: int) -> list[list[int]]:
+    """Group positions longest first, each batch within rows x longest row <= max_batch_tokens.
+
+    A row longer than the budget goes alone. Longest first, so a batch too large for memory fails early.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    for position in sorted(lengths, key=lengths.__getitem__, reverse=True):
+        if batch and (len(batch) + 1) * lengths[batch[0]] > max_batch_tokens:
+            batches.append(batch)
+            batch = []
+        batch.append(position)
+    if batch:
+        batches.append(batch)
+    return batches

@@ -1,0 +1,185 @@
+"""Row preparation: each row's languages (its own fields, else --src and --tgt), its text checked, split into
+sentences (unless --no-split) and tokenized, a sentence longer than the model's positions cut to fit (flagged);
+and, once translated, the sentences joined back into the row's translation. A row that cannot be translated
+gets its reason in its Outcome and fails alone.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .errors import NllbError
+from .io import Record
+from .langs import resolve_lang
+from .options import Job
+from .split import join_sentences, split_text
+
+if TYPE_CHECKING:
+    from .translator import Translator
+
+SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, alone: a JSON "\\ud800" escape, not a character
+PIECE_CHARS = 16  # characters per position a long sentence keeps at first: the longest piece of NLLB's vocabulary
+
+
+@dataclass
+class Sentence:
+    """One sentence of a row, on its way through the model."""
+
+    row: int  # position of its row in the chunk
+    ids: list[int]  # source ids, cut to the model's positions
+    tgt: str  # target language
+
+
+@dataclass
+class Outcome:
+    """What became of one row."""
+
+    translation: str | None = None  # None when the row failed
+    error: str | None = None
+    cut: bool = False  # a sentence was longer than the model's positions
+    max_length: bool = False  # a sentence's translation stopped at --max-length
+    parts: list = field(default_factory=list)  # the sentences' translations, in order
+    gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
+    tgt: str = ""
+
+
+def status_of(outcome: Outcome) -> str:
+    """A written row's status (--status-field): ok, or what flagged it: cut (a sentence was longer than the
+    model's positions and was cut to fit), max_length (a translation stopped at --max-length), or both, as
+    cut,max_length."""
+    flags = [name for name, flagged in (("cut", outcome.cut), ("max_length", outcome.max_length)) if flagged]
+    return ",".join(flags) or "ok"
+
+
+def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
+    """The row's source and target language: its own fields where it has them, else --src and --tgt."""
+    languages = []
+    for name, default, option in ((job.src_field, job.src, "--src"), (job.tgt_field, job.tgt, "--tgt")):
+        value = record.fields.get(name) if name else None
+        if value is None:
+            if default is None:
+                raise NllbError(f"{record.where}: no {name!r} field and no {option} to fall back on.")
+            languages.append(default)
+        elif not isinstance(value, str):
+            raise NllbError(f"{record.where}: field {name!r} is {type(value).__name__}, not a language code.")
+        else:
+            try:
+                languages.append(resolve_lang(value, known))
+            except NllbError as error:
+                raise NllbError(f"{record.where}: field {name!r}: {error}") from None
+    return languages[0], languages[1]
+
+
+def check_added_fields(record: Record, job: Job) -> None:
+    """Refuse a row that has a field of the name the translation (or the status) would be written to: it would
+    be lost."""
+    for option, name in (("--output-field", job.output_field), ("--status-field", job.status_field)):
+        if name is not None and name in record.fields:
+            raise NllbError(f"{record.where}: the row has a field {name!r} already, which {option} would replace: "
+                            f"name another with {option}, or pass --overwrite-field to replace it.")
+
+
+def check_text(record: Record, field: str) -> None:
+    """Refuse text that is not Unicode characters throughout, naming the first offender."""
+    if (bad := SURROGATE.search(record.text)) is not None:
+        raise NllbError(f"{record.where}: field {field!r} holds a lone surrogate (\\u{ord(bad.group()):04x} at character "
+                        f"{bad.start() + 1}), half of a UTF-16 pair, which is not text.")
+
+
+def prepare_records(translator: Translator, records: list[Record], job: Job) -> tuple[list[Outcome], list[Sentence]]:
+    """A chunk's rows split into sentences and tokenized (no model, no progress: it may run on the reader's
+    thread). With --on-error fail the first bad row raises NllbError. The chunk's texts go to the tokenizer
+    together (encode_many) where it has that: sentencepiece then tokenizes on its own threads, without the GIL."""
+    tokenizer = translator.tokenizer
+    limit = translator.config.max_position_embeddings
+    known = tuple(tokenizer.lang_codes)
+    outcomes = [Outcome() for _ in records]
+    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
+    for position, (record, outcome) in enumerate(zip(records, outcomes)):
+        try:
+            if record.error:
+                raise NllbError(record.error)
+            if record.batch is None and not job.overwrite_field and job.output_format != "text":
+                check_added_fields(record, job)
+            src, tgt = row_languages(record, job, known)
+            outcome.tgt = tgt
+            check_text(record, job.field)
+            if job.split:
+                row_texts, outcome.gaps = split_text(record.text)
+            else:
+                row_texts = [record.text] if record.text.strip() else []
+            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
+        except NllbError as error:
+            outcome.error = str(error)
+    many = getattr(tokenizer, "encode_many", None)
+    if many is not None:
+        encoded = many([text for _, text, _, _ in texts], [src for _, _, src, _ in texts])
+    else:
+        encoded = []
+        for _, text, src, _ in texts:
+            try:
+                encoded.append(tokenizer.encode(text, src))
+            except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
+                encoded.append(error)
+    sentences: list[Sentence] = []
+    for (position, _, _, tgt), ids in zip(texts, encoded):
+        outcome = outcomes[position]
+        if outcome.error is not None:
+            continue
+        if isinstance(ids, Exception):
+            reason = next(iter(str(ids).strip().splitlines()), type(ids).__name__)  # its first line: pybind11's go on for many
+            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
+            continue
+        outcome.cut |= len(ids) > limit
+        sentences.append(Sentence(position, cut_source(ids, limit), tgt))
+    if job.on_error == "fail":
+        first = next((o.error for o in outcomes if o.error is not None), None)
+        if first is not None:
+            raise NllbError(first)
+    for outcome in outcomes:
+        outcome.parts = []
+    return outcomes, [s for s in sentences if outcomes[s.row].error is None]
+
+
+def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, str]) -> None:
+    """Each row's translation from its sentences' texts (texts[n]: sentence n's; absent where it failed)."""
+    for number, sentence in enumerate(sentences):
+        outcomes[sentence.row].parts.append(texts.get(number))
+    for outcome in outcomes:
+        if outcome.error is not None:
+            continue
+        if outcome.gaps is None:
+            outcome.translation = outcome.parts[0] if outcome.parts else ""
+        else:
+            outcome.translation = join_sentences(outcome.parts, outcome.gaps, outcome.tgt)
+
+
+def bound_text(tokenizer, text: str, src: str, limit: int) -> str:
+    """The sentence, or a prefix of it that gives the same ids once cut to the model's `limit` positions, so that a
+    huge sentence costs the tokenizer (and memory) what its first positions need, not its length (a 50 MB sentence
+    takes 2.3 GB to tokenize whole). The prefix ends before a space, where the tokenizer's pieces part
+    (words_apart), and is kept only when it gives at least 2 pieces more than the positions take (its last piece
+    may be a lone "▁" its end adds): each piece the cut keeps is then the whole text's. A prefix of 16 characters
+    a position is tried first, then ones 4 times longer, while they give too few pieces (spaces in runs, which
+    the tokenizer folds into one)."""
+    size = limit * PIECE_CHARS
+    if len(text) <= size or not getattr(tokenizer, "words_apart", False):
+        return text
+    while (end := text.find(" ", size)) >= 0:
+        prefix = text[:end]
+        try:
+            if len(tokenizer.encode(prefix, src)) > limit + 1:
+                return prefix
+        except Exception:  # noqa: BLE001 - the whole text goes to the tokenizer, which names what it cannot take
+            return text
+        size = end * 4
+    return text
+
+
+def cut_source(ids: list[int], max_tokens: int) -> list[int]:
+    """Keep a source within the model's positions: its first max-1 tokens (the language token first), then </s>."""
+    if len(ids) <= max_tokens:
+        return ids
+    return ids[: max_tokens - 1] + ids[-1:]
