@@ -57,29 +57,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-# nllbcli/io/__init__.py imports its format modules inside functions while they import its Record and Position:
-# a cycle inside the io package, whose modules another change (issue 24's) rewrites. Its edges inside the
-# package are left out until then; test_the_io_exemption_is_still_needed fails the day they can go.
-EXEMPT_PACKAGE = "nllbcli.io"
-
-
-def package_graph(exempt: str | None = EXEMPT_PACKAGE) -> dict[str, set[str]]:
+def package_graph() -> dict[str, set[str]]:
     modules = module_names()
-    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
-    inside = lambda m: exempt is not None and (m == exempt or m.startswith(exempt + "."))  # noqa: E731
-    return {name: {m for m in found if not (inside(name) and inside(m))} for name, found in graph.items()}
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
 
 
 def test_no_import_cycle_among_the_packages_modules():
     graph = package_graph()
     assert "nllbcli.engine.numerics" in graph["nllbcli.search"]  # the walk sees the imports it must
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
-
-
-def test_the_io_exemption_is_still_needed():
-    cycle = find_cycle(package_graph(exempt=None))
-    assert cycle is not None and all(m.startswith(EXEMPT_PACKAGE) for m in cycle), \
-        "nllbcli.io has no cycle of its own now: remove EXEMPT_PACKAGE"
 
 
 def test_a_deferred_import_cycle_is_found(tmp_path):

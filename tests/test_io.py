@@ -1,12 +1,13 @@
 import io
 import os
+from contextlib import contextmanager
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from nllbcli.errors import NllbError
-from nllbcli.io import Record, atomic_file, format_of, open_input, open_output
+from nllbcli.io import Record, format_of, open_input, open_sink
 
 
 @pytest.mark.parametrize(
@@ -141,10 +142,27 @@ def records_of(*texts, **fields):
     return [Record(i, t, {"text": t, **fields}) for i, t in enumerate(texts)]
 
 
+@contextmanager
+def open_writer(stream, fmt, schema=None):
+    """A writer of `fmt` on `stream` whose rows that cannot be written raise NllbError, as --on-error fail."""
+    sink = open_sink(stream, fmt, "translation", schema, "text")
+
+    def write(records, translations):
+        for _, error in sink.write(records, translations):
+            raise NllbError(error)
+
+    try:
+        yield write
+    except BaseException:
+        sink.abort()
+        raise
+    sink.close()
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text"])
 def test_writers_to_a_stream(fmt):
     stream = io.BytesIO()
-    with open_output("-", fmt, "translation", None, "text", stdout=stream) as write:
+    with open_writer(stream, fmt) as write:
         write(records_of("a", "b", n=1), ["A", "B"])
         write(records_of("c", n=2), ["C"])
     if fmt == "text":
@@ -160,7 +178,7 @@ def test_writers_to_a_stream(fmt):
 def test_parquet_writer_replaces_an_existing_translation_column():
     stream = io.BytesIO()
     schema = pa.schema([("translation", pa.int64()), ("text", pa.string())])
-    with open_output("-", "parquet", "translation", schema, "text", stdout=stream) as write:
+    with open_writer(stream, "parquet", schema) as write:
         write([Record(0, "a", {"translation": 5, "text": "a"})], ["A"])
     assert pq.read_table(io.BytesIO(stream.getvalue())).to_pylist() == [{"translation": "A", "text": "a"}]
 
@@ -168,7 +186,7 @@ def test_parquet_writer_replaces_an_existing_translation_column():
 def test_parquet_writer_rejects_rows_that_do_not_fit():
     stream = io.BytesIO()
     with pytest.raises(NllbError, match=r"^in:2: does not fit the Parquet schema of the rows before it: field 'n' is string where it was int64\.$"):
-        with open_output("-", "parquet", "translation", None, "text", stdout=stream) as write:
+        with open_writer(stream, "parquet") as write:
             write(records_of("a", n=1), ["A"])
             write([Record(1, "b", {"text": "b", "n": "two"}, where="in:2")], ["B"])
 
@@ -211,31 +229,22 @@ def test_json_output_of_parquet_values():
 
     stream = io.BytesIO()
     fields = {"text": "a", "day": datetime.date(2024, 5, 1), "price": decimal.Decimal("1.50"), "raw": b"\x00\x01"}
-    with open_output("-", "jsonl", "translation", None, "text", stdout=stream) as write:
+    with open_writer(stream, "jsonl") as write:
         write([Record(0, "a", fields)], ["A"])
     assert stream.getvalue() == b'{"text": "a", "day": "2024-05-01", "price": "1.50", "raw": "AAE=", "translation": "A"}\n'
 
 
-def test_atomic_file_renames_at_the_end(tmp_path):
-    target = tmp_path / "out.txt"
-    with atomic_file(str(target)) as stream:
-        stream.write(b"hello")
-        assert not target.exists()
-        assert os.listdir(tmp_path)[0].startswith(".out.txt.")
-    assert target.read_bytes() == b"hello"
-    assert os.listdir(tmp_path) == ["out.txt"]
+def test_a_replaced_output_keeps_its_mode(fake, tmp_path):
+    """The output is written beside the destination (private, 0600) and renamed onto it with the mode of the
+    file it replaces."""
+    from click.testing import CliRunner
 
+    from nllbcli.cli import cli
 
-def test_atomic_file_removes_the_temporary_file_on_failure(tmp_path):
-    target = tmp_path / "out.txt"
-    target.write_bytes(b"old")
-    os.chmod(target, 0o600)
-    with pytest.raises(RuntimeError):
-        with atomic_file(str(target)) as stream:
-            stream.write(b"new")
-            raise RuntimeError("boom")
-    assert os.listdir(tmp_path) == ["out.txt"]
-    assert target.read_bytes() == b"old"
-    with atomic_file(str(target)) as stream:
-        stream.write(b"new")
-    assert os.stat(target).st_mode & 0o777 == 0o600  # a replaced file keeps its mode
+    (tmp_path / "in.txt").write_text("ab\n")
+    command = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn", str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]
+    assert CliRunner().invoke(cli, command).exit_code == 0
+    os.chmod(tmp_path / "out.txt", 0o640)
+    assert CliRunner().invoke(cli, command).exit_code == 0
+    assert os.stat(tmp_path / "out.txt").st_mode & 0o777 == 0o640
+    assert sorted(os.listdir(tmp_path)) == [".out.txt.nllb-state.json", "in.txt", "out.txt"]

@@ -14,62 +14,19 @@ import stat
 import sys
 import tempfile
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterator, Mapping
+from typing import BinaryIO, Iterator
 
 import pyarrow as pa
 
 from ..errors import NllbError
+from .records import STDIN_NAME, Added, Input, Position, Record  # noqa: F401 - also io's names for its users
 from .streams import (READ_ERRORS, Lines, Replay, compression_in, compression_of, decompressing, describe_head,
                       is_terminal, read_error, read_magic, sniff, without_compression)
 
 FORMATS = ("jsonl", "parquet", "text")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text"}
 KNOWN = ", ".join(EXTENSIONS) + ", each optionally + .gz or .zst"  # the extensions, as messages list them
-STDIN_NAME = "<stdin>"  # how stdin is named in error messages
 SIDES = {"input": "INPUT", "output": "OUTPUT"}
-
-
-@dataclass
-class Record:
-    """One input row. A row that cannot be read (malformed JSON, a missing or non-string field) is still a
-    Record, with `error` set, so it keeps its place and its number."""
-
-    index: int  # position in the input, from 0
-    text: str  # the text to translate ("" for a bad row)
-    fields: Mapping  # the row's fields by name, the text field included, in input order: a JSONL or text row's
-    #                  own dict; a Parquet row's columns as Python values, converted from `batch` when asked for
-    error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
-    where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
-    # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
-    batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
-    row: int = 0
-    raw: str | None = None  # a line that could not be read as a row (not JSON, not UTF-8), as text, for --errors
-
-
-@dataclass
-class Position:
-    """How far a reader has got: enough to continue after the last row it gave (for --resume)."""
-
-    rows: int = 0  # rows read, bad ones included
-    lines: int = 0  # lines read, blank ones included (text and JSONL)
-    offset: int = 0  # bytes read (text and JSONL)
-
-
-@dataclass
-class Input:
-    """An opened input: its rows, and what is known about them before they are read."""
-
-    records: Iterator[Record]
-    total: int | None  # rows in the input when they can be counted cheaply, else None
-    schema: pa.Schema | None  # the Arrow schema of the rows, when the format has one
-    position: Position  # just after the last row `records` gave
-    identity: dict  # what --resume checks to know it is the same input: path, size and modification time
-    # for a pipe or terminal, whether its next line is there or comes within a timeout (seconds); else None
-    arrived: Callable[[float], bool] | None = None
-
-
-Write = Callable[[list[Record], list[str]], None]  # writes a chunk of rows with their translations
 
 
 def extension_format(path: str) -> str | None:
@@ -142,29 +99,6 @@ def input_compression(path: str, name: str, head: bytes) -> str | None:
     if said is not None and found != said:
         raise NllbError(f"INPUT {name} is named as {said}-compressed, but {describe_head(head)}, which is not {said}.")
     return found
-
-
-def text_error(fields: dict, field: str, where: str) -> str | None:
-    """Why the row has no text to translate, naming the row and the field; None when it has one."""
-    if field not in fields:
-        present = ", ".join(map(str, fields)) or "none"
-        return f"{where}: no field {field!r} to translate (fields: {present}); name the text field with --field."
-    value = fields[field]
-    if not isinstance(value, str):
-        kind = "null" if value is None else type(value).__name__
-        return f"{where}: field {field!r} is {kind}, not a string."
-    return None
-
-
-def raw_text(raw: bytes) -> str:
-    """A line that is not UTF-8 as text (for the errors file): the bytes that are not as \\xNN escapes, its line
-    break left out."""
-    return raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
-
-
-def record_of(index: int, fields: dict, field: str, where: str) -> Record:
-    error = text_error(fields, field, where)
-    return Record(index, "" if error else fields[field], fields, error, where)
 
 
 @contextmanager
@@ -287,27 +221,6 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
         yield temp.name
 
 
-@contextmanager
-def open_output(path: str, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
-                stdout: BinaryIO | None = None, status_field: str | None = None) -> Iterator[Write]:
-    """A writer for a whole file (renamed into place when the block ends without error) or stdout for `-`.
-    Rows that cannot be written raise NllbError. (The pipeline writes files through `resume.PartialOutput`.)"""
-    with ExitStack() as stack:
-        stream = (stdout or sys.stdout.buffer) if path == "-" else stack.enter_context(atomic_file(path))
-        sink = open_sink(stream, fmt, output_field, schema, field, status_field)
-        try:
-            def write(records: list[Record], translations: list[str], statuses: list[str] | None = None) -> None:
-                for record, error in sink.write(records, translations, statuses):
-                    raise NllbError(error)
-
-            yield write
-        except BaseException:
-            sink.abort()
-            raise
-        sink.close()
-        stream.flush()
-
-
 class LineSink:
     """Text or JSONL lines into a binary stream. A failed row (translation None) is left out of JSONL and is an
     empty line in text, and a line break inside a translation (of a JSONL or Parquet text that held one) is a
@@ -354,25 +267,6 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
-@dataclass(frozen=True)
-class Added:
-    """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and the row's status
-    where `status` names a field for it. Each replaces the input's own field of that name, in place."""
-
-    translation: str
-    status: str | None = None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.translation,) if self.status is None else (self.translation, self.status)
-
-    def values(self, translation: str, statuses: list[str] | None, n: int) -> dict[str, str]:
-        """Row n's added fields by name: its translation, and its status from `statuses`."""
-        if self.status is None:
-            return {self.translation: translation}
-        return {self.translation: translation, self.status: statuses[n]}
-
-
 def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
               status_field: str | None = None):
     """The writer of one format on a stream: `write(records, translations, statuses) -> failed rows`, `close`,
@@ -382,27 +276,6 @@ def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema |
     if fmt == "parquet":
         return parquet.ParquetSink(stream, schema, output_field, field, status_field)
     return LineSink(stream, fmt, output_field, status_field)
-
-
-@contextmanager
-def atomic_file(path: str) -> Iterator[BinaryIO]:
-    """A temporary file beside `path`, fsynced and renamed onto it at the end; removed on any failure."""
-    directory, name = os.path.split(os.path.abspath(path))
-    try:
-        temp = tempfile.NamedTemporaryFile(dir=directory, prefix="." + name + ".", delete=False)
-    except OSError as error:
-        raise NllbError(f"cannot write {path}: {error.strerror or error}.") from error
-    try:
-        yield temp
-        temp.flush()
-        os.fsync(temp.fileno())
-        temp.close()
-        os.chmod(temp.name, file_mode(path))  # temporary files are private (0600); the output should not be
-        os.replace(temp.name, path)
-    except BaseException:
-        temp.close()
-        os.unlink(temp.name)
-        raise
 
 
 def file_mode(path: str) -> int:

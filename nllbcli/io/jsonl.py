@@ -15,49 +15,11 @@ import json
 import math
 from typing import BinaryIO, Iterator, Mapping
 
-from . import Position, Record, raw_text, record_of
+from .records import Position, RawNumber, Record, Unreadable, raw_text, record_of
 
 
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
-SHOWN_DIGITS = 20  # how much of a long number a message shows
 LINE_END = b"\r\n"
-
-
-class RawNumber:
-    """A JSON number kept as its text, because int or float would change it."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str):
-        self.text = text
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RawNumber) and other.text == self.text
-
-    def __hash__(self) -> int:
-        return hash(self.text)
-
-    def __repr__(self) -> str:
-        return f"RawNumber({self.text!r})"
-
-    def describe(self) -> str:
-        """The number in a message: huge ones shortened."""
-        if len(self.text) <= SHOWN_DIGITS:
-            return self.text
-        return f"{self.text[:SHOWN_DIGITS]}... ({len(self.text)} characters)"
-
-
-class Unreadable:
-    """A value a reader could not turn into Python (text that is not UTF-8, say), with why: a writer that needs
-    the value fails the row with that reason."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"Unreadable({self.reason!r})"
 
 
 class NotJson(Exception):
@@ -157,7 +119,6 @@ def bad_row(position: Position, error: str, where: str, line: str) -> Record:
     """A line that is not a row, kept as its text (without its line break) for the errors file."""
     position.rows += 1
     return Record(position.rows - 1, "", {}, error, where, raw=line.rstrip("\r\n"))
-
 
 
 def count_rows(stream: BinaryIO) -> int:

@@ -33,8 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import NllbError
-from . import STDIN_NAME, Added, Input, Position, Record, text_error
-from .jsonl import RawNumber, Unreadable
+from .records import STDIN_NAME, Added, Input, Position, RawNumber, Record, Unreadable, text_error
 
 READ_BATCH_ROWS = 1024  # rows decoded from Parquet at a time
 FRAME_HEADER = 8  # bytes of the little-endian length before each frame

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import BinaryIO, Iterator
 
-from . import Position, Record, raw_text
+from .records import Position, Record, raw_text
 
 
 def read_text(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:

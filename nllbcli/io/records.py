@@ -1,0 +1,132 @@
+"""What the readers give and the writers take: a row as a Record, how far a reader has got (Position), an opened
+Input, the fields a job adds to each row (Added), and the values a reader keeps as they were written
+(RawNumber) or could not read (Unreadable). Every module of io imports these; this one imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+import pyarrow as pa
+
+STDIN_NAME = "<stdin>"  # how stdin is named in error messages
+SHOWN_DIGITS = 20  # how much of a long number a message shows
+
+
+@dataclass
+class Record:
+    """One input row. A row that cannot be read (malformed JSON, a missing or non-string field) is still a
+    Record, with `error` set, so it keeps its place and its number."""
+
+    index: int  # position in the input, from 0
+    text: str  # the text to translate ("" for a bad row)
+    fields: Mapping  # the row's fields by name, the text field included, in input order: a JSONL or text row's
+    #                  own dict; a Parquet row's columns as Python values, converted from `batch` when asked for
+    error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
+    where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
+    # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
+    batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
+    row: int = 0
+    raw: str | None = None  # a line that could not be read as a row (not JSON, not UTF-8), as text, for --errors
+
+
+@dataclass
+class Position:
+    """How far a reader has got: enough to continue after the last row it gave (for --resume)."""
+
+    rows: int = 0  # rows read, bad ones included
+    lines: int = 0  # lines read, blank ones included (text and JSONL)
+    offset: int = 0  # bytes read (text and JSONL)
+
+
+@dataclass
+class Input:
+    """An opened input: its rows, and what is known about them before they are read."""
+
+    records: Iterator[Record]
+    total: int | None  # rows in the input when they can be counted cheaply, else None
+    schema: pa.Schema | None  # the Arrow schema of the rows, when the format has one
+    position: Position  # just after the last row `records` gave
+    identity: dict  # what --resume checks to know it is the same input: path, size and modification time
+    # for a pipe or terminal, whether its next line is there or comes within a timeout (seconds); else None
+    arrived: Callable[[float], bool] | None = None
+
+
+def record_of(index: int, fields: dict, field: str, where: str) -> Record:
+    error = text_error(fields, field, where)
+    return Record(index, "" if error else fields[field], fields, error, where)
+
+
+def text_error(fields: dict, field: str, where: str) -> str | None:
+    """Why the row has no text to translate, naming the row and the field; None when it has one."""
+    if field not in fields:
+        present = ", ".join(map(str, fields)) or "none"
+        return f"{where}: no field {field!r} to translate (fields: {present}); name the text field with --field."
+    value = fields[field]
+    if not isinstance(value, str):
+        kind = "null" if value is None else type(value).__name__
+        return f"{where}: field {field!r} is {kind}, not a string."
+    return None
+
+
+def raw_text(raw: bytes) -> str:
+    """A line that is not UTF-8 as text (for the errors file): the bytes that are not as \\xNN escapes, its line
+    break left out."""
+    return raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
+
+
+@dataclass(frozen=True)
+class Added:
+    """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and the row's status
+    where `status` names a field for it. Each replaces the input's own field of that name, in place."""
+
+    translation: str
+    status: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.translation,) if self.status is None else (self.translation, self.status)
+
+    def values(self, translation: str, statuses: list[str] | None, n: int) -> dict[str, str]:
+        """Row n's added fields by name: its translation, and its status from `statuses`."""
+        if self.status is None:
+            return {self.translation: translation}
+        return {self.translation: translation, self.status: statuses[n]}
+
+
+class RawNumber:
+    """A JSON number kept as its text, because int or float would change it."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawNumber) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __repr__(self) -> str:
+        return f"RawNumber({self.text!r})"
+
+    def describe(self) -> str:
+        """The number in a message: huge ones shortened."""
+        if len(self.text) <= SHOWN_DIGITS:
+            return self.text
+        return f"{self.text[:SHOWN_DIGITS]}... ({len(self.text)} characters)"
+
+
+class Unreadable:
+    """A value a reader could not turn into Python (text that is not UTF-8, say), with why: a writer that needs
+    the value fails the row with that reason."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"Unreadable({self.reason!r})"
