@@ -74,15 +74,31 @@ def model_named(ctx: click.Context, model: str, argument: str | None) -> str:
     return argument
 
 
+USER_ERRORS = (NllbError, ValueError, OSError)  # what a user's input, model, options or disk can cause
+
+
+def failure(error: BaseException) -> click.ClickException:
+    """An error a user can cause as the one line click shows, with exit 1."""
+    if isinstance(error, OSError):
+        return click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.")
+    return click.ClickException(str(error))
+
+
 class Commands(click.Group):
-    """The subcommands, where a Ctrl-C ends any of them with exit code 130 and no traceback (click's own
-    handling says "Aborted!" and exits 1)."""
+    """The subcommands, with the one mapping of what ends them to exit codes: an error a user can cause is one
+    line and exit 1 (failure; usage errors are click's, exit 2), a reader of stdout gone away 141, a Ctrl-C 130,
+    never a traceback (click's own handling of Ctrl-C says "Aborted!" and exits 1)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
             sys.exit(130)
+        except BrokenPipeError:
+            quiet_stdout()
+            sys.exit(141)
+        except USER_ERRORS as error:
+            raise failure(error) from None
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -159,49 +175,40 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
 
     from .options import Job
 
-    if on_error is None:
-        on_error = "record" if errors_file else "fail"
-    if on_error == "record" and not errors_file:
-        raise InvalidUsage("--on-error record needs --errors FILE to record the failed rows in.")
-    if errors_file and on_error != "record":
-        raise InvalidUsage(f"--errors is only written with --on-error record, not {on_error}.")
+    try:
+        base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
+                   tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
+                   errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field)
+    except ValueError as error:
+        raise InvalidUsage(str(error)) from None
     pairs = input_output_pairs(paths, output_option, output_format)
     if len(pairs) > 1 and errors_file:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
                            "record their failed rows, or use --on-error skip.")
-    base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
-               tgt_field=tgt_lang_field, split=not no_split, on_error=on_error, errors=errors_file, force=force,
-               status_field=status_field, overwrite_field=overwrite_field)
     jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume)
             for input, output in pairs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
     decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
-    try:
-        tokenizer = load_tokenizer(model)  # languages are resolved before the weights load
-        known = tokenizer.lang_codes
-        for option, value in (("--src", src), ("--tgt", tgt)):
-            try:
-                resolved = None if value is None else resolve_lang(value, known)
-            except NllbError as error:
-                raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
-            jobs = [replace(job, **{option.removeprefix("--"): resolved}) for job in jobs]
-        # the adapter is passed only when given, so a load_model that knows no adapters still serves
-        translator = load_model(model, device, adapter) if adapter else load_model(model, device)
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
-    except KeyboardInterrupt:
-        sys.exit(130)
+    known = load_tokenizer(model).lang_codes  # languages are resolved before the weights load
+    for option, value in (("--src", src), ("--tgt", tgt)):
+        try:
+            resolved = None if value is None else resolve_lang(value, known)
+        except NllbError as error:
+            raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+        jobs = [replace(job, **{option.removeprefix("--"): resolved}) for job in jobs]
+    # the adapter is passed only when given, so a load_model that knows no adapters still serves
+    translator = load_model(model, device, adapter) if adapter else load_model(model, device)
     batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
     codes = []
     for job in jobs:
         mode = "none" if quiet else progress_mode(progress, job.output)
         try:
             codes.append(run_job(translator, job, decode, batching, mode, resume, quiet, threads))
-        except click.ClickException as error:
-            if len(jobs) == 1:
+        except (*USER_ERRORS, click.ClickException) as error:
+            if len(jobs) == 1 or isinstance(error, BrokenPipeError):
                 raise
-            error.show()
+            (error if isinstance(error, click.ClickException) else failure(error)).show()
             codes.append(1)
     sys.exit(1 if 1 in codes else max(codes))
 
@@ -300,13 +307,6 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet,
                                       threads=threads)
         return 3 if counters.failed else 0
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
-    except BrokenPipeError:
-        quiet_stdout()
-        sys.exit(141)
-    except OSError as error:
-        raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
     except Stopped as stop:
         if is_stream(job.output):
             click.echo(f"Stopped by {stop}: the rows done so far are written.", err=True)
@@ -315,8 +315,6 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
         else:
             click.echo(f"Stopped by {stop} before any rows were saved; nothing was written.", err=True)
         sys.exit(stop.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
 
 
 @cli.command()
@@ -341,11 +339,8 @@ def langs(filters, model, as_json):
 
     from .langs import language_name, matching_codes
 
-    try:
-        known = load_tokenizer(model).lang_codes
-        codes = matching_codes(known, filters)
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
+    known = load_tokenizer(model).lang_codes
+    codes = matching_codes(known, filters)
     names = {code: language_name(code) for code in codes}
     if as_json:
         click.echo(json.dumps([{"code": code, "name": names[code]} for code in codes], indent=1, ensure_ascii=False))
@@ -379,12 +374,7 @@ def info(ctx, model_argument, model, max_length, as_json):
     from .info import describe, inspect_model
 
     model = model_named(ctx, model, model_argument)
-    try:
-        facts = inspect_model(model, max_length)
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
-    except OSError as error:
-        raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
+    facts = inspect_model(model, max_length)
     click.echo(json.dumps(asdict(facts), indent=1) if as_json else describe(facts))
 
 
@@ -421,12 +411,7 @@ def convert(ctx, paths, model, force):
     model = model_named(ctx, model, model_argument[0] if model_argument else None)
     if os.path.isfile(out):
         raise InvalidUsage(f"Invalid value for 'OUT': {out!r} is a file.")
-    try:
-        written = convert_model(model, Path(out), force=force)
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
-    except OSError as error:
-        raise click.ClickException(f"{error.filename or 'I/O'}: {error.strerror or error}.") from None
+    written = convert_model(model, Path(out), force=force)
     click.echo(f"Wrote {written}", err=True)
 
 
@@ -452,10 +437,7 @@ def download(repo_id, local_dir, revision):
 
     from .checkpoint import download_model
 
-    try:
-        path = download_model(repo_id, None if local_dir is None else Path(local_dir), revision)
-    except (NllbError, ValueError) as error:
-        raise click.ClickException(str(error)) from None
+    path = download_model(repo_id, None if local_dir is None else Path(local_dir), revision)
     click.echo(str(path))
 
 

@@ -95,6 +95,14 @@ class Job:
     overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
     output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
 
+    def __post_init__(self) -> None:
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"--on-error is one of {', '.join(ON_ERROR)}, not {self.on_error}.")
+        if self.on_error == "record" and not self.errors:
+            raise ValueError("--on-error record needs --errors FILE to record the failed rows in.")
+        if self.errors and self.on_error != "record":
+            raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
+
     @property
     def added(self) -> Added:
         """The fields (columns) the job adds to each row: the translation, and the status where asked for."""

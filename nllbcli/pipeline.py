@@ -60,8 +60,6 @@ def translate_file(
     CPU engine's matrix products, to that many threads while the job runs (None: the library's own count). A `Stopped` that ends the job carries
     `resumable`: whether a commit is saved for --resume to continue from."""
     mode = {True: "bar", False: "none"}.get(progress, progress)
-    if job.on_error == "record" and not job.errors:
-        raise ValueError("--on-error record needs --errors FILE to record the rows in")
     check_paths(job)
     check_fields(job)
     job = replace(job, output=follow_link(job.output), errors=follow_link(job.errors))

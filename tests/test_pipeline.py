@@ -135,14 +135,14 @@ def test_missing_languages_without_defaults(fake):
 def test_tokenizer_failure_fails_the_row(fake):
     records = [Record(0, "a\u2603b", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
     fake.tokenizer.reject = "\u2603"
-    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="record"), DecodeOptions(), 100)
+    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
     assert result[0].error == "in:1: the tokenizer cannot take this text: 'utf-8' codec can't encode character '\\x61' in position 0: surrogates not allowed"
     assert result[1].translation == "dc"
 
 
 def test_a_lone_surrogate_fails_its_row_before_the_tokenizer(fake):
     records = [Record(0, "ab \udc80", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
-    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="record"), DecodeOptions(), 100)
+    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
     assert result[0].error == "in:1: field 'text' holds a lone surrogate (\\udc80 at character 4), half of a UTF-16 pair, which is not text."
     assert result[1].translation == "dc"
 
@@ -400,3 +400,14 @@ def test_a_job_restores_the_cyclic_collector(tmp_path):
         with overlap.fewer_collections():
             raise RuntimeError("a job that fails")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_job_refuses_error_options_that_do_not_go_together():
+    """One check, for the command and the library alike: record needs an errors file, an errors file needs record."""
+    with pytest.raises(ValueError, match="--on-error record needs --errors FILE"):
+        Job("eng_Latn", "fra_Latn", on_error="record")
+    with pytest.raises(ValueError, match="--errors is only written with --on-error record, not skip"):
+        Job("eng_Latn", "fra_Latn", on_error="skip", errors="bad.jsonl")
+    with pytest.raises(ValueError, match="--on-error is one of fail, skip, record"):
+        Job("eng_Latn", "fra_Latn", on_error="ignore")
+    assert Job("eng_Latn", "fra_Latn", on_error="record", errors="bad.jsonl").errors == "bad.jsonl"
