@@ -15,22 +15,21 @@ exception: the translations are those of the CLI's output, to the byte.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import pyarrow as pa
 
+from .batching import translate_records
+from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import BatchOptions, DecodeOptions
-from .batching import translate_records
-from .options import Job
+from .options import BatchOptions, DecodeOptions, Job
 from .overlap import read_chunks
 from .pipeline import check_added_columns, check_fields
-from .rows import status_of
 from .progress import Reporter
+from .rows import status_of
 from .translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -48,7 +47,7 @@ class Result:
 def load(model: str | None = None, device: str = "auto", adapter: str | None = None) -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given."""
-    return load_translator(model or os.environ.get("NLLB_MODEL") or DEFAULT_MODEL, device, adapter)
+    return load_translator(model or ENV.model or DEFAULT_MODEL, device, adapter)
 
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,

@@ -9,7 +9,6 @@ side). None of this changes what is written, or when a commit is saved.
 from __future__ import annotations
 
 import gc
-import os
 import queue
 import sys
 import threading
@@ -17,16 +16,17 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterable, Iterator
 
+from .environment import ENV
 from .io import Input, Position, Record
 from .options import BatchOptions
 from .signals import critical
 
 IDLE = 0.3  # seconds without a new line from a pipe or terminal that end a chunk
 # seconds: how long the GIL may stay with one thread while another waits for it (NLLB_SWITCH_INTERVAL: measuring)
-SWITCH_INTERVAL = float(os.environ.get("NLLB_SWITCH_INTERVAL", "0.0005"))
+SWITCH_INTERVAL = ENV.switch_interval
 GC_THRESHOLD = (50_000, 20, 100)  # the cyclic collector's, while a job runs (Python's own: 700, 10, 10)
 FIRST_CHUNK_PART = 4  # the first chunk is this much smaller: the GPU waited ~0.6 s for a first chunk of 8,192 rows
-FINISHER = os.environ.get("NLLB_FINISHER", "1") == "1"  # 0: decode, write and commit on the main thread (Inline)
+FINISHER = ENV.finisher  # NLLB_FINISHER=0: decode, write and commit on the main thread (Inline)
 
 
 def first_chunk_rows(translator, batching: BatchOptions) -> int | None:
@@ -64,7 +64,7 @@ def fewer_collections():
     collector, on the CPU machine). While the job runs: what was alive before it frozen out of the collector's
     walks (gc.freeze: the modules, the tokenizer, the model's objects), and collections rarer. NLLB_GC=python
     keeps Python's settings (for measuring)."""
-    if os.environ.get("NLLB_GC") == "python":
+    if ENV.python_gc:
         yield
         return
     threshold = gc.get_threshold()

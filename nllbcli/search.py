@@ -16,7 +16,6 @@ the logits are made.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from contextlib import contextmanager
 
@@ -25,6 +24,7 @@ import numpy as np
 from .checkpoint import ModelConfig
 from .engine import Engine
 from .engine.numerics import log_softmax, to_host, topk_desc
+from .environment import ENV
 from .options import DecodeOptions
 
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
@@ -81,7 +81,7 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
 # Greedy steps queued past the one whose ids the host waits for. More hide longer holds of the GIL by the reader
 # and finisher threads; each costs every sentence one more step of decoding after its </s> (the steps queued
 # before the host saw it): ~AHEAD / output length of the work, where sentences end early. NLLB_AHEAD: for measuring.
-AHEAD = int(os.environ["NLLB_AHEAD"]) if os.environ.get("NLLB_AHEAD", "").isdigit() else 2
+AHEAD = ENV.ahead
 
 
 def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:

@@ -14,7 +14,6 @@ Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabu
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass
 
 import cupy as cp
@@ -22,6 +21,7 @@ import cupyx
 import numpy as np
 
 from ..checkpoint import ModelConfig, bf16_to_float32
+from ..environment import ENV
 from ..errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, plan_pool
@@ -61,7 +61,7 @@ class CudaEncoded:
 
 
 ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
-GRAPHS = os.environ.get("NLLB_CUDA_GRAPHS", "1") == "1"  # the decoder step as CUDA graphs (0: launched one by one)
+GRAPHS = ENV.cuda_graphs  # the decoder step as CUDA graphs (NLLB_CUDA_GRAPHS=0: launched one by one)
 
 
 def bucket(n: int) -> int:

@@ -11,7 +11,6 @@ Letters: M rows, N output columns, K reduction length, D d_model, H heads, E hea
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from collections import OrderedDict
 from functools import lru_cache
@@ -20,6 +19,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
+from ..environment import ENV
 from . import launch
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
@@ -48,7 +48,7 @@ def arch() -> str:
 def module(name: str, defines: tuple[tuple[str, int], ...] = (), target: str | None = None) -> cp.RawModule:
     """Compile (or fetch from CuPy's cache) one kernel file for this GPU, with `-D` defines. target: an
     architecture other than the GPU's own, as "sm_90a" for Hopper's wgmma."""
-    fast = () if os.environ.get("NLLB_EXACT_MATH") == "1" else ("--use_fast_math",)  # exact exp, rsqrt, division
+    fast = () if ENV.exact_math else ("--use_fast_math",)  # NLLB_EXACT_MATH=1: exact exp, rsqrt, division
     options = ("-std=c++17", f"-arch={target or arch()}") + fast + tuple(f"-D{k}={v}" for k, v in defines)
     return cp.RawModule(code=read_source(name), options=options)
 
@@ -123,7 +123,7 @@ EPILOGUE_STORE, EPILOGUE_ARGMAX, EPILOGUE_TOPK, EPILOGUE_STAT = 0, 1, 2, 3
 def wgmma_available() -> bool:
     """Hopper (compute capability 9.0) runs gemm_sm90.cu; NLLB_NO_WGMMA=1 keeps gemm.cu everywhere."""
     try:
-        return arch() == "sm_90" and os.environ.get("NLLB_NO_WGMMA") != "1"
+        return arch() == "sm_90" and not ENV.no_wgmma
     except cp.cuda.runtime.CUDARuntimeError:  # no GPU here
         return False
 
@@ -237,7 +237,7 @@ def stores_only(name: str) -> bool:
 # A wgmma GEMM's bf16 outputs without a residual, and its f32 outputs onto their residual in place (out is
 # residual), leave through shared memory and the TMA unit (gemm_sm90.cu's TMA_STORE 1 and 2), while the consumers
 # go on with their next tile (0: stored from the registers, for measuring)
-TMA_STORE = os.environ.get("NLLB_TMA_STORE", "1") == "1"
+TMA_STORE = ENV.tma_store  # NLLB_TMA_STORE
 # How a TMA_STORE epilogue leaves (gemm_sm90.cu; a tile's entry overrides): OUT_3D, one copy a chunk of boxes (a
 # 3-D map of out); EPI_CHUNKS, copies a pass (at most: a divisor of its boxes), each out while the next part is
 # written; STMATRIX (bf16), the tile into shared memory by stmatrix. All three: the epilogue of a 128 x 256 bf16

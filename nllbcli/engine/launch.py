@@ -11,15 +11,16 @@ dependency into CUDA graphs. CuPy's RawKernel has no way to ask for it, hence ct
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import threading
 
 import cupy as cp
 import numpy as np
 
+from ..environment import ENV
+
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
-ENABLED = os.environ.get("NLLB_PDL", "1") == "1"
+ENABLED = ENV.pdl  # NLLB_PDL
 
 
 class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: an id, padding, a 64-byte value
