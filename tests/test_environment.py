@@ -1,4 +1,5 @@
-"""The NLLB_* variables are read in one module, environment.py, and documented in docs/ENVIRONMENT.md."""
+"""The NLLB_* variables are read in one module, environment.py, and documented in docs/ENVIRONMENT.md; and
+docs/ARCHITECTURE.md names every module."""
 
 from __future__ import annotations
 
@@ -50,3 +51,11 @@ def test_each_variable_is_read_as_the_switch_it_is():
                 "NLLB_GC": "python"})
     assert got == Environment("m", False, False, False, True, True, 0, False, 0.01, True)
     assert read({"NLLB_AHEAD": "many", "NLLB_NO_WGMMA": "yes", "NLLB_MODEL": ""}) == Environment()  # only "1" is on
+
+
+def test_the_architecture_doc_names_every_module():
+    """docs/ARCHITECTURE.md gives each module its line: a module added without one fails here."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    modules = {path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py") if "__pycache__" not in path.parts}
+    missing = sorted(m for m in modules if m.rsplit("/", 1)[-1] not in text)
+    assert missing == []
