@@ -84,7 +84,7 @@ class Batch:
     positions: list[int]  # the sentences' numbers in the chunk
     sentences: list[Sentence]
     sources: list[list[int]]  # their ids
-    tgt: str | list[str]  # one target language for all where it is one (a batch may mix them: the search
+    targets: list[str]  # their target languages (a batch may mix them)
 
 
 def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
@@ -92,9 +92,7 @@ def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
     batches = []
     for positions in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
         batch = [sentences[n] for n in positions]
-        targets = [s.tgt for s in batch]
-        batches.append(Batch(positions, batch, [s.ids for s in batch],
-                             targets[0] if len(set(targets)) == 1 else targets))
+        batches.append(Batch(positions, batch, [s.ids for s in batch], [s.tgt for s in batch]))
     return batches
 
 
@@ -107,10 +105,10 @@ def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: lis
     sentences = batch.sentences
     outputs: list[list[int] | None] = [None] * len(sentences)
     todo = list(range(len(sentences)))
-    sources, tgt = batch.sources, batch.tgt  # the whole batch, as the reader made it ready
+    sources, targets = batch.sources, batch.targets  # the whole batch, as the reader made it ready
     while todo:
         try:
-            for i, ids in zip(todo, translator.generate(sources, tgt, decode)):
+            for i, ids in zip(todo, translator.generate(sources, targets, decode)):
                 outputs[i] = ids
             return outputs
         except SentenceError as error:
@@ -121,9 +119,7 @@ def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: lis
                 raise NllbError(message) from None
             outcomes[row].error = message
             todo = [i for i in todo if sentences[i].row != row]  # the row's other sentences are of no use now
-            targets = [sentences[i].tgt for i in todo]
-            tgt = targets[0] if len(set(targets)) == 1 else targets  # one language for all where it is one
-            sources = [sentences[i].ids for i in todo]
+            sources, targets = [sentences[i].ids for i in todo], [sentences[i].tgt for i in todo]
     return outputs
 
 
