@@ -89,7 +89,7 @@ class ModelConfig:
 ACTIVATIONS = ("relu", "gelu")
 
 MAX_ID = 2**31 - 1  # sizes and token ids: the CUDA engine holds ids, positions and sizes as 32-bit integers
-# A source is cut to max_position_embeddings tokens (pipeline.cut_source keeps the first P - 1 and </s>): it must
+# A source is cut to max_position_embeddings tokens (rows.cut_source keeps the first P - 1 and </s>): it must
 # hold [src_lang, one piece, </s>], and the decoder's inputs [decoder_start, tgt_lang, piece] likewise (its </s>
 # is predicted, never fed). Positions start past the padding index (fairseq's offset of 2, see
 # engine/reference.py) in a table of P + 2 rows, so P positions hold P tokens: the offset costs rows, not

@@ -1,4 +1,5 @@
-"""The `nllb` command: options in, plain records out, one call to the pipeline. No logic lives here."""
+"""The `nllb` command: options in, plain records out, one call to the job (pipeline.py) per input; the one mapping
+of errors to exit codes is the command group's."""
 
 from __future__ import annotations
 

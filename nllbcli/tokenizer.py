@@ -68,7 +68,7 @@ class BatchEncode:
     def words_apart(self) -> bool:
         """Whether a space always parts pieces: no piece holds "▁" but as its first character. Then the pieces of
         the words before a space are the same whatever follows it (BPE merges only within a piece, never across
-        a "▁"), and a text cut before a space gives its first pieces unchanged (pipeline.bound_text)."""
+        a "▁"), and a text cut before a space gives its first pieces unchanged (rows.bound_text)."""
         return all(SPACE not in self.sp.IdToPiece(i)[1:] for i in range(self.sp.GetPieceSize()))
 
 
