@@ -103,16 +103,6 @@ def read_state(path: str) -> Saved | None:
     return saved
 
 
-def load_state(path: str, job: dict) -> Saved | None:
-    """The state of an interrupted job, if there is one. StaleState when it cannot be used; NllbError when it
-    belongs to another job (resuming would mix two jobs in one output)."""
-    saved = read_state(path)
-    if saved is not None:
-        check_same_job(saved.job, job)
-        saved.job = job
-    return saved
-
-
 def check_same_job(stored_job: dict, job: dict) -> None:
     changed = sorted(key for key in set(job) | set(stored_job) if job.get(key) != stored_job.get(key))
     if changed:
