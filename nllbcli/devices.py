@@ -112,6 +112,7 @@ class Pool:
         context = multiprocessing.get_context("spawn")
         share = None if threads is None else max(1, threads // len(devices))  # the CPU workers' --threads
         self.workers: list[Worker] = []
+        self.taken = 0  # chunks numbered so far, over every job: a result is known by its chunk's number
         for device in devices:
             mine, theirs = context.Pipe()
             gpu = None if device == "cpu" else device.split(":")[1]
@@ -146,36 +147,45 @@ class Pool:
                   finish: Callable[..., None], warn: Callable[[str], None]) -> None:
         """Every chunk's batches through the workers, and `finish(chunk, position, prepared, generated)` for
         each chunk in input order (`chunks` yields ChunkReader's items, `prepared` ending with the batches).
-        A chunk of a worker that died goes to another; with none left, an NllbError."""
+        A chunk of a worker that died goes to another; with none left, an NllbError. A job that ends on an error
+        may leave chunks in the workers: their results come later and are dropped (no chunk of another job has
+        their numbers)."""
+        if not self.workers:
+            raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
         chunks = iter(chunks)
         waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
         results: dict[int, list | BaseException] = {}
         todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
-        next_finish = taken = 0
-        exhausted = False
-        while True:
-            while next_finish in results:
-                generated = results.pop(next_finish)
-                if isinstance(generated, BaseException):  # in its chunk's turn, as a one-device job raises it
-                    raise generated
-                finish(*waiting.pop(next_finish), generated)
-                next_finish += 1
-            while not exhausted and len(waiting) < AHEAD * len(self.workers):
-                try:
-                    item = next(chunks, None)
-                except Exception as error:  # noqa: BLE001 - the reader's, raised after the chunks before it
-                    waiting[taken], results[taken], exhausted = None, error, True
-                    continue
-                if item is None:
-                    exhausted = True
-                else:
-                    waiting[taken] = item
-                    todo.append(taken)
-                    taken += 1
-            if exhausted and not waiting:
-                return
-            self.hand_out(todo, waiting, decode, stop)
-            self.receive(results, todo, warn)
+        next_finish, exhausted = self.taken, False
+        try:
+            while True:
+                while next_finish in results:
+                    generated = results.pop(next_finish)
+                    if isinstance(generated, BaseException):  # in its chunk's turn, as a one-device job raises it
+                        raise generated
+                    finish(*waiting.pop(next_finish), generated)
+                    next_finish += 1
+                while not exhausted and len(waiting) < AHEAD * len(self.workers):
+                    number = self.taken
+                    try:
+                        item = next(chunks, None)
+                    except Exception as error:  # noqa: BLE001 - the reader's, raised after the chunks before it
+                        waiting[number], results[number], exhausted = None, error, True
+                        self.taken += 1
+                        continue
+                    if item is None:
+                        exhausted = True
+                        continue
+                    waiting[number] = item
+                    todo.append(number)
+                    self.taken += 1
+                if exhausted and not waiting:
+                    return
+                self.hand_out(todo, waiting, decode, stop)
+                self.receive(results, todo, warn)
+        finally:
+            for worker in self.workers:
+                worker.chunks.clear()
 
     def hand_out(self, todo: deque[int], waiting: dict[int, tuple], decode: DecodeOptions, stop: bool) -> None:
         while todo:
@@ -203,8 +213,9 @@ class Pool:
             except (EOFError, OSError):
                 self.lose(worker, todo, warn)
                 continue
-            worker.chunks.remove(number)
-            results[number] = value
+            if number in worker.chunks:  # (else a chunk of a job that ended on an error)
+                worker.chunks.remove(number)
+                results[number] = value
 
     def lose(self, worker: Worker, todo: deque[int], warn: Callable[[str], None]) -> None:
         worker.process.join(timeout=5)

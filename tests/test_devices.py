@@ -247,3 +247,49 @@ def test_a_bad_row_under_on_error_fail_leaves_a_one_device_jobs_commit(tmp_path)
             if path != source:
                 path.unlink()
     assert left["workers"] == left["plain"]
+
+
+def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
+    """A job that stops while the workers hold its later chunks (here finish() fails on the first): their
+    results, coming in later, are not taken for the next job's chunks."""
+    translator = load_translator(TINY, "cpu")
+    decode = DecodeOptions(beam_size=1, max_length=30)
+
+    def chunks(texts):
+        items = []
+        for n, text in enumerate(texts):
+            chunk = [Record(index=n, text=text, fields={"text": text})]
+            outcomes, sentences = prepare_records(translator, chunk, Job(src="eng_Latn", tgt="fra_Latn"))
+            items.append((chunk, n, (outcomes, sentences, plan_chunk(sentences, 4096))))
+        return items
+
+    def fail(*args):
+        raise OSError("the disk is full")
+
+    first, second = chunks([f"Hello {n}." for n in range(6)]), chunks([f"Good night, {n} cats." for n in range(6)])
+    finished = []
+    with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
+        with pytest.raises(OSError):
+            pool.translate(iter(first), decode, False, fail, print)
+        pool.translate(iter(second), decode, False, lambda chunk, position, prepared, generated:
+                       finished.append(generated), print)
+    assert finished == [[generate_ids(translator, batch, decode, False) for batch in batches]
+                        for _, _, (_, _, batches) in second]
+
+
+def test_a_job_after_every_worker_died_is_one_line(tmp_path):
+    for name in ("a", "b"):
+        make_input(tmp_path / f"{name}.txt", "text")
+    args = on_workers(command(tmp_path / "a.txt", tmp_path / "out", *LONGER))
+    at = args.index("--on-error")
+    del args[at:at + 4]
+    args[-2:] = ["-o", "out", "a.txt", "b.txt"]
+    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first_commit(process, tmp_path / "out" / ".a.txt.nllb-state.json")
+    for worker in workers_of(process.pid):
+        os.kill(worker, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    lines = stderr.splitlines()
+    assert len(lines) <= 3 and "and it was the last one" in lines[-2]  # (after a line for the first, if seen first)
+    assert lines[-1] == "Error: no --devices worker is left (they died in an earlier job): nothing can be translated."
