@@ -87,6 +87,8 @@ def host_translator(model: str, device: str):
 
 @dataclass(eq=False)
 class Worker:
+    """A worker process and the main process's end of its pipe."""
+
     device: str
     process: multiprocessing.process.BaseProcess
     connection: Connection
@@ -129,6 +131,7 @@ class Pool:
             try:
                 kind, message = worker.connection.recv()
             except EOFError:
+                worker.process.join(timeout=5)
                 raise NllbError(f"the worker on {worker.device} ended before its model loaded "
                                 f"({ended(worker.process)}).") from None
             if kind != "ready":
@@ -281,9 +284,15 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
 
             threadpool_limits(limits=threads, user_api="blas")
     except Exception as error:  # noqa: BLE001 - the main process says it in one line
-        connection.send(("error", str(error)))
+        loaded = ("error", str(error))
+    else:
+        loaded = ("ready", None)
+    try:
+        connection.send(loaded)
+    except OSError:  # the main process has gone (another worker's error ended it)
         return
-    connection.send(("ready", None))
+    if loaded[0] != "ready":
+        return
     tasks: queue.Queue = queue.Queue()
 
     def listen() -> None:

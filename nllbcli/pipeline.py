@@ -1,8 +1,8 @@
 """The job: a file (or stream) in, its translations out, in chunks that are each translated, written and committed.
 
     reader (io/) -> chunks (overlap.py, a thread ahead) -> rows' sentences, tokenized (rows.py) -> length-sorted
-    batches -> translator.generate (batching.py) -> decode, join (behind the model) -> writer (io/) -> commit
-    (resume.py)
+    batches -> translator.generate (batching.py; with --devices, in worker processes: devices.py) -> decode, join
+    (behind the model) -> writer (io/) -> commit (resume.py)
 
 Rows are read `read_chunk_rows` at a time (a chunk from a pipe also ends when the input is quiet), translated,
 joined back into rows in input order, and the chunk is written and committed: the partial file fsynced and the

@@ -293,3 +293,18 @@ def test_a_job_after_every_worker_died_is_one_line(tmp_path):
     lines = stderr.splitlines()
     assert len(lines) <= 3 and "and it was the last one" in lines[-2]  # (after a line for the first, if seen first)
     assert lines[-1] == "Error: no --devices worker is left (they died in an earlier job): nothing can be translated."
+
+
+def test_workers_that_cannot_load_the_model_are_one_line(tmp_path):
+    """The main process reads the config and tokenizer; the weights, which only the workers read, are broken."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in Path(TINY).iterdir():
+        (model / path.name).write_bytes(path.read_bytes()[:100] if path.suffix == ".safetensors" else path.read_bytes())
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    done = subprocess.run([sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fr", "--model",
+                           str(model), "--devices", "cpu:2", "in.txt", "out.txt"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 1
+    assert done.stderr == (f"Error: the worker on cpu could not load the model: {model}/model.safetensors is not a "
+                           "readable safetensors file (header length out of range)\n")
