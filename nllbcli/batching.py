@@ -39,11 +39,12 @@ def translate_records(
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
                        advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
-                       batches: list[Batch] | None = None) -> list[Outcome]:
+                       batches: list[Batch] | None = None, generated: list[Generated] | None = None) -> list[Outcome]:
     """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
     unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
     each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
-    complete once the finisher has run them)."""
+    complete once the finisher has run them). `generated`: each batch's generate_ids, made already (by a
+    --devices worker, devices.py), instead of the translator's."""
     tokenizer = translator.tokenizer
     pending = [0] * len(records)
     for sentence in sentences:
@@ -70,8 +71,11 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         advance(finished, tokens)
 
     run = finisher.submit if finisher is not None else lambda task: task()
-    for batch in plan_chunk(sentences, max_batch_tokens) if batches is None else batches:
-        outputs = generate_batch(translator, batch, decode, records, outcomes, job)
+    for n, batch in enumerate(plan_chunk(sentences, max_batch_tokens) if batches is None else batches):
+        if generated is None:
+            outputs = generate_batch(translator, batch, decode, records, outcomes, job)
+        else:
+            outputs = record_failures(generated[n], batch, records, outcomes, job)
         run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
     run(lambda: join_outcomes(outcomes, sentences, texts))
     return outcomes
@@ -96,30 +100,52 @@ def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
     return batches
 
 
+Generated = tuple[list, list]  # a batch's output ids (None for a failed sentence), and its failures: (row, reason)
+
+
 def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: list[Record],
                    outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
     """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
     rest of the batch goes on."""
+    return record_failures(generate_ids(translator, batch, decode, job.on_error == "fail"), batch, records,
+                           outcomes, job)
+
+
+def generate_ids(translator, batch: Batch, decode: DecodeOptions, stop: bool) -> Generated:
+    """The batch through translator.generate: each sentence's ids, and the rows whose sentence it cannot take
+    even alone, with the reason; such a row's other sentences are left out and the rest go on (`stop`: the
+    first failure ends the batch, as --on-error fail stops the job on it)."""
     from .translator import SentenceError
 
     sentences = batch.sentences
     outputs: list[list[int] | None] = [None] * len(sentences)
+    failures: list[tuple[int, str]] = []
     todo = list(range(len(sentences)))
     sources, targets = batch.sources, batch.targets  # the whole batch, as the reader made it ready
     while todo:
         try:
             for i, ids in zip(todo, translator.generate(sources, targets, decode)):
                 outputs[i] = ids
-            return outputs
+            break
         except SentenceError as error:
-            bad = todo[error.position]
-            row = sentences[bad].row
-            message = f"{records[row].where}: {error}"
-            if job.on_error == "fail":
-                raise NllbError(message) from None
-            outcomes[row].error = message
+            row = sentences[todo[error.position]].row
+            failures.append((row, str(error)))
+            if stop:
+                break
             todo = [i for i in todo if sentences[i].row != row]  # the row's other sentences are of no use now
             sources, targets = [sentences[i].ids for i in todo], [sentences[i].tgt for i in todo]
+    return outputs, failures
+
+
+def record_failures(generated: Generated, batch: Batch, records: list[Record], outcomes: list[Outcome],
+                    job: Job) -> list[list[int] | None]:
+    """A batch's ids, its failed rows given their reason (with --on-error fail, the first stops the job)."""
+    outputs, failures = generated
+    for row, reason in failures:
+        message = f"{records[row].where}: {reason}"
+        if job.on_error == "fail":
+            raise NllbError(message)
+        outcomes[row].error = message
     return outputs
 
 

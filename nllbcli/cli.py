@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import ExitStack
 
 import click
 
@@ -122,6 +123,7 @@ def cli():
 @click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it.")
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
+@click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
@@ -145,7 +147,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, model, device, adapter, input_format, output_format, field, output_field,
+def translate(paths, output_option, force, src, tgt, model, device, devices, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
     """
@@ -198,20 +200,40 @@ def translate(paths, output_option, force, src, tgt, model, device, adapter, inp
         except NllbError as error:
             raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
         jobs = [replace(job, **{option.removeprefix("--"): resolved}) for job in jobs]
-    # the adapter is passed only when given, so a load_model that knows no adapters still serves
-    translator = load_model(model, device, adapter) if adapter else load_model(model, device)
-    batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
-    codes = []
-    for job in jobs:
-        mode = "none" if quiet else progress_mode(progress, job.output)
-        try:
-            codes.append(run_job(translator, job, decode, batching, mode, resume, quiet, threads))
-        except (*USER_ERRORS, click.ClickException) as error:
-            if len(jobs) == 1 or isinstance(error, BrokenPipeError):
-                raise
-            (error if isinstance(error, click.ClickException) else failure(error)).show()
-            codes.append(1)
+    with ExitStack() as stack:
+        pool = None
+        if devices is None:
+            # the adapter is passed only when given, so a load_model that knows no adapters still serves
+            translator = load_model(model, device, adapter) if adapter else load_model(model, device)
+        else:
+            translator, pool = start_workers(stack, devices, model, adapter, threads)
+        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
+        codes = []
+        for job in jobs:
+            mode = "none" if quiet else progress_mode(progress, job.output)
+            try:
+                codes.append(run_job(translator, job, decode, batching, mode, resume, quiet, threads, pool))
+            except (*USER_ERRORS, click.ClickException) as error:
+                if len(jobs) == 1 or isinstance(error, BrokenPipeError):
+                    raise
+                (error if isinstance(error, click.ClickException) else failure(error)).show()
+                codes.append(1)
     sys.exit(1 if 1 in codes else max(codes))
+
+
+def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int):
+    """--devices: the main process's model (tokenizer and config, devices.host_translator) and the workers'
+    pool, which `stack` ends."""
+    from .devices import host_translator, open_pool, parse_devices
+
+    if click.get_current_context().get_parameter_source("device") is not click.core.ParameterSource.DEFAULT:
+        raise InvalidUsage("--device and --devices cannot be used together: --devices names every device.")
+    try:
+        names = parse_devices(devices)
+    except NllbError as error:
+        raise InvalidUsage(str(error)) from None
+    translator = host_translator(model, names[0])
+    return translator, stack.enter_context(open_pool(names, model, adapter, threads))
 
 
 def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output_format: str | None) -> list[tuple[str, str]]:
@@ -296,7 +318,7 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
 
 
 def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode: str, resume: bool, quiet: bool,
-            threads: int | None = None) -> int:
+            threads: int | None = None, pool=None) -> int:
     """One job through the pipeline; its exit code (0, or 3 with failed rows). A stop signal or a gone reader
     of stdout ends the command."""
     from .pipeline import translate_file
@@ -306,7 +328,7 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
     try:
         with stop_on_signals():
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet,
-                                      threads=threads)
+                                      threads=threads, pool=pool)
         return 3 if counters.failed else 0
     except Stopped as stop:
         if is_stream(job.output):

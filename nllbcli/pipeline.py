@@ -1,8 +1,8 @@
 """The job: a file (or stream) in, its translations out, in chunks that are each translated, written and committed.
 
     reader (io/) -> chunks (overlap.py, a thread ahead) -> rows' sentences, tokenized (rows.py) -> length-sorted
-    batches -> translator.generate (batching.py) -> decode, join (behind the model) -> writer (io/) -> commit
-    (resume.py)
+    batches -> translator.generate (batching.py; with --devices, in worker processes: devices.py) -> decode, join
+    (behind the model) -> writer (io/) -> commit (resume.py)
 
 Rows are read `read_chunk_rows` at a time (a chunk from a pipe also ends when the input is quiet), translated,
 joined back into rows in input order, and the chunk is written and committed: the partial file fsynced and the
@@ -39,6 +39,7 @@ from .rows import Outcome, prepare_records, status_of
 from .signals import Stopped, critical, job_finished
 
 if TYPE_CHECKING:
+    from .devices import Pool
     from .translator import Translator
 
 
@@ -52,6 +53,7 @@ def translate_file(
     summary: bool = False,
     reporter_stream=None,
     threads: int | None = None,
+    pool: Pool | None = None,
 ) -> Counters:
     """Translate every row of the job's input into its output; returns the job's counters.
 
@@ -97,7 +99,7 @@ def translate_file(
 
                 stack.enter_context(threadpool_limits(limits=threads, user_api="blas"))
             try:
-                run(translator, job, decode, batching, source, reporter, files, identity)
+                run(translator, job, decode, batching, source, reporter, files, identity, pool, warn)
             except BaseException:
                 reporter.close(summary=False)
                 raise
@@ -173,7 +175,7 @@ def same_file(a: str, b: str) -> bool:
 
 
 def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,
-        files: JobFiles, identity: dict) -> None:
+        files: JobFiles, identity: dict, pool: Pool | None = None, warn=print) -> None:
     """The chunk loop: translate, write, commit; then put the finished files in place."""
     counters = reporter.counters
     saved, output, errors, state, errors_path = files.saved, files.output, files.errors, files.state, files.errors_path
@@ -202,12 +204,18 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \
                     (Finisher() if FINISHER else Inline()) as finisher:
-                for chunk, position, (outcomes, sentences, batches) in reader:
+                def finish(chunk, position, prepared, generated=None) -> None:
+                    outcomes, sentences, batches = prepared
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                       reporter.advance, finisher, batches)
-                    finisher.submit(lambda chunk=chunk, outcomes=outcomes, position=position:
-                                    commit(chunk, outcomes, position), chunk_end=True)
+                                       reporter.advance, finisher, batches, generated)
+                    finisher.submit(lambda: commit(chunk, outcomes, position), chunk_end=True)
+
+                if pool is None:
+                    for chunk, position, prepared in reader:
+                        finish(chunk, position, prepared)
+                else:  # the workers generate, several chunks at once; finish() takes them in input order
+                    pool.translate(reader, decode, job.on_error == "fail", finish, warn)
             end = reader.position
         with critical():
             sink.close()

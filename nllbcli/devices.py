@@ -1,0 +1,319 @@
+"""--devices: one worker process per device, each with the model loaded once, running the chunks' batches.
+
+The main process reads and prepares the chunks as in a one-device job (overlap.py's ChunkReader) and hands each
+to a worker as one is free (two a worker at most, so that a worker has its next chunk when it ends one). A worker
+sends back each batch's ids (batching.generate_ids); the main process decodes, joins, writes and commits the
+chunks strictly in input order, so the output, the errors file and the resume state are those of a one-device
+job, whatever the number of workers and whichever chunk ends first.
+
+A worker that dies (kill -9, out of memory) is named in one line and its chunks go to the others; when none is
+left, the job stops with what was committed saved for --resume. The workers ignore SIGINT (a terminal's Ctrl-C
+reaches the whole process group; the main process stops the job) and end when the main process's end of their
+pipe closes, so none outlives it, kill -9 included.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Callable, Iterable, Iterator
+
+from .errors import NllbError
+from .options import DecodeOptions
+
+AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
+
+
+def parse_devices(text: str) -> list[str]:
+    """The workers' devices from --devices: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N CPU
+    workers)."""
+    text = text.strip()
+    if text.startswith("cpu:"):
+        count = text[4:]
+        if not count.isdigit() or int(count) < 1:
+            raise NllbError(f"--devices {text}: cpu:N needs a number of CPU workers, at least 1 (cpu:2).")
+        return ["cpu"] * int(count)
+    if text == "all":
+        count = gpu_count()
+        if not count:
+            raise NllbError("--devices all: no GPU is visible to CuPy (cpu:N runs N workers on the CPU).")
+        return [f"cuda:{n}" for n in range(count)]
+    numbers = text.split(",")
+    if not all(n.strip().isdigit() for n in numbers):
+        raise NllbError(f"--devices {text}: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.")
+    indices = [int(n) for n in numbers]
+    for index in indices:
+        if indices.count(index) > 1:
+            raise NllbError(f"--devices {text}: GPU {index} is named twice.")
+    from .translator import choose_device
+
+    try:
+        return [choose_device(f"cuda:{index}") for index in indices]
+    except ValueError as error:
+        raise NllbError(f"--devices {text}: {error}.") from None
+
+
+def gpu_count() -> int:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no CuPy, or no driver
+        return 0
+
+
+def host_translator(model: str, device: str):
+    """What the main process needs of the model to prepare chunks and name the job (tokenizer, config, where
+    it runs): no weights, which only the workers load. `device` is the first worker's, so that the job's
+    identity, and with it --resume, is a one-device job's."""
+    from .checkpoint import ModelConfig, resolve_model_dir
+    from .tokenizer import tokenizer_from_model_dir
+    from .translator import Translator
+
+    model_dir = resolve_model_dir(model)
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
+    config = ModelConfig.from_json(config_path)
+    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir))
+
+
+@dataclass(eq=False)
+class Worker:
+    """A worker process and the main process's end of its pipe."""
+
+    device: str
+    process: multiprocessing.process.BaseProcess
+    connection: Connection
+    chunks: list[int]  # the numbers of the chunks it was given and has not sent back
+
+
+@contextmanager
+def open_pool(devices: list[str], model: str, adapter: str | None, threads: int | None) -> Iterator["Pool"]:
+    """The workers, started and each with its model loaded (a worker that cannot load it is an NllbError);
+    every worker ended when the block is left."""
+    pool = Pool(devices, model, adapter, threads)
+    try:
+        pool.ready()
+        yield pool
+    finally:
+        pool.close()
+
+
+class Pool:
+    """The worker processes of --devices (spawned: CUDA and BLAS do not survive a fork), one per device."""
+
+    def __init__(self, devices: list[str], model: str, adapter: str | None, threads: int | None):
+        context = multiprocessing.get_context("spawn")
+        share = None if threads is None else max(1, threads // len(devices))  # the CPU workers' --threads
+        self.workers: list[Worker] = []
+        self.taken = 0  # chunks numbered so far, over every job: a result is known by its chunk's number
+        for device in devices:
+            mine, theirs = context.Pipe()
+            gpu = None if device == "cpu" else device.split(":")[1]
+            process = context.Process(target=work, args=(theirs, "cpu" if gpu is None else "cuda:0", model, adapter,
+                                                         share), name=f"nllb-worker-{device}", daemon=True)
+            with spawning(gpu):
+                process.start()
+            theirs.close()
+            self.workers.append(Worker(device, process, mine, []))
+
+    def ready(self) -> None:
+        """Wait for every worker's model to load."""
+        for worker in self.workers:
+            try:
+                kind, message = worker.connection.recv()
+            except EOFError:
+                worker.process.join(timeout=5)
+                raise NllbError(f"the worker on {worker.device} ended before its model loaded "
+                                f"({ended(worker.process)}).") from None
+            if kind != "ready":
+                raise NllbError(f"the worker on {worker.device} could not load the model: {message}")
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.connection.close()  # the worker ends as its end of the pipe closes
+        for worker in self.workers:
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+    def translate(self, chunks: Iterable[tuple], decode: DecodeOptions, stop: bool,
+                  finish: Callable[..., None], warn: Callable[[str], None]) -> None:
+        """Every chunk's batches through the workers, and `finish(chunk, position, prepared, generated)` for
+        each chunk in input order (`chunks` yields ChunkReader's items, `prepared` ending with the batches).
+        A chunk of a worker that died goes to another; with none left, an NllbError. A job that ends on an error
+        may leave chunks in the workers: their results come later and are dropped (no chunk of another job has
+        their numbers)."""
+        if not self.workers:
+            raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
+        chunks = iter(chunks)
+        waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
+        results: dict[int, list | BaseException] = {}
+        todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
+        next_finish, exhausted = self.taken, False
+        try:
+            while True:
+                while next_finish in results:
+                    generated = results.pop(next_finish)
+                    if isinstance(generated, BaseException):  # in its chunk's turn, as a one-device job raises it
+                        raise generated
+                    finish(*waiting.pop(next_finish), generated)
+                    next_finish += 1
+                while not exhausted and len(waiting) < AHEAD * len(self.workers):
+                    number = self.taken
+                    try:
+                        item = next(chunks, None)
+                    except Exception as error:  # noqa: BLE001 - the reader's, raised after the chunks before it
+                        waiting[number], results[number], exhausted = None, error, True
+                        self.taken += 1
+                        continue
+                    if item is None:
+                        exhausted = True
+                        continue
+                    waiting[number] = item
+                    todo.append(number)
+                    self.taken += 1
+                if exhausted and not waiting:
+                    return
+                self.hand_out(todo, waiting, decode, stop)
+                self.receive(results, todo, warn)
+        finally:
+            for worker in self.workers:
+                worker.chunks.clear()
+
+    def hand_out(self, todo: deque[int], waiting: dict[int, tuple], decode: DecodeOptions, stop: bool) -> None:
+        while todo:
+            worker = min(self.workers, key=lambda w: len(w.chunks))
+            if len(worker.chunks) >= AHEAD:
+                return
+            number = todo.popleft()
+            worker.chunks.append(number)
+            try:
+                worker.connection.send((number, waiting[number][2][-1], decode, stop))
+            except OSError:  # it died: receive() hands its chunks out again
+                pass
+
+    def receive(self, results: dict[int, list], todo: deque[int], warn: Callable[[str], None]) -> None:
+        """Wait for a worker's chunk (or its death)."""
+        by_handle = {w.connection: w for w in self.workers} | {w.process.sentinel: w for w in self.workers}
+        for handle in wait(list(by_handle)):
+            worker = by_handle[handle]
+            if worker not in self.workers:
+                continue
+            try:
+                if handle is not worker.connection:
+                    raise EOFError
+                number, value = worker.connection.recv()  # the batches' ids, or the error that stopped them
+            except (EOFError, OSError):
+                self.lose(worker, todo, warn)
+                continue
+            if number in worker.chunks:  # (else a chunk of a job that ended on an error)
+                worker.chunks.remove(number)
+                results[number] = value
+
+    def lose(self, worker: Worker, todo: deque[int], warn: Callable[[str], None]) -> None:
+        worker.process.join(timeout=5)
+        if worker.process.is_alive():  # its pipe broke, and it lives on: of no use now
+            worker.process.kill()
+            worker.process.join()
+        self.workers.remove(worker)
+        worker.connection.close()
+        redone = sorted(worker.chunks)
+        if not self.workers:
+            raise NllbError(f"the worker on {worker.device} {ended(worker.process)}, and it was the last one: the "
+                            "rows committed so far are saved; run the same command with --resume to continue.")
+        warn(f"nllb: the worker on {worker.device} {ended(worker.process)}; its {len(redone)} chunk(s) go to the "
+             f"{len(self.workers)} left.")
+        todo.extendleft(reversed(redone))
+
+
+def ended(process) -> str:
+    """How a worker process ended, in words."""
+    code = process.exitcode
+    if code is not None and code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+@contextmanager
+def spawning(gpu: str | None) -> Iterator[None]:
+    """While a worker starts: CUDA_VISIBLE_DEVICES its GPU (the child's environment is the parent's as it starts,
+    so it holds before anything there imports CuPy), and SIGINT ignored, which the child keeps (Python then
+    never turns a Ctrl-C there into a KeyboardInterrupt); a SIGINT meanwhile waits, blocked, for the parent's
+    handler."""
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    main = threading.current_thread() is threading.main_thread()
+    if main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        if gpu is not None:
+            if previous is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = previous
+        if main:
+            signal.signal(signal.SIGINT, handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None) -> None:
+    """A worker: the model loaded once, then each chunk's batches through generate_ids (or the error that
+    stopped them, sent back as the chunk's result), until the main process closes its end of the pipe. Chunks are read on a thread as they come, so the main process never waits to
+    hand one over while this one runs."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        from .translator import load_translator
+
+        translator = load_translator(model, device, adapter)
+        if threads is not None and device == "cpu":
+            from threadpoolctl import threadpool_limits
+
+            threadpool_limits(limits=threads, user_api="blas")
+    except Exception as error:  # noqa: BLE001 - the main process says it in one line
+        loaded = ("error", str(error))
+    else:
+        loaded = ("ready", None)
+    try:
+        connection.send(loaded)
+    except OSError:  # the main process has gone (another worker's error ended it)
+        return
+    if loaded[0] != "ready":
+        return
+    tasks: queue.Queue = queue.Queue()
+
+    def listen() -> None:
+        while True:
+            try:
+                tasks.put(connection.recv())
+            except (EOFError, OSError):
+                os._exit(0)  # the main process closed its end, or is gone: nothing is left to do
+
+    threading.Thread(target=listen, name="nllb-worker-listen", daemon=True).start()
+    from .batching import generate_ids
+
+    while True:
+        number, batches, decode, stop = tasks.get()
+        try:
+            result = (number, [generate_ids(translator, batch, decode, stop) for batch in batches])
+        except Exception as error:  # noqa: BLE001 - raised in the main process, in the chunk's turn
+            result = (number, error)
+        try:
+            connection.send(result)
+        except (EOFError, OSError):
+            os._exit(0)
+        except Exception as error:  # noqa: BLE001 - an error that does not pickle goes as its words
+            connection.send((number, NllbError(f"{type(error).__name__}: {error}")))

@@ -1,0 +1,310 @@
+"""--devices with CPU workers: the same bytes as a one-device job (output, errors file, resume), whichever
+worker ends a chunk first, a worker killed mid-job, the main process killed or stopped.
+
+Real subprocesses on the tiny test model, as in test_resume.py, with two CPU workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from jobfiles import listing
+from test_resume import EXTENSION, ROWS, TINY, command, make_input
+
+from nllbcli.batching import generate_ids, plan_chunk
+from nllbcli.devices import open_pool
+from nllbcli.options import DecodeOptions, Job
+from nllbcli.io import Record
+from nllbcli.rows import prepare_records
+from nllbcli.translator import load_translator
+
+LONGER = ("--max-length", "30")  # a job of a few seconds, so that a kill lands mid-job
+
+
+def on_workers(args: list[str], workers: int = 2) -> list[str]:
+    """The same command with --devices cpu:N instead of --device cpu."""
+    at = args.index("--device")
+    return [*args[:at], "--devices", f"cpu:{workers}", *args[at + 2:]]
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as stream:
+        return [int(child) for child in stream.read().split()]
+
+
+def workers_of(pid: int) -> list[int]:
+    """The job's worker processes (its children but multiprocessing's resource tracker, which spawn starts)."""
+    def command_line(child: int) -> bytes:
+        with open(f"/proc/{child}/cmdline", "rb") as stream:
+            return stream.read()
+
+    return [child for child in children(pid) if b"resource_tracker" not in command_line(child)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stream:
+            return stream.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(condition, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "waited too long"
+        time.sleep(0.01)
+
+
+def first_commit(process: subprocess.Popen, state: Path) -> None:
+    wait_for(lambda: state.exists() or process.poll() is not None)
+    assert process.poll() is None, "the job ended before its first commit"
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """Each format's output and errors file from a one-device job."""
+    results = {}
+    for fmt in EXTENSION:
+        directory = tmp_path_factory.mktemp(f"plain-{fmt}")
+        source, target = directory / f"in.{EXTENSION[fmt]}", directory / f"out.{EXTENSION[fmt]}"
+        make_input(source, fmt)
+        done = subprocess.run(command(source, target, *LONGER), cwd=directory, capture_output=True)
+        assert done.returncode == (3 if fmt == "jsonl" else 0), done.stderr
+        results[fmt] = (target.read_bytes(), (directory / "errors.jsonl").read_bytes())
+    return results
+
+
+@pytest.mark.parametrize("fmt", list(EXTENSION))
+def test_two_workers_write_a_one_device_jobs_bytes(tmp_path, plain, fmt):
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    make_input(source, fmt)
+    done = subprocess.run(on_workers(command(source, target, *LONGER)), cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == (3 if fmt == "jsonl" else 0), done.stderr
+    assert target.read_bytes() == plain[fmt][0]
+    assert (tmp_path / "errors.jsonl").read_bytes() == plain[fmt][1]  # the bad rows of the JSONL input, recorded
+    assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])
+
+
+def test_chunks_that_end_out_of_order_are_finished_in_order():
+    """A first chunk far longer than the others: a worker ends later chunks before it, and finish() still
+    takes them in input order, with each chunk's ids those of the one-device translator."""
+    translator = load_translator(TINY, "cpu")
+    job = Job(src="eng_Latn", tgt="fra_Latn")
+    decode = DecodeOptions(beam_size=1, max_length=30)
+    texts = [["The quick brown fox jumps over the lazy dog. " * 8] * 12] + [[f"Hi {n}."] for n in range(9)]
+    items = []
+    for n, chunk_texts in enumerate(texts):
+        chunk = [Record(index=n * 100 + i, text=t, fields={"text": t}) for i, t in enumerate(chunk_texts)]
+        outcomes, sentences = prepare_records(translator, chunk, job)
+        items.append((chunk, n, (outcomes, sentences, plan_chunk(sentences, 4096))))
+    finished, arrived = [], []
+    with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
+        receive = pool.receive
+
+        def recording(results, todo, warn):
+            receive(results, todo, warn)
+            arrived.extend(n for n in results if n not in arrived)
+
+        pool.receive = recording
+        pool.translate(iter(items), decode, False, lambda chunk, position, prepared, generated:
+                       finished.append((position, generated)), print)
+    assert [position for position, _ in finished] == list(range(len(texts)))
+    assert arrived != sorted(arrived)  # some chunk ended before one ahead of it
+    for (_, _, (_, _, batches)), (_, generated) in zip(items, finished):
+        assert generated == [generate_ids(translator, batch, decode, False) for batch in batches]
+
+
+def test_a_worker_killed_mid_job_has_its_chunks_redone_by_the_other(tmp_path, plain):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    make_input(source, "jsonl")
+    process = subprocess.Popen(on_workers(command(source, target, *LONGER)), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    first_commit(process, tmp_path / ".out.jsonl.nllb-state.json")
+    workers = workers_of(process.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 3, stderr
+    lines = stderr.splitlines()
+    assert lines[0].startswith("nllb: the worker on cpu was killed by SIGKILL; its ")
+    assert lines[0].endswith(" chunk(s) go to the 1 left.")
+    assert lines[1].startswith("Done: 900 rows") and len(lines) == 2
+    assert target.read_bytes() == plain["jsonl"][0]
+    assert (tmp_path / "errors.jsonl").read_bytes() == plain["jsonl"][1]
+
+
+def test_every_worker_killed_stops_the_job_resumable(tmp_path, plain):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    make_input(source, "jsonl")
+    state = tmp_path / ".out.jsonl.nllb-state.json"
+    process = subprocess.Popen(on_workers(command(source, target, *LONGER)), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    first_commit(process, state)
+    for worker in workers_of(process.pid):
+        os.kill(worker, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    last = stderr.splitlines()[-1]
+    assert last.endswith("and it was the last one: the rows committed so far are saved; run the same command with "
+                         "--resume to continue.")
+    assert "Traceback" not in stderr and len(stderr.splitlines()) <= 2
+    assert 0 < json.loads(state.read_text())["position"]["rows"] < ROWS
+    done = subprocess.run(on_workers(command(source, target, *LONGER, "--resume")), cwd=tmp_path, capture_output=True)
+    assert done.returncode == 3
+    assert target.read_bytes() == plain["jsonl"][0]
+    assert (tmp_path / "errors.jsonl").read_bytes() == plain["jsonl"][1]
+
+
+@pytest.mark.parametrize("resume_on", ["workers", "one device"])
+def test_the_main_process_killed_leaves_no_worker_and_resume_gives_identical_bytes(tmp_path, plain, resume_on):
+    source, target = tmp_path / "in.parquet", tmp_path / "out.parquet"
+    make_input(source, "parquet")
+    state = tmp_path / ".out.parquet.nllb-state.json"
+    process = subprocess.Popen(on_workers(command(source, target, *LONGER)), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    first_commit(process, state)
+    workers = children(process.pid)
+    process.kill()
+    process.wait()
+    wait_for(lambda: not any(alive(worker) for worker in workers), 10)  # none outlives the main process
+    assert 0 < json.loads(state.read_text())["position"]["rows"] < ROWS
+    again = command(source, target, *LONGER, "--resume")
+    done = subprocess.run(on_workers(again) if resume_on == "workers" else again, cwd=tmp_path, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert target.read_bytes() == plain["parquet"][0]
+
+
+def test_ctrl_c_stops_main_and_workers_without_a_traceback_and_resume_finishes(tmp_path, plain):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    make_input(source, "jsonl")
+    state = tmp_path / ".out.jsonl.nllb-state.json"
+    process = subprocess.Popen(on_workers(command(source, target, *LONGER)), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    first_commit(process, state)
+    workers = children(process.pid)
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr == "Stopped by SIGINT: the rows done so far are saved; run the same command with --resume to continue.\n"
+    wait_for(lambda: not any(alive(worker) for worker in workers), 10)
+    done = subprocess.run(on_workers(command(source, target, *LONGER, "--resume")), cwd=tmp_path, capture_output=True)
+    assert done.returncode == 3
+    assert target.read_bytes() == plain["jsonl"][0]
+    assert (tmp_path / "errors.jsonl").read_bytes() == plain["jsonl"][1]
+
+
+def test_stdin_through_workers_gives_a_one_device_jobs_stdout(tmp_path, plain):
+    source = tmp_path / "in.txt"
+    make_input(source, "text")
+    args = [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
+            "--devices", "cpu:2", "--beam-size", "1", *LONGER, "--chunk-rows", "40", "--progress", "none"]
+    with source.open("rb") as stdin:
+        done = subprocess.run(args, stdin=stdin, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == plain["text"][0]
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--devices", "cpu:0"], "Error: --devices cpu:0: cpu:N needs a number of CPU workers, at least 1 (cpu:2).\n"),
+    (["--devices", "0,x"], "Error: --devices 0,x: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.\n"),
+    (["--devices", "cpu:2", "--device", "cpu"], "Error: --device and --devices cannot be used together: --devices "
+                                                "names every device.\n"),
+])
+def test_bad_devices_are_one_line_and_exit_2(tmp_path, extra, message):
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    done = subprocess.run([sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fr", "--model",
+                           TINY, *extra, "in.txt", "out.txt"], cwd=tmp_path, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (2, message)
+    assert listing(tmp_path) == ["in.txt"]
+
+
+def test_a_bad_row_under_on_error_fail_leaves_a_one_device_jobs_commit(tmp_path):
+    """The reader's error on a chunk is raised in that chunk's turn: the chunks before it are committed first,
+    so the partial output and the state are those of a one-device job."""
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    make_input(source, "jsonl")
+    args = command(source, target, *LONGER)
+    at = args.index("--on-error")
+    args[at:at + 4] = ["--on-error", "fail"]
+    left = {}
+    for name, workers in (("plain", False), ("workers", True)):
+        done = subprocess.run(on_workers(args) if workers else args, cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 1
+        assert done.stderr.startswith("Error: in.jsonl:78: ") and len(done.stderr.splitlines()) == 1
+        state = json.loads((tmp_path / ".out.jsonl.nllb-state.json").read_text())
+        del state["counters"]["seconds"]  # the time the job took
+        assert state["position"]["rows"] == 40
+        left[name] = (state, listing(tmp_path), (tmp_path / ".out.jsonl.nllb-partial").read_bytes())
+        for path in tmp_path.iterdir():
+            if path != source:
+                path.unlink()
+    assert left["workers"] == left["plain"]
+
+
+def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
+    """A job that stops while the workers hold its later chunks (here finish() fails on the first): their
+    results, coming in later, are not taken for the next job's chunks."""
+    translator = load_translator(TINY, "cpu")
+    decode = DecodeOptions(beam_size=1, max_length=30)
+
+    def chunks(texts):
+        items = []
+        for n, text in enumerate(texts):
+            chunk = [Record(index=n, text=text, fields={"text": text})]
+            outcomes, sentences = prepare_records(translator, chunk, Job(src="eng_Latn", tgt="fra_Latn"))
+            items.append((chunk, n, (outcomes, sentences, plan_chunk(sentences, 4096))))
+        return items
+
+    def fail(*args):
+        raise OSError("the disk is full")
+
+    first, second = chunks([f"Hello {n}." for n in range(6)]), chunks([f"Good night, {n} cats." for n in range(6)])
+    finished = []
+    with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
+        with pytest.raises(OSError):
+            pool.translate(iter(first), decode, False, fail, print)
+        pool.translate(iter(second), decode, False, lambda chunk, position, prepared, generated:
+                       finished.append(generated), print)
+    assert finished == [[generate_ids(translator, batch, decode, False) for batch in batches]
+                        for _, _, (_, _, batches) in second]
+
+
+def test_a_job_after_every_worker_died_is_one_line(tmp_path):
+    for name in ("a", "b"):
+        make_input(tmp_path / f"{name}.txt", "text")
+    args = on_workers(command(tmp_path / "a.txt", tmp_path / "out", *LONGER))
+    at = args.index("--on-error")
+    del args[at:at + 4]
+    args[-2:] = ["-o", "out", "a.txt", "b.txt"]
+    process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first_commit(process, tmp_path / "out" / ".a.txt.nllb-state.json")
+    for worker in workers_of(process.pid):
+        os.kill(worker, signal.SIGKILL)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1
+    lines = stderr.splitlines()
+    assert len(lines) <= 3 and "and it was the last one" in lines[-2]  # (after a line for the first, if seen first)
+    assert lines[-1] == "Error: no --devices worker is left (they died in an earlier job): nothing can be translated."
+
+
+def test_workers_that_cannot_load_the_model_are_one_line(tmp_path):
+    """The main process reads the config and tokenizer; the weights, which only the workers read, are broken."""
+    model = tmp_path / "model"
+    model.mkdir()
+    for path in Path(TINY).iterdir():
+        (model / path.name).write_bytes(path.read_bytes()[:100] if path.suffix == ".safetensors" else path.read_bytes())
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    done = subprocess.run([sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fr", "--model",
+                           str(model), "--devices", "cpu:2", "in.txt", "out.txt"], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert done.returncode == 1
+    assert done.stderr == (f"Error: the worker on cpu could not load the model: {model}/model.safetensors is not a "
+                           "readable safetensors file (header length out of range)\n")
