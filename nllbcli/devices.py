@@ -55,7 +55,7 @@ def parse_devices(text: str) -> list[str]:
     from .translator import choose_device
 
     try:
-        return [choose_device(f"cuda:{index}") for index in indices]
+        return [choose_device(f"cuda:{index}", f"--devices {text}") for index in indices]
     except ValueError as error:
         raise NllbError(f"--devices {text}: {error}.") from None
 

@@ -108,8 +108,10 @@ class Translator:
         return [self.tokenizer.decode(ids) for ids in self.generate(sources, tgt_lang, options)]
 
 
-def choose_device(device: str) -> str:
-    """`auto` is a GPU when CuPy sees one, else the CPU; `cuda` is `cuda:0`."""
+def choose_device(device: str, option: str | None = None) -> str:
+    """`auto` is a GPU when CuPy sees one, else the CPU; `cuda` is `cuda:0`. `option` is how messages name what
+    asked for the device (default: --device DEVICE)."""
+    option = option or f"--device {device}"
     if device == "cpu":
         return "cpu"
     if device not in ("auto", "cuda") and not device.startswith("cuda:"):
@@ -122,10 +124,10 @@ def choose_device(device: str) -> str:
         if device == "auto":
             count = 0
         elif isinstance(error, ModuleNotFoundError) and error.name == "cupy":
-            raise NllbError(f"--device {device} needs CuPy, which is not installed: pip install cupy-cuda13x "
+            raise NllbError(f"{option} needs CuPy, which is not installed: pip install cupy-cuda13x "
                             "(CUDA 13 drivers) or cupy-cuda12x (CUDA 12)") from None
         else:
-            raise NllbError(f"--device {device} needs CuPy, which is installed but does not import: {error}") from None
+            raise NllbError(f"{option} needs CuPy, which is installed but does not import: {error}") from None
     except Exception:  # no driver or no GPU: auto runs on the CPU, a GPU asked for is not there
         count = 0
     if device == "auto":

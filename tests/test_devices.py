@@ -6,6 +6,7 @@ Real subprocesses on the tiny test model, as in test_resume.py, with two CPU wor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -219,6 +220,16 @@ def test_stdin_through_workers_gives_a_one_device_jobs_stdout(tmp_path, plain):
                                                 "names every device.\n"),
 ])
 def test_bad_devices_are_one_line_and_exit_2(tmp_path, extra, message):
+    bad_devices(tmp_path, extra, message)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_gpu_devices_without_cupy_say_what_to_install(tmp_path):
+    bad_devices(tmp_path, ["--devices", "0,1"], "Error: --devices 0,1 needs CuPy, which is not installed: pip install "
+                "cupy-cuda13x (CUDA 13 drivers) or cupy-cuda12x (CUDA 12)\n")
+
+
+def bad_devices(tmp_path, extra, message):
     (tmp_path / "in.txt").write_text("Hello.\n")
     done = subprocess.run([sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fr", "--model",
                            TINY, *extra, "in.txt", "out.txt"], cwd=tmp_path, capture_output=True, text=True)
