@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .batching import plan_chunk, translate_prepared
 from .errors import NllbError
-from .io import Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
+from .io import STDIN_NAME, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .io.parquet import check_columns
 from .io.streams import compressing
 from .options import BatchOptions, DecodeOptions, Job
@@ -345,17 +345,13 @@ def failed_inputs(records: list[Record], job: Job) -> list:
 def error_line(record: Record, error: str, job: Job, source) -> bytes:
     """A failed row's line in the errors file: its number, why it failed, and its input (as JSON can hold it:
     left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again."""
-    from .io.jsonl import Exact, Unwritable, exact_json, to_json
+    from .io.jsonl import Unwritable, strict_json
 
     head = json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False)
     if source is NO_INPUT:
         return (head + "\n").encode("utf-8", "backslashreplace")
     try:
-        try:
-            body = json.dumps(source, ensure_ascii=False, allow_nan=False, default=to_json)
-        except (ValueError, TypeError, Exact):  # as encode_jsonl_row: NaN, huge integers, RawNumbers
-            body = exact_json(source, "")
-        line = head[:-1] + ', "input": ' + body + "}"
+        line = head[:-1] + ', "input": ' + strict_json(source) + "}"
     except (Unwritable, RecursionError):
         line = head
     return (line + "\n").encode("utf-8", "backslashreplace")
@@ -382,7 +378,7 @@ def check_added_columns(schema, job: Job) -> None:
     be written to, unless --overwrite-field."""
     if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
         return
-    name = "<stdin>" if job.input == "-" else job.input
+    name = STDIN_NAME if job.input == "-" else job.input
     for option, column in (("--output-field", job.output_field), ("--status-field", job.status_field)):
         if column is not None and column in schema.names:
             raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "

@@ -144,17 +144,22 @@ def encode_jsonl_row(record: Record, fields: Mapping, added: Mapping[str, str]) 
     row = dict(fields)
     row.update(added)
     try:
-        try:
-            text = json.dumps(row, ensure_ascii=False, allow_nan=False, default=to_json)
-        except (ValueError, TypeError, Exact):  # NaN, an int past str()'s digit limit, a RawNumber, ...
-            text = exact_json(row, "")
-        return (text + "\n").encode("utf-8"), None
+        return (strict_json(row) + "\n").encode("utf-8"), None
     except UnicodeEncodeError:
         return b"", f"{record.where}: holds a lone surrogate (a \\ud800-\\udfff escape), which UTF-8 cannot write."
     except Unwritable as error:
         return b"", f"{record.where}: {error}"
     except RecursionError:
         return b"", f"{record.where}: nested too deeply to write as JSON."
+
+
+def strict_json(value: object) -> str:
+    """A value as strict JSON text, the same as json.dumps's where json.dumps can write it exactly; Unwritable
+    (naming the field) for what JSON has no form for, RecursionError for what is nested too deeply."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, default=to_json)
+    except (ValueError, TypeError, Exact):  # NaN, an int past str()'s digit limit, a RawNumber, ...
+        return exact_json(value, "")
 
 
 class Exact(Exception):
