@@ -26,7 +26,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from itertools import groupby
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -123,26 +123,30 @@ def read_parquet(parquet: pq.ParquetFile, name: str, field: str, position: Posit
         yield from batch_records(batch, name, field, position)
 
 
-def batch_records(batch: pa.RecordBatch, name: str, field: str, position: Position) -> Iterator[Record]:
-    """A batch's rows as Records, numbered on from `position` (which it keeps up to date)."""
-    columns = BatchColumns(batch, name, position.rows)
+def batch_records(batch: pa.RecordBatch, name: str, field: str, position: Position,
+                  numbers: Sequence[int] | None = None) -> Iterator[Record]:
+    """A batch's rows as Records, numbered on from `position` (which it keeps up to date), or by `numbers`, each
+    row's own (from 0), where the batch holds rows of a file that are not all adjacent."""
+    columns = BatchColumns(batch, name, numbers if numbers is not None else range(position.rows, position.rows + batch.num_rows))
     for row, text in enumerate(columns.values(field)):
         position.rows += 1
-        where = f"{name}: row {position.rows}"
+        index = columns.numbers[row]
+        where = f"{name}: row {index + 1}"
         fields = RowFields(columns, row)
         error = None
         if isinstance(text, Unreadable):
             error = f"{where}: cannot read it: {text.reason}"
         elif not isinstance(text, str):
             error = text_error(fields, field, where)
-        yield Record(position.rows - 1, "" if error else text, fields, error, where, batch, row)
+        yield Record(index, "" if error else text, fields, error, where, batch, row)
 
 
 class BatchColumns:
-    """A batch's columns as Python values, each converted when a row first asks for it."""
+    """A batch's columns as Python values, each converted when a row first asks for it; `numbers` are the rows'
+    own numbers in their input, from 0."""
 
-    def __init__(self, batch: pa.RecordBatch, name: str, rows_before: int):
-        self.batch, self.name, self.rows_before = batch, name, rows_before
+    def __init__(self, batch: pa.RecordBatch, name: str, numbers: Sequence[int]):
+        self.batch, self.name, self.numbers = batch, name, numbers
         self.converted: dict[str, list] = {}
 
     def values(self, column: str) -> list | None:
@@ -170,7 +174,7 @@ class RowFields(Mapping):
             raise KeyError(name)
         value = values[self.row]
         if isinstance(value, Unreadable):
-            where = f"{self.columns.name}: row {self.columns.rows_before + self.row + 1}"
+            where = f"{self.columns.name}: row {self.columns.numbers[self.row] + 1}"
             raise NllbError(f"{where}: cannot read column {name!r}: {value.reason}")
         return value
 
@@ -187,11 +191,12 @@ def python_values(array: pa.Array) -> list:
     pandas) is the ISO 8601 text of its microseconds with three more digits (a duration: Python's text of a
     timedelta, likewise); a value Python cannot hold (a date past year 9999) is Arrow's text of it; one that
     Arrow cannot give either (text that is not UTF-8) is an Unreadable with the reason."""
-    try:
-        return array.to_pylist()
-    except (pa.ArrowException, ValueError, OverflowError, TypeError):  # UnicodeDecodeError is a ValueError
-        pass
     kind = array.type
+    if not holds_nanoseconds(kind):  # (with pandas installed, to_pylist gives those as pandas' objects, not errors)
+        try:
+            return array.to_pylist()
+        except (pa.ArrowException, ValueError, OverflowError, TypeError):  # UnicodeDecodeError is a ValueError
+            pass
     if isinstance(array, pa.ExtensionArray):
         return python_values(array.storage)
     if pa.types.is_dictionary(kind):
@@ -218,6 +223,17 @@ def python_values(array: pa.Array) -> list:
     if (pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_time64(kind)) and kind.unit == "ns":
         return nanosecond_values(array)
     return [scalar_value(array, n) for n in range(len(array))]
+
+
+def holds_nanoseconds(kind: pa.DataType) -> bool:
+    """Whether values of this type are, or hold, nanosecond timestamps, times or durations."""
+    if isinstance(kind, pa.ExtensionType):
+        return holds_nanoseconds(kind.storage_type)
+    if pa.types.is_dictionary(kind):
+        return holds_nanoseconds(kind.value_type)
+    if pa.types.is_timestamp(kind) or pa.types.is_duration(kind) or pa.types.is_time64(kind):
+        return kind.unit == "ns"
+    return any(holds_nanoseconds(kind.field(i).type) for i in range(kind.num_fields))  # structs, lists, maps
 
 
 def scalar_value(array: pa.Array, n: int) -> object:
