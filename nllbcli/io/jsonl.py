@@ -19,6 +19,7 @@ from .records import Position, RawNumber, Record, Unreadable, raw_text, record_o
 
 
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
+JSON_SPACE_BYTES = JSON_SPACE.encode()
 LINE_END = b"\r\n"
 
 
@@ -81,50 +82,52 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
     for raw in stream:
         position.lines += 1
         position.offset += len(raw)
-        where = f"{name}:{position.lines}"
-        end = len(raw)
-        while end and raw[end - 1] in LINE_END:
-            end -= 1
-        try:
-            line = str(memoryview(raw)[:end], "utf-8")  # without the line's end, and without copying a long line
-        except UnicodeDecodeError as error:
-            yield bad_row(position, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where, raw_text(raw))
-            continue
-        if position.lines == 1:
-            line = line.removeprefix("\ufeff")  # a byte-order mark is not part of the JSON
-        if not line.lstrip(JSON_SPACE):
-            continue  # blank lines (a trailing one, say) hold no row
-        try:
-            fields = parse_json(line)
-        except json.JSONDecodeError as error:
-            yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where, line)
-            continue
-        except NotJson as error:
-            yield bad_row(position, f"{where}: not valid JSON: {error}.", where, line)
-            continue
-        except RepeatedName as error:
-            yield bad_row(position, f"{where}: {error}.", where, line)
-            continue
-        except RecursionError:
-            yield bad_row(position, f"{where}: JSON nested too deeply to read.", where, line)
-            continue
-        if not isinstance(fields, dict):
-            yield bad_row(position, f"{where}: expected a JSON object, not {type(fields).__name__}.", where, line)
-            continue
-        position.rows += 1
-        yield record_of(position.rows - 1, fields, field, where)
+        record = line_record(raw, position.lines, position.rows, name, field)
+        if record is not None:
+            position.rows += 1
+            yield record
 
 
-def bad_row(position: Position, error: str, where: str, line: str) -> Record:
+def line_record(raw: bytes, line: int, index: int, name: str, field: str) -> Record | None:
+    """The row of line number `line` (from 1, its end included or not) as row `index`; None for a blank line."""
+    where = f"{name}:{line}"
+    end = len(raw)
+    while end and raw[end - 1] in LINE_END:
+        end -= 1
+    try:
+        text = str(memoryview(raw)[:end], "utf-8")  # without the line's end, and without copying a long line
+    except UnicodeDecodeError as error:
+        return bad_row(index, f"{where}: not valid UTF-8 (byte {error.start + 1}).", where, raw_text(raw))
+    if line == 1:
+        text = text.removeprefix("\ufeff")  # a byte-order mark is not part of the JSON
+    if not text.lstrip(JSON_SPACE):
+        return None  # blank lines (a trailing one, say) hold no row
+    try:
+        fields = parse_json(text)
+    except json.JSONDecodeError as error:
+        return bad_row(index, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where, text)
+    except (NotJson, RepeatedName) as error:
+        return bad_row(index, f"{where}: {'not valid JSON: ' if isinstance(error, NotJson) else ''}{error}.", where, text)
+    except RecursionError:
+        return bad_row(index, f"{where}: JSON nested too deeply to read.", where, text)
+    if not isinstance(fields, dict):
+        return bad_row(index, f"{where}: expected a JSON object, not {type(fields).__name__}.", where, text)
+    return record_of(index, fields, field, where)
+
+
+def bad_row(index: int, error: str, where: str, line: str) -> Record:
     """A line that is not a row, kept as its text (without its line break) for the errors file."""
-    position.rows += 1
-    return Record(position.rows - 1, "", {}, error, where, raw=line.rstrip("\r\n"))
+    return Record(index, "", {}, error, where, raw=line.rstrip("\r\n"))
+
+
+def is_blank_line(raw: bytes, line: int) -> bool:
+    """Whether line_record finds no row in the line (from its bytes alone: a line that is not UTF-8 is a row)."""
+    return not (raw.removeprefix(b"\xef\xbb\xbf") if line == 1 else raw).strip(JSON_SPACE_BYTES)
 
 
 def count_rows(stream: BinaryIO) -> int:
     """Non-blank lines in a file's bytes: the rows read_jsonl will yield."""
-    blank = JSON_SPACE.encode()
-    return sum(1 for n, line in enumerate(stream) if (line.removeprefix(b"\xef\xbb\xbf") if n == 0 else line).strip(blank))
+    return sum(1 for n, line in enumerate(stream, 1) if not is_blank_line(line, n))
 
 
 def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:
