@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from contextlib import ExitStack
 
 import click
@@ -116,7 +117,7 @@ def cli():
 
 
 @cli.command()
-@click.argument("paths", metavar="INPUT [OUTPUT]", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("paths", metavar="INPUT [OUTPUT]", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
 @click.option("--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
 @click.option("--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
@@ -124,6 +125,9 @@ def cli():
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
+@click.option("--ray", "ray_address", metavar="[ADDRESS]", is_flag=False, flag_value="local", help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. ADDRESS is ray.init's (auto, ray://HOST:10001); without it, the cluster of $RAY_ADDRESS, else a Ray started here. See the README's Ray section.")
+@click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
+@click.option("--ordered", is_flag=True, help="With --ray: the parts hold the rows in input order (else each part is in order, and the parts in input order, but a part's rows may come from anywhere).")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
@@ -147,7 +151,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, model, device, devices, adapter, input_format, output_format, field, output_field,
+def translate(paths, output_option, force, src, tgt, model, device, devices, ray_address, ray_actors, ordered, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
     """
@@ -184,6 +188,14 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, ada
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
+    if ray_address is not None:
+        return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
+                                resume, progress, quiet, threads, max_batch_tokens, chunk_rows, ray_address, ray_actors,
+                                ordered, DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size,
+                                                       repetition_penalty))
+    for option, given in (("--ray-actors", ray_actors), ("--ordered", ordered)):
+        if given:
+            raise InvalidUsage(f"{option} goes with --ray.")
     pairs = input_output_pairs(paths, output_option, output_format)
     if len(pairs) > 1 and errors_file:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
@@ -219,6 +231,59 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, ada
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
     sys.exit(1 if 1 in codes else max(codes))
+
+
+def translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format, resume, progress,
+                     quiet, threads, max_batch_tokens, chunk_rows, address, actors, ordered, decode) -> None:
+    """--ray: the inputs into one directory of parts on a Ray cluster (raydata.py); exit 0, or 3 with failed rows."""
+    from dataclasses import replace
+
+    from .checkpoint import resolve_model_dir
+
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("devices") is not click.core.ParameterSource.DEFAULT:
+        raise InvalidUsage("--devices and --ray cannot be used together: --ray runs an actor per GPU of the cluster.")
+    if device not in ("auto", "cpu", "cuda"):
+        raise InvalidUsage(f"--device {device} with --ray: the actors take auto, cpu or cuda (Ray gives each its GPU).")
+    if progress == "json":
+        raise InvalidUsage("--progress json does not go with --ray: Ray reports its own progress (bar or none).")
+    inputs, output = (list(paths), output_option) if output_option is not None else (list(paths[:-1]), paths[-1] if paths else None)
+    if not inputs or output is None:
+        raise InvalidUsage("--ray needs INPUTs and an OUTPUT directory: nllb translate --ray INPUT... OUTPUT, or -o OUTPUT INPUT...")
+    if "-" in inputs or output == "-":
+        raise InvalidUsage("--ray reads files and writes a directory: - (stdin or stdout) is neither.")
+    try:
+        from . import raydata
+    except ImportError as error:
+        raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
+                                   "'nllbcli[ray]'.") from None
+    known = load_tokenizer(model).lang_codes
+    try:
+        job = replace(base, src=base.src and resolve_lang(base.src, known), tgt=base.tgt and resolve_lang(base.tgt, known))
+    except NllbError as error:
+        raise InvalidUsage(str(error)) from None
+    model_dir = str(resolve_model_dir(model).resolve())
+    options = raydata.RayOptions(None if address == "local" else address, actors, ordered, device, threads)
+    started = time.monotonic()
+    try:
+        outcomes = raydata.translate_with_ray(
+            inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
+            max_batch_tokens=max_batch_tokens, resume=resume, force=base.force, input_format=input_format,
+            output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
+            warn=lambda message: click.echo(message, err=True))
+    except KeyboardInterrupt:
+        click.echo("Stopped by SIGINT: the rows written so far are kept; run the same command with --resume to "
+                   "continue.", err=True)
+        sys.exit(130)
+    if not quiet:
+        if outcomes.already:
+            click.echo(f"Already finished: {output} holds this job's rows, and its inputs and options are unchanged; "
+                       "nothing to do.", err=True)
+        else:
+            seconds = time.monotonic() - started
+            click.echo(f"Translated {outcomes.translated:,} of {outcomes.rows:,} rows ({outcomes.failed:,} failed) "
+                       f"into {output} in {seconds:.1f} s, on {', '.join(outcomes.workers) or 'no actor this run'}.", err=True)
+    sys.exit(3 if outcomes.failed else 0)
 
 
 def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int):

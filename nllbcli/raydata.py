@@ -1,0 +1,604 @@
+"""--ray: files, directories or globs of JSONL or Parquet translated on a Ray cluster, through Ray Data.
+
+    files -> Source (read tasks: every row with an id, its file's number << 40 | its line or row)
+      -> blocks of --chunk-rows rows -> Translating (actors, one per GPU, each with the model loaded once: a
+      block's rows prepared, translated and written out as the CLI writes a chunk's) -> Sink (a part file per
+      write task, and its failed rows' errors lines) in a staging directory -> promoted onto OUTPUT
+
+The staging directory `.OUTPUT.nllb-staging` beside OUTPUT holds the job (job.json), Ray's checkpoint of the ids
+written (a two-phase commit: a part counts once its checkpoint is committed, and the part of a write that died
+before that is deleted when the job resumes) and the parts. A job that fails, is stopped or is killed leaves it
+for --resume, which reads only the rows whose ids are not checkpointed. When every row is written, the parts are
+renamed in input order (part-FFFFF-RRRRRRRRRRRR: the file's number and its first row's line or row), their rows
+counted against the inputs', the errors file written, and the directory renamed onto OUTPUT with a _SUCCESS file
+that records the job. A row is read, prepared, translated and written by the CLI's own functions (io/, rows.py,
+batching.py), so its translation is the CLI's to the byte.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import glob
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+from ray.data import ActorPoolStrategy, DataContext
+from ray.data.block import BlockAccessor
+from ray.data.checkpoint import CheckpointConfig
+from ray.data.datasource import FileBasedDatasource
+from ray.data.datasource.file_datasink import BlockBasedFileDatasink
+
+from .batching import generate_ids, plan_chunk, translate_prepared
+from .errors import NllbError
+from .io import Position, Record, extension_format, file_identity
+from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
+from .io.parquet import TableMaker, batch_records, check_text_column, output_schema
+from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
+from .pipeline import check_fields, error_line, failed_inputs
+from .progress import counted
+from .resume import create_private, sync_directory
+from .rows import Outcome, prepare_records, status_of
+
+ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
+ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
+INTERNAL = (ID, ROW, LINE, ERROR, ERROR_LINE, WORKER)
+FILE_BITS = 40  # an id is file number << 40 | line (JSONL, from 1) or row (Parquet, from 0)
+ROW_MASK = (1 << FILE_BITS) - 1
+READ_ROWS = 8192  # rows a read task yields at a time
+PART = re.compile(r"-(\d{5})-(\d{12})(\.errors\.jsonl|\.jsonl|\.parquet)$")  # a written part: file, first row
+FINAL = re.compile(r"^part-\d{5}-\d{12}(\.errors\.jsonl|\.jsonl|\.parquet)$")
+SUCCESS = "_SUCCESS"
+TASK_RETRIES = 5  # tries of a block whose actor died or whose batch function raised, before the job fails
+LOCAL_CPUS = 4  # at least this many logical CPUs for a Ray started here: Ray's checkpoint filter and read tasks
+#                 each take one, and with fewer the pipeline waited on them for good (2-core machines)
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how a --ray job runs."""
+
+    address: str | None = None  # ray.init's: None starts a Ray on this machine (or joins $RAY_ADDRESS's)
+    actors: int | None = None  # translating actors; None: one per GPU of the cluster, else one
+    ordered: bool = False  # the parts hold the rows in input order (Ray's preserve_order)
+    device: str = "auto"  # auto: the actors on GPUs where the cluster has them, else the CPU; cpu; cuda
+    threads: int | None = None  # each CPU actor's BLAS threads
+
+
+@dataclass
+class Outcomes:
+    """What a --ray job did: counted from its parts, every run of a resumed job included."""
+
+    rows: int = 0
+    translated: int = 0
+    failed: int = 0
+    workers: tuple[str, ...] = ()  # this run's actors: "GPU 0", "CPU"
+    already: bool = False  # the job had finished before; nothing was run
+
+
+def staging_path(output: str) -> str:
+    directory, name = os.path.split(os.path.abspath(output))
+    return os.path.join(directory, f".{name}.nllb-staging")
+
+
+def expand_inputs(paths: list[str]) -> list[str]:
+    """The input files: each file named, every JSONL or Parquet file under a directory named (hidden ones, and
+    Spark's and Ray's _ files, left out), every file a glob pattern matches; sorted, each once."""
+    files: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(top, name) for top, dirs, names in os.walk(path) for name in names
+                           if extension_format(name) in ("jsonl", "parquet") and not hidden(os.path.relpath(os.path.join(top, name), path)))
+            if not found:
+                raise NllbError(f"{path}: the directory holds no .jsonl, .ndjson, .json or .parquet file.")
+        elif glob.has_magic(path):
+            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise NllbError(f"{path}: the pattern matches no file.")
+        elif os.path.isfile(path):
+            found = [path]
+        else:
+            raise NllbError(f"{path}: no such file or directory.")
+        files += [f for f in found if f not in files]
+    return files
+
+
+def hidden(relative: str) -> bool:
+    return any(part.startswith((".", "_")) for part in relative.split(os.sep))
+
+
+def inputs_format(files: list[str], given: str | None) -> str:
+    """The one format of every input: JSONL or Parquet."""
+    if given is None:
+        unknown = next((f for f in files if extension_format(f) is None), None)
+        if unknown is not None:
+            raise NllbError(f"{unknown}: its extension names no format; give it with --input-format.")
+    formats = {given or extension_format(f) for f in files}
+    if len(formats) > 1:
+        raise NllbError(f"--ray reads inputs of one format, and these are {' and '.join(sorted(formats))}.")
+    fmt = formats.pop()
+    if fmt not in ("jsonl", "parquet"):
+        raise NllbError(f"--ray reads JSONL and Parquet, not {fmt}.")
+    return fmt
+
+
+def check_parquet_inputs(files: list[str], field: str) -> pa.Schema:
+    """Every Parquet input has one schema, with the text column: the parts of one output share it."""
+    schema = None
+    for path in files:
+        try:
+            found = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as error:
+            raise NllbError(f"{path}: cannot read it as Parquet: {error}") from None
+        check_text_column(found, path, field)
+        if any(name in INTERNAL for name in found.names):
+            raise NllbError(f"{path}: a column's name starts with __nllb_, which --ray keeps for its own.")
+        if schema is None:
+            schema = found
+        elif not found.equals(schema, check_metadata=False):
+            raise NllbError(f"{path}: its columns are not those of {files[0]}, and the parts of one output share "
+                            "one schema: translate it into another OUTPUT.")
+    return schema
+
+
+def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: int | None,
+                 max_batch_tokens: int | None, model: str, adapter: str | None) -> dict:
+    """What shapes the output: a resumed job must match the interrupted one in all of it."""
+    return {"inputs": [dict(file_identity(f), name=f) for f in files], "format": job.input_format,
+            "field": job.field, "output_field": job.output_field, "status_field": job.status_field,
+            "overwrite_field": job.overwrite_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
+            "tgt_field": job.tgt_field, "split": job.split, "decode": vars(decode).copy(), "chunk_rows": chunk_rows,
+            "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter}
+
+
+def split_lines(stream) -> Iterator[bytes]:
+    """A stream's lines, each with its \\n (the last one's may lack it): lines end at \\n alone, as the CLI's."""
+    rest = b""
+    while block := stream.read(1 << 20):
+        lines = (rest + block).split(b"\n")
+        rest = lines.pop()
+        yield from (line + b"\n" for line in lines)
+    if rest:
+        yield rest
+
+
+class Source(FileBasedDatasource):
+    """The inputs for Ray Data: JSONL as each non-blank line's bytes, Parquet as its columns, every row with its
+    id and its number in its file (its row, from 0)."""
+
+    def __init__(self, files: list[str], fmt: str):
+        super().__init__(files)
+        self.fmt = fmt
+        self.numbers = {os.path.abspath(f): n for n, f in enumerate(files)}
+
+    def _open_input_source(self, filesystem, path: str, **open_args):
+        if self.fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
+            return filesystem.open_input_file(path)
+        return super()._open_input_source(filesystem, path, **open_args)
+
+    def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
+        base = self.numbers[os.path.abspath(path)] << FILE_BITS
+        if self.fmt == "parquet":
+            start = 0
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=READ_ROWS):
+                ids = pa.array(range(base | start, base | (start + batch.num_rows)), pa.int64())
+                yield pa.Table.from_batches([batch]).append_column(ID, ids)
+                start += batch.num_rows
+            return
+        ids, lines, row = [], [], 0
+        for number, raw in enumerate(split_lines(f), 1):
+            if is_blank_line(raw, number):
+                continue
+            ids.append(base | number)
+            lines.append(raw)
+            if len(ids) == READ_ROWS:
+                yield lines_table(ids, row, lines)
+                row += len(ids)
+                ids, lines = [], []
+        if ids:
+            yield lines_table(ids, row, lines)
+
+
+def lines_table(ids: list[int], first_row: int, lines: list[bytes]) -> pa.Table:
+    return pa.table({ID: pa.array(ids, pa.int64()), ROW: pa.array(range(first_row, first_row + len(ids)), pa.int64()),
+                     LINE: pa.array(lines, pa.binary())})
+
+
+class Translating:
+    """A Ray actor's translator: the model loaded once; each block's rows prepared on Ray's threads (two blocks
+    at once) while one engine thread runs the model, so that the host's work overlaps the GPU's as in the CLI.
+
+    Every row comes back: a translated one with its output (a JSONL line, or its Parquet columns with the
+    translation), a failed one with its error and its errors-file line; the Sink applies --on-error."""
+
+    def __init__(self, load: Callable, names: list[str], job: Job, decode: DecodeOptions,
+                 max_batch_tokens: int | None, schema: pa.Schema | None):
+        self.engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
+        self.translator = self.engine.submit(load).result()
+        self.names, self.decode, self.schema = names, decode, schema
+        self.max_batch_tokens = BatchOptions.for_device(self.translator.device, max_batch_tokens).max_batch_tokens
+        self.job = replace(job, on_error="skip", errors=None)  # failures are marked here and judged by the Sink
+        gpus = ray.get_gpu_ids()
+        self.worker = f"GPU {','.join(map(str, gpus))}" if gpus else "CPU"
+
+    def __call__(self, block: pa.Table) -> pa.Table:
+        ids = block.column(ID).to_pylist()
+        records = self.records(block, ids)
+        translator, decode = self.translator, self.decode
+        outcomes, sentences = prepare_records(translator, records, self.job)
+        batches = plan_chunk(sentences, self.max_batch_tokens)
+        generated = self.engine.submit(lambda: [generate_ids(translator, b, decode, False) for b in batches]).result()
+        translate_prepared(translator, records, outcomes, sentences, self.job, decode, self.max_batch_tokens,
+                           batches=batches, generated=generated)
+        return self.output(block, records, outcomes, ids)
+
+    def records(self, block: pa.Table, ids: list[int]) -> list[Record]:
+        if self.job.input_format == "jsonl":
+            return [line_record(raw, i & ROW_MASK, row, self.names[i >> FILE_BITS], self.job.field)
+                    for raw, i, row in zip(block.column(LINE).to_pylist(), ids, block.column(ROW).to_pylist())]
+        data, records, start = block.drop_columns([ID]), [], 0
+        while start < len(ids):  # a run of one file's rows at a time
+            file = ids[start] >> FILE_BITS
+            end = next((n for n in range(start, len(ids)) if ids[n] >> FILE_BITS != file), len(ids))
+            for batch in data.slice(start, end - start).combine_chunks().to_batches():
+                numbers = [i & ROW_MASK for i in ids[start:start + batch.num_rows]]
+                records += batch_records(batch, self.names[file], self.job.field, Position(), numbers)
+                start += batch.num_rows
+        return records
+
+    def output(self, block: pa.Table, records: list[Record], outcomes: list[Outcome], ids: list[int]) -> pa.Table:
+        """The written rows (their output and id), then the failed ones (nulls, their id, error and errors line)."""
+        job = self.job
+        translations = [o.translation for o in outcomes]
+        statuses = [status_of(o) for o in outcomes] if job.status_field else None
+        place = {id(r): n for n, r in enumerate(records)}
+        if job.output_format == "jsonl":
+            schema, lines, unwritten = pa.schema([(LINE, pa.binary())]), [], []
+            fields = jsonl_fields(records, translations)
+            for n, (record, translation) in enumerate(zip(records, translations)):
+                if translation is not None:
+                    line, error = encode_jsonl_row(record, next(fields), job.added.values(translation, statuses, n))
+                    (unwritten.append((record, error)) if error else lines.append(line))
+            written = pa.table({LINE: pa.array(lines, pa.binary())})
+        else:
+            schema = output_schema(self.schema, job.added)
+            written, unwritten = TableMaker(self.schema, job.output_field, job.field, job.status_field).table(
+                records, translations, statuses)
+            written = (written if written is not None else schema.empty_table()).select(schema.names).cast(schema)
+        for record, error in unwritten:  # rows the writer refused fail as the CLI's do
+            outcomes[place[id(record)]].translation, outcomes[place[id(record)]].error = None, error
+        kept = [n for n, o in enumerate(outcomes) if o.error is None]
+        failed = [n for n, o in enumerate(outcomes) if o.error is not None]
+        failed_records = [records[n] for n in failed]
+        error_lines = [error_line(record, outcomes[n].error, job, source)
+                       for n, record, source in zip(failed, failed_records, failed_inputs(failed_records, job))]
+        nulls = pa.table({f.name: pa.nulls(len(failed), f.type) for f in schema}, schema=schema)
+        table = pa.concat_tables([written, nulls])
+        return table.append_column(ID, pa.array([ids[n] for n in kept + failed], pa.int64())).append_column(
+            ERROR, pa.array([None] * len(kept) + [outcomes[n].error for n in failed], pa.string())).append_column(
+            ERROR_LINE, pa.array([None] * len(kept) + error_lines, pa.binary())).append_column(
+            WORKER, pa.array([self.worker] * table.num_rows, pa.string()))
+
+
+class Sink(BlockBasedFileDatasink):
+    """The staged parts: a write task's rows sorted by id, the translated ones in a part named by its first row,
+    the failed ones' errors lines beside it. With --on-error fail a failed row fails the task, and the job."""
+
+    def __init__(self, path: str, fmt: str, on_error: str):
+        super().__init__(path, file_format=fmt)
+        self.fmt, self.on_error = fmt, on_error
+
+    def write(self, blocks, ctx) -> dict | None:
+        from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
+        from ray.data.datasource.filename_provider import _split_base_and_ext
+
+        parts = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
+        table = pa.concat_tables(parts).sort_by(ID) if parts else None
+        if table is None or table.num_rows == 0:
+            return None
+        failed_rows = table.column(ERROR).is_valid()
+        failed = table.filter(failed_rows)
+        if failed.num_rows and self.on_error == "fail":
+            raise NllbError(failed.column(ERROR)[0].as_py())
+        # the name starts with the one Ray's checkpoint knows the task by, so that an uncommitted part is found
+        task = self.filename_provider.get_filename_for_task(ctx.kwargs[WRITE_UUID_KWARG_NAME], ctx.task_idx)
+        first = table.column(ID)[0].as_py()
+        name = f"{self.path}/{_split_base_and_ext(task)[0]}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
+        kept = table.filter(pa.compute.invert(failed_rows))
+        if kept.num_rows:
+            with self.open_output_stream(f"{name}.{self.fmt}") as stream:
+                if self.fmt == "jsonl":
+                    stream.write(b"".join(kept.column(LINE).to_pylist()))
+                else:
+                    pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
+        if failed.num_rows:
+            with self.open_output_stream(f"{name}.errors.jsonl") as stream:
+                stream.write(b"".join(failed.column(ERROR_LINE).to_pylist()))
+        return {"rows": table.num_rows, "failed": failed.num_rows, "workers": sorted(set(table.column(WORKER).to_pylist()))}
+
+    def on_write_complete(self, write_result) -> None:
+        self.returns = [r for r in write_result.write_returns if r]
+        super().on_write_complete(write_result)
+
+
+def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions = DecodeOptions(),
+                       options: RayOptions = RayOptions(), *, model: str, adapter: str | None = None,
+                       chunk_rows: int | None = None, max_batch_tokens: int | None = None, resume: bool = False,
+                       force: bool = False, input_format: str | None = None, output_format: str | None = None,
+                       progress: bool = False, warn: Callable[[str], None] = print,
+                       load: Callable[[], object] | None = None) -> Outcomes:
+    """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
+    `job` holds the fields, languages and --on-error (its paths and formats are not read); `chunk_rows` and
+    `max_batch_tokens` default to the device's (the CLI's); `load` makes an actor's Translator, in the actor
+    (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with `options.threads`)."""
+    files = expand_inputs(paths)
+    fmt = inputs_format(files, input_format)
+    if output_format is not None and output_format != fmt:
+        raise NllbError(f"--ray writes the inputs' format ({fmt}), not {output_format}.")
+    job = replace(job, input_format=fmt, output_format=fmt)
+    check_fields(job)
+    schema = check_parquet_inputs(files, job.field) if fmt == "parquet" else None
+    check_output(output, files, job, force)
+    identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter)
+    staging = staging_path(output)
+    if resume and finished_job(output) == identity:
+        remove_path(staging)
+        return Outcomes(already=True)
+    prepare_staging(staging, identity, resume, warn)
+    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads)
+    started = start_ray(options.address)
+    try:
+        workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens, progress)
+    finally:
+        if started:
+            ray.shutdown()
+    outcomes = promote(staging, output, files, fmt, job, identity, warn)
+    outcomes.workers = workers
+    return outcomes
+
+
+def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None):
+    """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`."""
+    from .translator import load_translator
+
+    translator = load_translator(model, device, adapter)
+    if threads is not None and translator.device == "cpu":
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=threads, user_api="blas")
+    return translator
+
+
+def check_output(output: str, files: list[str], job: Job, force: bool) -> None:
+    """OUTPUT is a directory nllb wrote (or an empty one, or none yet), no input lies in it, and the errors file
+    is none of the inputs."""
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise NllbError(f"OUTPUT {output} is a file, and --ray writes a directory of parts: name a directory.")
+    if os.path.isdir(output) and os.listdir(output) and finished_job(output) is None and not force:
+        raise NllbError(f"OUTPUT {output} is a directory nllb did not write: refusing to replace it (pass --force "
+                        "to replace it).")
+    top = os.path.realpath(output)
+    for path in files:
+        if os.path.realpath(path).startswith(top + os.sep):
+            raise NllbError(f"the input {path} lies in OUTPUT {output}: refusing to replace it.")
+        if job.errors and os.path.exists(job.errors) and os.path.samefile(path, job.errors):
+            raise NllbError(f"--errors {job.errors} is the input file {path}: refusing to write over the input.")
+
+
+def finished_job(output: str) -> dict | None:
+    """The job a finished output directory records in its _SUCCESS file; None where it has none."""
+    try:
+        with open(os.path.join(output, SUCCESS), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record.get("job") if isinstance(record, dict) and record.get("nllb") == 1 else None
+
+
+def prepare_staging(staging: str, identity: dict, resume: bool, warn: Callable[[str], None]) -> None:
+    """The staging directory of this job: kept with --resume when it holds the same job, else made anew."""
+    path = os.path.join(staging, "job.json")
+    if os.path.isdir(staging) and not os.path.islink(staging):
+        try:
+            with open(path, encoding="utf-8") as f:
+                stored = json.load(f)
+        except (OSError, ValueError):
+            stored = None
+        if resume and stored == identity:
+            return
+        if resume and stored is not None:
+            raise NllbError(f"--resume: the interrupted job in {staging} had other inputs or options; run without "
+                            "--resume to start afresh.")
+        if resume:
+            warn(f"Starting afresh: {staging} holds no job to continue.")
+    elif resume:
+        warn("Starting afresh: there is no interrupted job to continue.")
+    remove_path(staging)
+    os.makedirs(os.path.join(staging, "data"))
+    write_json(path, identity)
+
+
+def remove_path(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def write_json(path: str, value: dict) -> None:
+    """A small JSON file written beside its name, fsynced and renamed into place."""
+    temp = f"{path}.tmp"
+    remove_path(temp)
+    with os.fdopen(create_private(temp, os.O_WRONLY), "w", encoding="utf-8") as f:
+        json.dump(value, f, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    sync_directory(os.path.dirname(path))
+
+
+def start_ray(address: str | None) -> bool:
+    """Ray joined (address, or $RAY_ADDRESS) or started here; whether this call started it (and ends it)."""
+    # Ray's notes on what it does (token auth, progress bars off) and its tracebacks of a failed task are not the
+    # job's: the error that ends the job is its one line (Ray keeps its own logs in its session's directory)
+    for name in ("ray", "ray.data"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if ray.is_initialized():
+        return False
+    # the driver's core worker writes a line for every actor whose constructor's arguments are in the object store
+    # (Ray Data's are, always); the job's own errors come as exceptions
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    else:
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    return True
+
+
+def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions, options: RayOptions,
+                schema: pa.Schema | None, load: Callable, chunk_rows: int | None, max_batch_tokens: int | None,
+                progress: bool) -> tuple[str, ...]:
+    """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
+    context = DataContext.get_current()
+    context.execution_options.preserve_order = options.ordered
+    context.enable_progress_bars = progress
+    context.print_on_execution_start = False
+    context.actor_task_retry_on_errors = True  # with max_task_retries: a batch function that raised runs again
+    context.checkpoint_config = CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
+                                                 delete_checkpoint_on_success=False)
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device != "cpu" else 0
+    if options.device == "cuda" and not gpus:
+        raise NllbError("--device cuda: the Ray cluster has no GPU.")
+    actors = options.actors or max(1, gpus)
+    if gpus and actors > gpus:
+        raise NllbError(f"--ray-actors {actors}: the Ray cluster has {gpus} GPU(s), one an actor.")
+    defaults = GPU_BATCHING if gpus else BatchOptions()
+    chunk_rows = chunk_rows or defaults.read_chunk_rows
+    names = list(files)  # as messages name them; the read tasks, on any node, get them whole
+    dataset = ray.data.read_datasource(Source([os.path.abspath(f) for f in files], job.input_format))
+    dataset = dataset.repartition(target_num_rows_per_block=chunk_rows)
+    with warnings.catch_warnings():  # max_task_retries is not one of map_batches' named parameters yet (Ray 2.60)
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
+        dataset = dataset.map_batches(
+            Translating, fn_constructor_kwargs={"load": load, "names": names, "job": job, "decode": decode,
+                                                "max_batch_tokens": max_batch_tokens, "schema": schema},
+            batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
+            compute=ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2, enable_true_multi_threading=True),
+            max_task_retries=TASK_RETRIES)
+    sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error)
+    failure = None
+    try:
+        dataset.write_datasink(sink)
+    except Exception as error:  # noqa: BLE001 - Ray wraps what the tasks raised
+        failure = ray_error(error)
+    if failure is not None:
+        # the failed execution's objects (in cycles through its traceback) hold its actors, and with them their
+        # GPUs, until they are collected: a job run next in this process would wait for them
+        del dataset, sink
+        gc.collect()
+        raise NllbError(f"{failure} (the rows written so far are kept: run the same command with --resume to "
+                        "continue)")
+    return tuple(sorted({w for r in getattr(sink, "returns", []) for w in r.get("workers", [])}))
+
+
+def ray_error(error: BaseException) -> str:
+    """What a failed Ray job's error says: the NllbError a task raised, else the first line of the cause."""
+    seen, last = set(), error
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        cause = getattr(error, "cause", None)  # a RayTaskError's: what the task raised
+        if isinstance(cause, BaseException) and cause is not error:
+            error = cause
+            continue
+        if isinstance(error, NllbError):  # (Ray adds lines of its own to what a task raised)
+            return str(error).splitlines()[0]
+        last, error = error, error.__cause__
+    text = str(last).strip().splitlines()
+    return f"Ray: {type(last).__name__}: {text[0] if text else 'the job failed'}"
+
+
+def promote(staging: str, output: str, files: list[str], fmt: str, job: Job, identity: dict,
+            warn: Callable[[str], None]) -> Outcomes:
+    """Every row written: the parts renamed in input order, counted against the inputs' rows, the failed rows
+    recorded (--errors) or named (skip), and the parts' directory renamed onto OUTPUT with its _SUCCESS."""
+    data = os.path.join(staging, "data")
+    os.makedirs(data, exist_ok=True)
+    for name in sorted(os.listdir(data)):
+        match = PART.search(name)
+        if match is None or FINAL.match(name):
+            continue
+        final = f"part-{match.group(1)}-{match.group(2)}{match.group(3)}"
+        if os.path.exists(os.path.join(data, final)):
+            raise NllbError(f"{staging}: two parts start at the same row ({final}): refusing to finish a job that "
+                            "would write a row twice; run it again without --resume.")
+        os.rename(os.path.join(data, name), os.path.join(data, final))
+    names = sorted(n for n in os.listdir(data) if FINAL.match(n))
+    failed_parts = [os.path.join(data, n) for n in names if n.endswith(".errors.jsonl")]
+    outcomes = Outcomes(rows=0, failed=sum(count_lines(p) for p in failed_parts))
+    outcomes.translated = sum(part_rows(os.path.join(data, n), fmt) for n in names if not n.endswith(".errors.jsonl"))
+    outcomes.rows = outcomes.translated + outcomes.failed
+    expected = sum(input_rows(f, fmt) for f in files)
+    if outcomes.rows != expected:
+        raise NllbError(f"{staging}: the parts hold {outcomes.rows:,} rows and the inputs {expected:,}: refusing to "
+                        "finish the job; run it again without --resume.")
+    if job.on_error == "record" and job.errors:
+        write_errors(failed_parts, job.errors)
+    elif failed_parts:
+        for path in failed_parts:
+            with open(path, encoding="utf-8") as lines:
+                for line in lines:
+                    warn(f"Skipped: {json.loads(line)['error']}")
+    for path in failed_parts:
+        os.unlink(path)
+    record = {"nllb": 1, "job": identity, "rows": outcomes.rows, "translated": outcomes.translated,
+              "failed": outcomes.failed}
+    write_json(os.path.join(data, SUCCESS), record)
+    if os.path.isdir(output):
+        os.rename(output, os.path.join(staging, "replaced"))
+    os.rename(data, output)
+    sync_directory(os.path.dirname(os.path.abspath(output)))
+    shutil.rmtree(staging)
+    return outcomes
+
+
+def count_lines(path: str) -> int:
+    with open(path, "rb") as f:
+        return sum(1 for _ in f)
+
+
+def part_rows(path: str, fmt: str) -> int:
+    if fmt == "parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    return count_lines(path)
+
+
+def input_rows(path: str, fmt: str) -> int:
+    if fmt == "parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, "rb") as f:
+        return count_rows(f)
+
+
+def write_errors(parts: list[str], path: str) -> None:
+    """The failed rows' lines, in input order, written beside the errors file and renamed onto it."""
+    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.nllb-partial")
+    remove_path(temp)
+    with os.fdopen(create_private(temp, os.O_WRONLY), "wb") as target:
+        for part in parts:
+            with open(part, "rb") as source:
+                shutil.copyfileobj(source, target)
+        target.flush()
+        os.fsync(target.fileno())
+    os.replace(temp, path)

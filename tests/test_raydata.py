@@ -1,0 +1,263 @@
+"""--ray on a local Ray with logical CPUs and two fake GPUs, the sample model on the CPU engine in the actors: the
+CLI's bytes (in order when asked, else as a set), every row once, the failed rows recorded, an actor killed, a
+batch function that raises once, a failed job never promoted and resumed, the GPU ids Ray gives the actors.
+
+One Ray for the whole module (started in this process; the jobs join it), so each job costs seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+ray = pytest.importorskip("ray")
+
+from nllbcli import raydata  # noqa: E402
+from nllbcli.cli import cli  # noqa: E402
+from nllbcli.errors import NllbError  # noqa: E402
+from nllbcli.options import DecodeOptions, Job  # noqa: E402
+from nllbcli.translator import load_translator  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = str(ROOT / "data" / "samples" / "model")
+GREEDY = DecodeOptions(beam_size=1, max_length=48)
+DECODE_ARGS = ["--beam-size", "1", "--max-length", "48"]
+TEXTS = ["The concert is on the twelfth of March.", "David sees twenty black hats at the market every morning.",
+         "Emma's birthday is on the fourth of July. My sister bought three red cars in the garden last week.",
+         "My uncle went to Rome on Friday.", ""]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
+    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run this module's translators
+    yield
+    ray.shutdown()
+
+
+def write_jsonl(path: Path, rows: int, start: int = 0, bad_every: int = 0) -> None:
+    """Rows of the sample model's sentences, a blank line now and then, and a line that is not JSON every
+    `bad_every` rows."""
+    lines = []
+    for n in range(start, start + rows):
+        if n % 9 == 4:
+            lines.append("\n")
+        if bad_every and n % bad_every == bad_every - 1:
+            lines.append("{not json\n")
+        else:
+            lines.append(json.dumps({"id": n, "text": TEXTS[n % len(TEXTS)]}) + "\n")
+    path.write_text("".join(lines))
+
+
+def write_parquet(path: Path, rows: int, start: int = 0) -> None:
+    texts = [None if n % 11 == 10 else TEXTS[n % len(TEXTS)] for n in range(start, start + rows)]
+    pq.write_table(pa.table({"id": pa.array(range(start, start + rows), pa.int64()), "text": texts}), path,
+                   row_group_size=7)
+
+
+def cli_output(tmp_path: Path, source: Path, *args: str) -> tuple[bytes, bytes]:
+    """The plain command's output and errors file for one input (skip: the errors file is empty)."""
+    out, errors = tmp_path / f"cli-{source.name}", tmp_path / f"cli-{source.name}.errors.jsonl"
+    record = ["--errors", str(errors)] if "skip" not in args else []
+    result = CliRunner().invoke(cli, ["translate", "-q", "-m", SAMPLE, "--device", "cpu", *DECODE_ARGS, "--src", "en",
+                                      "--tgt", "fr", *record, *args, str(source), str(out)])
+    assert result.exit_code in (0, 3), result.output
+    return out.read_bytes(), errors.read_bytes() if errors.exists() else b""
+
+
+def parts(output: Path, suffix: str) -> list[Path]:
+    return sorted(p for p in output.iterdir() if p.name.startswith("part-") and p.name.endswith(suffix))
+
+
+def run(tmp_path: Path, inputs: list[str], output: Path, *args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, ["translate", "--ray", "-m", SAMPLE, *DECODE_ARGS, "--src", "en", "--tgt", "fr",
+                                      "--progress", "none", *args, *inputs, str(output)])
+    return result.exit_code, result.output
+
+
+def test_ordered_jsonl_is_the_commands_output_file_after_file(tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_jsonl(inputs / "a.jsonl", 40, bad_every=13)
+    write_jsonl(inputs / "b.jsonl", 25, start=40)
+    (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
+    code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--ordered", "--chunk-rows", "8",
+                     "--errors", str(tmp_path / "errors.jsonl"))
+    assert code == 3, said
+    expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl")]
+    assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == b"".join(out for out, _ in expected)
+    assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(errors for _, errors in expected)
+    assert said.splitlines()[-1].startswith("Translated 62 of 65 rows (3 failed) into ")
+    assert said.splitlines()[-1].endswith(", on GPU 0, GPU 1.")  # each actor was given its own GPU by Ray
+    assert "_SUCCESS" in os.listdir(tmp_path / "out")
+    assert not list(tmp_path.glob(".out.nllb-staging"))
+
+
+def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
+    write_parquet(tmp_path / "a.parquet", 30)
+    write_parquet(tmp_path / "b.parquet", 21, start=30)
+    code, said = run(tmp_path, [str(tmp_path / "*.parquet")], tmp_path / "out", "--chunk-rows", "6", "--on-error",
+                     "skip", "--status-field", "status")
+    assert code == 3, said
+    assert said.count("Skipped: ") == 4 and "a.parquet: row 11: field 'text' is null, not a string." in said
+    got = pa.concat_tables([pq.read_table(p) for p in parts(tmp_path / "out", ".parquet")])
+    expected = pa.concat_tables([pq.read_table(pa.BufferReader(cli_output(tmp_path, tmp_path / name, "--on-error", "skip",
+                                                                          "--status-field", "status")[0]))
+                                 for name in ("a.parquet", "b.parquet")])
+    assert got.schema == expected.schema
+    assert got.sort_by("id").to_pylist() == expected.to_pylist()  # every row once (the parts are not in order)
+    assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
+
+
+class Flaky:
+    """A translator whose generate raises once (the first call of any actor), then works; or sleeps a while
+    before each call, so that a job lasts long enough to be interrupted."""
+
+    def __init__(self, translator, marker: str | None = None, delay: float = 0.0):
+        self.translator, self.marker, self.delay = translator, marker, delay
+
+    def __getattr__(self, name):
+        return getattr(self.translator, name)
+
+    def generate(self, *args, **kwargs):
+        time.sleep(self.delay)
+        if self.marker is not None and not os.path.exists(self.marker):
+            Path(self.marker).write_text("raised")
+            raise RuntimeError("a transient failure")
+        return self.translator.generate(*args, **kwargs)
+
+
+def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:
+    return Flaky(load_translator(SAMPLE, "cpu"), marker, delay)
+
+
+def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, **kwargs) -> raydata.Outcomes:
+    job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"))
+    return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(ordered=True), model=SAMPLE,
+                                      load=load, warn=lambda message: None, **kwargs)
+
+
+def test_a_batch_function_that_raises_is_run_again(tmp_path):
+    import functools
+
+    write_jsonl(tmp_path / "in.jsonl", 30)
+    outcomes = translate(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", chunk_rows=5,
+                         load=functools.partial(flaky, str(tmp_path / "raised")))
+    assert (tmp_path / "raised").exists() and outcomes.rows == outcomes.translated == 30
+    assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
+        tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+def actor_processes() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as stream:
+                if b"MapWorker" in stream.read() and b"Translating" in open(f"/proc/{entry}/cmdline", "rb").read():
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_a_killed_actor_is_replaced_and_no_row_is_lost_or_written_twice(tmp_path):
+    import functools
+
+    write_jsonl(tmp_path / "in.jsonl", 60)
+    staged = tmp_path / ".out.nllb-staging" / "data"
+    killed = []
+
+    def kill_one_when_a_part_is_written():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (staged.is_dir() and any(staged.iterdir())):
+            time.sleep(0.05)
+        actors = actor_processes()
+        if actors:
+            os.kill(actors[0], signal.SIGKILL)
+            killed.append(actors[0])
+
+    killer = threading.Thread(target=kill_one_when_a_part_is_written)
+    killer.start()
+    outcomes = translate(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", chunk_rows=4,
+                         load=functools.partial(flaky, None, 0.3))
+    killer.join()
+    assert killed and outcomes.rows == outcomes.translated == 60
+    assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
+        tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+def test_a_failed_job_is_not_promoted_and_resumes_to_the_same_bytes(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", 48, bad_every=40)
+    output = tmp_path / "out"
+    with pytest.raises(NllbError, match=r"in.jsonl:\d+: not valid JSON.*--resume"):
+        translate(tmp_path, [str(tmp_path / "in.jsonl")], output, chunk_rows=4, on_error="fail")
+    assert not output.exists()
+    staged = [p.name for p in (tmp_path / ".out.nllb-staging" / "data").iterdir()]
+    assert staged and not any(name.endswith(".errors.jsonl") for name in staged)
+    outcomes = translate(tmp_path, [str(tmp_path / "in.jsonl")], output, chunk_rows=4, on_error="skip", resume=True)
+    assert (outcomes.rows, outcomes.failed) == (48, 1)
+    assert b"".join(p.read_bytes() for p in parts(output, ".jsonl")) == cli_output(
+        tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+    again = translate(tmp_path, [str(tmp_path / "in.jsonl")], output, chunk_rows=4, on_error="skip", resume=True)
+    assert again.already
+
+
+def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
+    """The whole command killed (kill -9) once a part is staged: --resume reads only the rows not written."""
+    write_jsonl(tmp_path / "in.jsonl", 80)
+    command = [sys.executable, "-m", "nllbcli", "translate", "--ray", "-m", SAMPLE, *DECODE_ARGS, "--src", "en",
+               "--tgt", "fr", "-q", "--chunk-rows", "4", "--ordered", "--ray-actors", "1", "in.jsonl", "out"]
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)  # this module's Ray
+    process = subprocess.Popen(command, cwd=tmp_path, env=env)
+    staged = tmp_path / ".out.nllb-staging" / "data"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (staged.is_dir() and len(list(staged.iterdir())) >= 2):
+        time.sleep(0.05)
+    process.kill()
+    process.wait()
+    assert not (tmp_path / "out").exists()
+    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
+        tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--devices", "cpu:2"], "--devices and --ray cannot be used together"),
+    (["-"], "--ray reads files and writes a directory"),
+    (["--progress", "json"], "--progress json does not go with --ray"),
+    (["--device", "cuda:1"], "the actors take auto, cpu or cuda"),
+])
+def test_usage_errors_are_one_line_before_ray_starts(tmp_path, args, message):
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    inputs = [] if args == ["-"] else [str(tmp_path / "in.jsonl")]
+    code, said = run(tmp_path, inputs + (args if args == ["-"] else []), tmp_path / "out", *([] if args == ["-"] else args))
+    assert code == 2 and message in said and "Traceback" not in said
+
+
+def test_outputs_nllb_did_not_write_are_refused(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "data.csv").write_text("a,b\n")
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "theirs")
+    assert code == 1 and "nllb did not write: refusing to replace it" in said
+    (tmp_path / "file").write_text("x")
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "file")
+    assert code == 1 and "is a file, and --ray writes a directory" in said
+    code, said = run(tmp_path, [str(tmp_path / "nothing-*.jsonl")], tmp_path / "out")
+    assert code == 1 and "the pattern matches no file" in said
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    code, said = run(tmp_path, [str(tmp_path / "in.txt")], tmp_path / "out")
+    assert code == 1 and "--ray reads JSONL and Parquet, not text" in said
