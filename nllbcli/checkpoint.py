@@ -181,34 +181,29 @@ def quoted(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def hf_cache_dirs() -> list[Path]:
-    """Where the Hugging Face hub keeps downloaded models, in the order transformers looks."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return [Path(os.environ["HF_HUB_CACHE"])]
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return [Path(os.environ["HUGGINGFACE_HUB_CACHE"])]
+def hf_cache_dir() -> Path:
+    """Where the Hugging Face hub keeps downloaded models, found as transformers finds it."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if hub:
+        return Path(hub)
     home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
-    return [home / "hub"]
+    return home / "hub"
 
 
-def find_in_hf_cache(repo_id: str) -> tuple[Path | None, list[Path]]:
-    """The snapshot directory of a hub model already in the local cache (never downloads), and where it looked."""
-    looked: list[Path] = []
-    for cache in hf_cache_dirs():
-        repo = cache / ("models--" + repo_id.replace("/", "--"))
-        looked.append(repo)
-        snapshots = repo / "snapshots"
-        if not snapshots.is_dir():
-            continue
-        ref = repo / "refs" / "main"
-        if ref.is_file():
-            snapshot = snapshots / ref.read_text().strip()
-            if snapshot.is_dir():
-                return snapshot, looked
-        candidates = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        if candidates:
-            return candidates[-1], looked
-    return None, looked
+def find_in_hf_cache(repo_id: str) -> Path | None:
+    """The snapshot directory of a hub model already in the local cache (never downloads): the one refs/main
+    names, else the newest."""
+    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snapshot = snapshots / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    candidates = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -220,7 +215,7 @@ def resolve_model_dir(model: str) -> Path:
         raise NllbError(f"--model {model}: expected a model directory, found a file")
     looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
     if looks_like_hub_id:
-        snapshot, _ = find_in_hf_cache(model)
+        snapshot = find_in_hf_cache(model)
         if snapshot is not None:
             return snapshot
         # one short line: the README's Models section says where the cache is and how to fetch into it
@@ -231,7 +226,7 @@ def resolve_model_dir(model: str) -> Path:
 
 
 def download_command(repo_id: str) -> str:
-    """The shell command that puts a hub model into the cache nllbcli looks in (hf_cache_dirs)."""
+    """The shell command that puts a hub model into the cache nllbcli looks in (hf_cache_dir)."""
     return f"hf download {repo_id}"  # huggingface_hub's CLI; before 0.34 it was `huggingface-cli download`
 
 
@@ -475,6 +470,13 @@ def read_weights(path: Path, bf16_bits: bool = False, wanted: set[str] | None = 
     return read_torch_bin(path, wanted)
 
 
+def read_config(model_dir: Path) -> ModelConfig:
+    """The model directory's config.json, checked (ModelConfig.from_json)."""
+    if not (model_dir / "config.json").is_file():
+        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
+    return ModelConfig.from_json(model_dir / "config.json")
+
+
 def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read a model directory: its config and every weight the model uses, as float32 arrays named as below.
 
@@ -485,10 +487,7 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConf
     bf16_bits: a checkpoint stored in bf16 throughout (`nllb convert`'s) comes as the bits of its values
     (uint16 arrays), for the GPU engine, which holds bf16: a third of the work of widening to float32 and
     uploading twice the bytes. Any other checkpoint comes as float32 all the same."""
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
-    config = ModelConfig.from_json(config_path)
+    config = read_config(model_dir)
     files = weight_files(model_dir)
     file_of: dict[str, Path] = {}  # stored name -> its file (a name in a later file wins, as when they were merged)
     shapes: dict[str, tuple[int, ...]] = {}
