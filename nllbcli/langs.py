@@ -119,9 +119,8 @@ def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
         return code
     near = closest_codes(code, known)
     hint = f" Did you mean {' or '.join(near)}?" if near else " Run `nllb langs` to list them."
-    if not is_flores(known):
-        raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} M2M-100 codes such as en.{hint}")
-    raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} FLORES-200 codes such as eng_Latn.{hint}")
+    family, example = ("FLORES-200", "eng_Latn") if is_flores(known) else ("M2M-100", "en")
+    raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} {family} codes such as {example}.{hint}")
 
 
 # ISO 639-3 codes (as langcodes gives them) whose NLLB code is another one: macrolanguages NLLB trained as one of
