@@ -526,34 +526,24 @@ def select_weights(config: ModelConfig, shapes: dict[str, tuple[int, ...]], wher
     embeddings = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
     chosen = {n: names[shared] if config.tie_word_embeddings else names.get(n, names[shared]) for n in embeddings}
     d = config.d_model
-    # layers first: the names expected below grow with the layer counts config.json gives, the layers held do not
-    for side, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
-        held = {name.split(".")[2] for name in names if name.startswith(f"{side}.layers.")}
-        if layers > len(held):
-            raise NllbError(f"{where}: the weights do not match config.json: it says {side}_layers {layers}, the "
-                            f"weights hold {len(held)} {side} layers")
     expected: dict[str, tuple[int, ...]] = {"lm_head.weight": (config.vocab_size, d)}
     for side, layers, ffn in (
         ("encoder", config.encoder_layers, config.encoder_ffn_dim),
         ("decoder", config.decoder_layers, config.decoder_ffn_dim),
     ):
-        attentions = ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",)
-        for i in range(layers):
-            p = f"{side}.layers.{i}."
-            for attn in attentions:
-                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    expected[p + f"{attn}.{proj}.weight"] = (d, d)
-                    expected[p + f"{attn}.{proj}.bias"] = (d,)
-                expected[p + f"{attn}_layer_norm.weight"] = (d,)
-                expected[p + f"{attn}_layer_norm.bias"] = (d,)
-            expected[p + "fc1.weight"] = (ffn, d)
-            expected[p + "fc1.bias"] = (ffn,)
-            expected[p + "fc2.weight"] = (d, ffn)
-            expected[p + "fc2.bias"] = (d,)
-            expected[p + "final_layer_norm.weight"] = (d,)
-            expected[p + "final_layer_norm.bias"] = (d,)
-        expected[f"{side}.layer_norm.weight"] = (d,)
-        expected[f"{side}.layer_norm.bias"] = (d,)
+        # the layers held first: the names expected below grow with the layer count config.json gives, they do not
+        held = {name.split(".")[2] for name in names if name.startswith(f"{side}.layers.")}
+        if layers > len(held):
+            raise NllbError(f"{where}: the weights do not match config.json: it says {side}_layers {layers}, the "
+                            f"weights hold {len(held)} {side} layers")
+        layer: dict[str, tuple[int, ...]] = {}  # a layer's modules by their weight's shape
+        for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+            layer |= {f"{attn}.{proj}": (d, d) for proj in ("q_proj", "k_proj", "v_proj", "out_proj")}
+            layer[f"{attn}_layer_norm"] = (d,)
+        layer |= {"fc1": (ffn, d), "fc2": (d, ffn), "final_layer_norm": (d,)}
+        modules = {f"{side}.layers.{i}.{module}": shape for i in range(layers) for module, shape in layer.items()}
+        for module, shape in {**modules, f"{side}.layer_norm": (d,)}.items():
+            expected[module + ".weight"], expected[module + ".bias"] = shape, shape[:1]  # a bias: one per output
     missing = [n for n in expected if n not in names and n not in chosen]
     if missing:
         shown_names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
