@@ -221,8 +221,7 @@ class M2M100Tokenizer(SentencePieceTokenizer):
         if sorted(vocab.values()) != list(range(len(vocab))):
             raise NllbError(f"{path}: the ids are not 0..{len(vocab) - 1} each once: not an M2M-100 vocabulary")
         codes = read_tokenizer_config(model_dir).get("language_codes")
-        codes = "m2m100" if codes is None else codes
-        if codes != "m2m100":  # wmt21's 8 languages and others: their ids would silently be wrong
+        if codes not in (None, "m2m100"):  # wmt21's 8 languages and others: their ids would silently be wrong
             raise NllbError(f"{model_dir}: tokenizer_config.json sets language_codes {codes!r}; nllbcli knows M2M-100's 100 (m2m100)")
         tokenizer = cls(sp, vocab)
         check_fits_model(tokenizer, model_dir, config)
@@ -256,8 +255,8 @@ def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
 
 def check_ids(path: Path, ids: dict, key: str = "") -> dict:
     """A vocabulary's piece -> id object, every id an integer from 0 to MAX_ID, else an error naming the piece."""
-    if not all(type(i) is int and 0 <= i <= MAX_ID for i in ids.values()):  # one pass; the key only for an error
-        piece = next(p for p, i in ids.items() if not (type(i) is int and 0 <= i <= MAX_ID))
+    piece = next((p for p, i in ids.items() if not (type(i) is int and 0 <= i <= MAX_ID)), None)
+    if piece is not None:
         json_int(path, f"{key}[{quoted(piece)}]" if key else f"the id of {quoted(piece)}", ids[piece])
     return ids
 
@@ -300,10 +299,10 @@ def read_tokenizer_config(model_dir: Path) -> dict:
 def tokenizer_family(model_dir: Path) -> str:
     """"m2m100" or "nllb", from the files present: tokenizer_config.json's tokenizer_class when it names one,
     else vocab.json without tokenizer.json means M2M-100 (its hub repositories ship no tokenizer.json)."""
-    declared = read_tokenizer_config(model_dir).get("tokenizer_class")
-    if isinstance(declared, str) and declared.startswith("M2M100"):
+    declared = read_tokenizer_config(model_dir).get("tokenizer_class") or ""  # a string or null: checked
+    if declared.startswith("M2M100"):
         return "m2m100"
-    if isinstance(declared, str) and declared.startswith("Nllb"):
+    if declared.startswith("Nllb"):
         return "nllb"
     if (model_dir / "vocab.json").is_file() and not (model_dir / "tokenizer.json").is_file():
         return "m2m100"
