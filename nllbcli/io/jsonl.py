@@ -22,9 +22,12 @@ JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+20
 LINE_END = b"\r\n"
 
 
-class NotStrict(Exception):
-    """What Python's json module takes and a row may not hold: a literal RFC 8259 does not have (NaN, Infinity,
-    -Infinity), or an object that gives one name twice (a dict keeps one of the values)."""
+class NotJson(Exception):
+    """A literal Python's json module takes that RFC 8259 does not (NaN, Infinity, -Infinity)."""
+
+
+class RepeatedName(Exception):
+    """An object that gives one name twice: a dict keeps one of the values."""
 
 
 def exact_float(text: str) -> float | RawNumber:
@@ -42,7 +45,7 @@ def exact_int(text: str) -> int | RawNumber:
 
 
 def refuse_constant(name: str) -> None:
-    raise NotStrict(f"not valid JSON: {name} is not a JSON value (RFC 8259)")
+    raise NotJson(f"{name} is not a JSON value (RFC 8259)")
 
 
 def unique_keys(pairs: list[tuple[str, object]]) -> dict:
@@ -52,8 +55,8 @@ def unique_keys(pairs: list[tuple[str, object]]) -> dict:
     if len(fields) != len(pairs):
         seen: set[str] = set()
         twice = next(name for name, _ in pairs if name in seen or seen.add(name))
-        raise NotStrict(f"the name {json.dumps(twice, ensure_ascii=False)} appears twice in one object, and "
-                        "only one of its values could be kept")
+        raise RepeatedName(f"the name {json.dumps(twice, ensure_ascii=False)} appears twice in one object, and "
+                           "only one of its values could be kept")
     return fields
 
 
@@ -96,7 +99,10 @@ def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> I
         except json.JSONDecodeError as error:
             yield bad_row(position, f"{where}: not valid JSON: {error.msg} (column {error.colno}).", where, line)
             continue
-        except NotStrict as error:
+        except NotJson as error:
+            yield bad_row(position, f"{where}: not valid JSON: {error}.", where, line)
+            continue
+        except RepeatedName as error:
             yield bad_row(position, f"{where}: {error}.", where, line)
             continue
         except RecursionError:
