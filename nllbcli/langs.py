@@ -106,11 +106,7 @@ def closest_codes(code: str, known: list[str] | tuple[str, ...], n: int = 3) -> 
     by_spelling = difflib.get_close_matches(code, known, n=n, cutoff=0.5)
     by_spelling_ci = difflib.get_close_matches(code.lower(), [c.lower() for c in known], n=n, cutoff=0.5)
     lowered = {c.lower(): c for c in known}
-    found: list[str] = []
-    for c in same_language + by_spelling + [lowered[c] for c in by_spelling_ci]:
-        if c not in found:
-            found.append(c)
-    return found[:n]
+    return list(dict.fromkeys(same_language + by_spelling + [lowered[c] for c in by_spelling_ci]))[:n]
 
 
 def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:

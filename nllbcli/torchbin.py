@@ -300,8 +300,7 @@ def read_torch_bin(path: Path, wanted: set[str] | None = None) -> dict[str, np.n
         if (wanted is not None and name not in wanted) or not ref.floating:
             continue
         if ref not in seen:
-            raw = checkpoint.array(ref)
-            seen[ref] = widen_to_float32(raw, ref.storage.kind.name)
+            seen[ref] = widen_to_float32(checkpoint.array(ref), ref.storage.kind.name)
         arrays[name] = seen[ref]
     return arrays
 
