@@ -65,11 +65,9 @@ class ModelConfig:
             if value is None:
                 continue
             if f.type == "int":
-                least, most = INT_RANGES.get(f.name, (0, MAX_ID))
-                value = json_int(path, f.name, value, least, most)
+                values[f.name] = json_int(path, f.name, value, *INT_RANGES.get(f.name, (0, MAX_ID)))
             else:
-                value = json_value(path, f.name, value, {"bool": bool, "str": str}[f.type])
-            values[f.name] = value
+                values[f.name] = json_value(path, f.name, value, {"bool": bool, "str": str}[f.type])
         config = cls(**values)
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if config.d_model % getattr(config, name):
