@@ -65,11 +65,9 @@ class ModelConfig:
             if value is None:
                 continue
             if f.type == "int":
-                least, most = INT_RANGES.get(f.name, (0, MAX_ID))
-                value = json_int(path, f.name, value, least, most)
+                values[f.name] = json_int(path, f.name, value, *INT_RANGES.get(f.name, (0, MAX_ID)))
             else:
-                value = json_value(path, f.name, value, {"bool": bool, "str": str}[f.type])
-            values[f.name] = value
+                values[f.name] = json_value(path, f.name, value, {"bool": bool, "str": str}[f.type])
         config = cls(**values)
         for name in ("encoder_attention_heads", "decoder_attention_heads"):
             if config.d_model % getattr(config, name):
@@ -181,34 +179,29 @@ def quoted(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def hf_cache_dirs() -> list[Path]:
-    """Where the Hugging Face hub keeps downloaded models, in the order transformers looks."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return [Path(os.environ["HF_HUB_CACHE"])]
-    if os.environ.get("HUGGINGFACE_HUB_CACHE"):
-        return [Path(os.environ["HUGGINGFACE_HUB_CACHE"])]
+def hf_cache_dir() -> Path:
+    """Where the Hugging Face hub keeps downloaded models, found as transformers finds it."""
+    hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+    if hub:
+        return Path(hub)
     home = Path(os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface")
-    return [home / "hub"]
+    return home / "hub"
 
 
-def find_in_hf_cache(repo_id: str) -> tuple[Path | None, list[Path]]:
-    """The snapshot directory of a hub model already in the local cache (never downloads), and where it looked."""
-    looked: list[Path] = []
-    for cache in hf_cache_dirs():
-        repo = cache / ("models--" + repo_id.replace("/", "--"))
-        looked.append(repo)
-        snapshots = repo / "snapshots"
-        if not snapshots.is_dir():
-            continue
-        ref = repo / "refs" / "main"
-        if ref.is_file():
-            snapshot = snapshots / ref.read_text().strip()
-            if snapshot.is_dir():
-                return snapshot, looked
-        candidates = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-        if candidates:
-            return candidates[-1], looked
-    return None, looked
+def find_in_hf_cache(repo_id: str) -> Path | None:
+    """The snapshot directory of a hub model already in the local cache (never downloads): the one refs/main
+    names, else the newest."""
+    repo = hf_cache_dir() / ("models--" + repo_id.replace("/", "--"))
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        snapshot = snapshots / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    candidates = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    return candidates[-1] if candidates else None
 
 
 def resolve_model_dir(model: str) -> Path:
@@ -220,7 +213,7 @@ def resolve_model_dir(model: str) -> Path:
         raise NllbError(f"--model {model}: expected a model directory, found a file")
     looks_like_hub_id = model.count("/") == 1 and not model.startswith((".", "/", "~"))
     if looks_like_hub_id:
-        snapshot, _ = find_in_hf_cache(model)
+        snapshot = find_in_hf_cache(model)
         if snapshot is not None:
             return snapshot
         # one short line: the README's Models section says where the cache is and how to fetch into it
@@ -231,7 +224,7 @@ def resolve_model_dir(model: str) -> Path:
 
 
 def download_command(repo_id: str) -> str:
-    """The shell command that puts a hub model into the cache nllbcli looks in (hf_cache_dirs)."""
+    """The shell command that puts a hub model into the cache nllbcli looks in (hf_cache_dir)."""
     return f"hf download {repo_id}"  # huggingface_hub's CLI; before 0.34 it was `huggingface-cli download`
 
 
@@ -475,6 +468,13 @@ def read_weights(path: Path, bf16_bits: bool = False, wanted: set[str] | None = 
     return read_torch_bin(path, wanted)
 
 
+def read_config(model_dir: Path) -> ModelConfig:
+    """The model directory's config.json, checked (ModelConfig.from_json)."""
+    if not (model_dir / "config.json").is_file():
+        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
+    return ModelConfig.from_json(model_dir / "config.json")
+
+
 def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read a model directory: its config and every weight the model uses, as float32 arrays named as below.
 
@@ -485,10 +485,7 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConf
     bf16_bits: a checkpoint stored in bf16 throughout (`nllb convert`'s) comes as the bits of its values
     (uint16 arrays), for the GPU engine, which holds bf16: a third of the work of widening to float32 and
     uploading twice the bytes. Any other checkpoint comes as float32 all the same."""
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
-    config = ModelConfig.from_json(config_path)
+    config = read_config(model_dir)
     files = weight_files(model_dir)
     file_of: dict[str, Path] = {}  # stored name -> its file (a name in a later file wins, as when they were merged)
     shapes: dict[str, tuple[int, ...]] = {}
@@ -527,34 +524,24 @@ def select_weights(config: ModelConfig, shapes: dict[str, tuple[int, ...]], wher
     embeddings = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
     chosen = {n: names[shared] if config.tie_word_embeddings else names.get(n, names[shared]) for n in embeddings}
     d = config.d_model
-    # layers first: the names expected below grow with the layer counts config.json gives, the layers held do not
-    for side, layers in (("encoder", config.encoder_layers), ("decoder", config.decoder_layers)):
-        held = {name.split(".")[2] for name in names if name.startswith(f"{side}.layers.")}
-        if layers > len(held):
-            raise NllbError(f"{where}: the weights do not match config.json: it says {side}_layers {layers}, the "
-                            f"weights hold {len(held)} {side} layers")
     expected: dict[str, tuple[int, ...]] = {"lm_head.weight": (config.vocab_size, d)}
     for side, layers, ffn in (
         ("encoder", config.encoder_layers, config.encoder_ffn_dim),
         ("decoder", config.decoder_layers, config.decoder_ffn_dim),
     ):
-        attentions = ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",)
-        for i in range(layers):
-            p = f"{side}.layers.{i}."
-            for attn in attentions:
-                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    expected[p + f"{attn}.{proj}.weight"] = (d, d)
-                    expected[p + f"{attn}.{proj}.bias"] = (d,)
-                expected[p + f"{attn}_layer_norm.weight"] = (d,)
-                expected[p + f"{attn}_layer_norm.bias"] = (d,)
-            expected[p + "fc1.weight"] = (ffn, d)
-            expected[p + "fc1.bias"] = (ffn,)
-            expected[p + "fc2.weight"] = (d, ffn)
-            expected[p + "fc2.bias"] = (d,)
-            expected[p + "final_layer_norm.weight"] = (d,)
-            expected[p + "final_layer_norm.bias"] = (d,)
-        expected[f"{side}.layer_norm.weight"] = (d,)
-        expected[f"{side}.layer_norm.bias"] = (d,)
+        # the layers held first: the names expected below grow with the layer count config.json gives, they do not
+        held = {name.split(".")[2] for name in names if name.startswith(f"{side}.layers.")}
+        if layers > len(held):
+            raise NllbError(f"{where}: the weights do not match config.json: it says {side}_layers {layers}, the "
+                            f"weights hold {len(held)} {side} layers")
+        layer: dict[str, tuple[int, ...]] = {}  # a layer's modules by their weight's shape
+        for attn in ("self_attn", "encoder_attn") if side == "decoder" else ("self_attn",):
+            layer |= {f"{attn}.{proj}": (d, d) for proj in ("q_proj", "k_proj", "v_proj", "out_proj")}
+            layer[f"{attn}_layer_norm"] = (d,)
+        layer |= {"fc1": (ffn, d), "fc2": (d, ffn), "final_layer_norm": (d,)}
+        modules = {f"{side}.layers.{i}.{module}": shape for i in range(layers) for module, shape in layer.items()}
+        for module, shape in {**modules, f"{side}.layer_norm": (d,)}.items():
+            expected[module + ".weight"], expected[module + ".bias"] = shape, shape[:1]  # a bias: one per output
     missing = [n for n in expected if n not in names and n not in chosen]
     if missing:
         shown_names = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")

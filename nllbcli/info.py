@@ -8,10 +8,10 @@ the CUDA engine sizes it at start from the memory left free (POOL_FRACTION of it
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
-from .checkpoint import TIED, ModelConfig, resolve_model_dir, select_weights, stored_tensors, weight_files
-from .errors import NllbError
+from .checkpoint import TIED, read_config, resolve_model_dir, select_weights, stored_tensors, weight_files
 
 # engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
 # these equal to its values)
@@ -47,22 +47,12 @@ class ModelInfo:
     notes: list[str] = field(default_factory=list)
 
 
-def count(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     """Describe a model directory (or a cached hub id) from its config and headers."""
     from .tokenizer import check_special_ids, tokenizer_family, tokenizer_from_model_dir
 
     model_dir = resolve_model_dir(model)
-    config_path = model_dir / "config.json"
-    if not config_path.is_file():
-        raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
-    config = ModelConfig.from_json(config_path)
+    config = read_config(model_dir)
     check_special_ids(config, model_dir)  # refused by translate whatever the tokenizer, so not a note
     family = "M2M-100" if tokenizer_family(model_dir) == "m2m100" else "NLLB-200"
     notes = []
@@ -83,8 +73,8 @@ def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     embedding = next(name for name in TIED if name in tensors)
     tied = set(TIED) - {embedding} if config.tie_word_embeddings else set(TIED[:3]) - {embedding}
     counted = {name: t for name, t in tensors.items() if name not in tied}
-    parameters = sum(count(shape) for shape, _ in counted.values())
-    gpu = sum(count(shape) * (BF16_BYTES if len(shape) == 2 else F32_BYTES) for shape, _ in counted.values())
+    parameters = sum(math.prod(shape) for shape, _ in counted.values())
+    gpu = sum(math.prod(shape) * (BF16_BYTES if len(shape) == 2 else F32_BYTES) for shape, _ in counted.values())
     gpu += (config.max_position_embeddings + 2) * config.d_model * F32_BYTES  # the position table
     c = config
     known = KNOWN_SHAPES.get((family, c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_ffn_dim, c.vocab_size))

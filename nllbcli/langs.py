@@ -106,11 +106,7 @@ def closest_codes(code: str, known: list[str] | tuple[str, ...], n: int = 3) -> 
     by_spelling = difflib.get_close_matches(code, known, n=n, cutoff=0.5)
     by_spelling_ci = difflib.get_close_matches(code.lower(), [c.lower() for c in known], n=n, cutoff=0.5)
     lowered = {c.lower(): c for c in known}
-    found: list[str] = []
-    for c in same_language + by_spelling + [lowered[c] for c in by_spelling_ci]:
-        if c not in found:
-            found.append(c)
-    return found[:n]
+    return list(dict.fromkeys(same_language + by_spelling + [lowered[c] for c in by_spelling_ci]))[:n]
 
 
 def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
@@ -119,9 +115,8 @@ def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
         return code
     near = closest_codes(code, known)
     hint = f" Did you mean {' or '.join(near)}?" if near else " Run `nllb langs` to list them."
-    if not is_flores(known):
-        raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} M2M-100 codes such as en.{hint}")
-    raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} FLORES-200 codes such as eng_Latn.{hint}")
+    family, example = ("FLORES-200", "eng_Latn") if is_flores(known) else ("M2M-100", "en")
+    raise NllbError(f"unknown language code {code!r}: the model knows {len(known)} {family} codes such as {example}.{hint}")
 
 
 # ISO 639-3 codes (as langcodes gives them) whose NLLB code is another one: macrolanguages NLLB trained as one of

@@ -34,7 +34,7 @@ import json
 import os
 import stat
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from .errors import NllbError
@@ -103,8 +103,12 @@ def read_state(path: str) -> Saved | None:
     return saved
 
 
+def changed_keys(stored_job: dict, job: dict) -> list[str]:
+    return sorted(key for key in set(job) | set(stored_job) if job.get(key) != stored_job.get(key))
+
+
 def check_same_job(stored_job: dict, job: dict) -> None:
-    changed = sorted(key for key in set(job) | set(stored_job) if job.get(key) != stored_job.get(key))
+    changed = changed_keys(stored_job, job)
     if changed:
         what = ", ".join(f"{key} (was {stored_job.get(key)!r}, now {job.get(key)!r})" for key in changed[:3])
         raise NllbError(f"cannot resume: the interrupted job differs in {what}; run without --resume to start over.")
@@ -377,10 +381,6 @@ class StreamFile:
     discard = close
 
 
-def open_destination(path: str) -> PartialFile | StreamFile:
-    return StreamFile(path) if is_stream(path) else PartialFile(path)
-
-
 @dataclass
 class JobFiles:
     """A job's destinations: the output and the errors file, each a locked partial file or a stream, and where
@@ -412,15 +412,12 @@ class JobFiles:
                 partial.close()
 
     def discard_uncommitted(self) -> None:
-        """After a failure: remove the partial files when no state refers to them (nothing was committed)."""
-        if not self.resumable:
-            for partial in (self.output, self.errors):
-                if partial is not None:
-                    partial.discard()
-        else:
-            for partial in (self.output, self.errors):
-                if partial is not None and not partial.closed and partial.created and partial.size == 0:
-                    partial.discard()
+        """After a failure: remove the partial files when no state refers to them (nothing was committed), and
+        those this job created and wrote nothing to."""
+        resumable = self.resumable
+        for partial in (self.output, self.errors):
+            if partial is not None and (not resumable or (not partial.closed and partial.created and partial.size == 0)):
+                partial.discard()
 
 
 def open_job_files(output: str, errors: str | None, job: dict, resume: bool, warn: Callable[[str], None]) -> JobFiles:
@@ -452,7 +449,7 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
         files = JobFiles(PartialFile(output), None, state, None, errors_path=errors_path, replaces=file_stamp(output))
     try:
         if errors is not None:
-            files.errors = open_destination(errors)
+            files.errors = StreamFile(errors) if is_stream(errors) else PartialFile(errors)
         if state is None:
             if files.errors is not None:
                 files.errors.start(0)
@@ -504,8 +501,7 @@ def recorded_rows(partial: str, committed: int) -> int:
 def changed_since(saved: Saved, job: dict) -> str:
     """How a finished job's record differs from this job: why its output is made anew."""
     if saved.job != job:
-        changed = sorted(key for key in set(job) | set(saved.job) if job.get(key) != saved.job.get(key))
-        return f"was finished by a job with another {', '.join(changed[:3])}"
+        return f"was finished by a job with another {', '.join(changed_keys(saved.job, job)[:3])}"
     return "has changed since its job finished"
 
 
@@ -559,5 +555,4 @@ def finish_leftovers(output: str, saved: Saved, state: str) -> bool:
 
 def save_record(state: str, saved: Saved, output: str) -> None:
     """The finished job's record: its state, marked finished, naming the file it wrote."""
-    save_state(state, Saved(saved.job, saved.position, saved.output_bytes, saved.errors_bytes, saved.counters,
-                            done=True, errors=saved.errors, finished=True, output_file=file_stamp(output)))
+    save_state(state, replace(saved, done=True, finished=True, output_file=file_stamp(output)))

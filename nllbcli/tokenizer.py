@@ -36,9 +36,24 @@ ENCODE_THREADS = min(4, os.cpu_count() or 1)  # sentencepiece's threads for a ba
 ENCODE_CALL = 512  # texts a sentencepiece call (the GIL held ~2 ms while it makes their lists)
 
 
-class BatchEncode:
-    """encode_many for both tokenizers: one sentencepiece call for many texts, which tokenizes on its own
-    threads without holding the GIL (the reader thread tokenizes while the main one drives the GPU)."""
+class SentencePieceTokenizer:
+    """What both tokenizers share: language ids, a source's layout, and encode_many, one sentencepiece call for
+    many texts, which tokenizes on its own threads without holding the GIL (the reader thread tokenizes while
+    the main one drives the GPU)."""
+
+    @property
+    def lang_codes(self) -> list[str]:
+        return list(self.lang_ids)
+
+    def lang_id(self, code: str) -> int:
+        """The id of a language's token (NLLB's `eng_Latn`, M2M-100's `__en__`), or an error naming the closest
+        codes the model knows."""
+        found = self.lang_ids.get(code)  # the usual case, once per sentence: no list of codes made
+        return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
+
+    def encode(self, text: str, src_lang: str, sp_ids: list[int] | None = None) -> list[int]:
+        """`[src_lang] pieces </s>`: what the encoder reads (sp_ids: sentencepiece's ids of `text`, where known)."""
+        return [self.lang_id(src_lang), *self.encode_pieces(text, sp_ids), EOS_ID]
 
     def encode_many(self, texts: list[str], src_langs: list[str]) -> list:
         """encode(text, src_lang) of each pair: its ids, or the exception encode would have raised."""
@@ -55,7 +70,7 @@ class BatchEncode:
         out: list = []
         for text, src, sp_ids in zip(texts, src_langs, pieces):
             try:
-                out.append([self.lang_id(src), *self.encode_pieces(text, sp_ids), EOS_ID])
+                out.append(self.encode(text, src, sp_ids))
             except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
                 out.append(error)
         return out
@@ -72,7 +87,7 @@ class BatchEncode:
         return all(SPACE not in self.sp.IdToPiece(i)[1:] for i in range(self.sp.GetPieceSize()))
 
 
-class NllbTokenizer(BatchEncode):
+class NllbTokenizer(SentencePieceTokenizer):
     def __init__(self, sp: spm.SentencePieceProcessor, piece_ids: np.ndarray, lang_ids: dict[str, int], mask_id: int):
         self.sp = sp
         self.piece_ids = piece_ids  # sentencepiece id -> NLLB id
@@ -143,15 +158,6 @@ class NllbTokenizer(BatchEncode):
         mask_id = ids.get("<mask>", max(ids.values()) + 1)
         return cls(sp, piece_ids, lang_ids, mask_id)
 
-    @property
-    def lang_codes(self) -> list[str]:
-        return list(self.lang_ids)
-
-    def lang_id(self, code: str) -> int:
-        """The id of a language token, or an error naming the closest codes the model knows."""
-        found = self.lang_ids.get(code)  # the usual case, once per sentence: no list of codes made
-        return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
-
     def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
         """NLLB ids of the sentencepiece pieces of `text` (sp_ids: sentencepiece's ids of it, where known),
         without language or end tokens."""
@@ -160,10 +166,6 @@ class NllbTokenizer(BatchEncode):
         if text and not text[-1].isalnum() and self.normalizer.Normalize(text).endswith(" "):
             ids.append(self.space_id)
         return ids
-
-    def encode(self, text: str, src_lang: str) -> list[int]:
-        """`[src_lang] pieces </s>`: what the encoder reads."""
-        return [self.lang_id(src_lang), *self.encode_pieces(text), EOS_ID]
 
     def decode(self, ids) -> str:
         """Text of generated ids; special tokens, language codes and `<mask>` are skipped."""
@@ -193,7 +195,7 @@ class NllbTokenizer(BatchEncode):
         return texts
 
 
-class M2M100Tokenizer(BatchEncode):
+class M2M100Tokenizer(SentencePieceTokenizer):
     """M2M-100's tokenizer, as transformers' M2M100Tokenizer: ids from vocab.json, languages as `__xx__` tokens."""
 
     def __init__(self, sp: spm.SentencePieceProcessor, vocab: dict[str, int], lang_codes=M2M100_CODES, madeup_words: int = 8):
@@ -219,29 +221,15 @@ class M2M100Tokenizer(BatchEncode):
         if sorted(vocab.values()) != list(range(len(vocab))):
             raise NllbError(f"{path}: the ids are not 0..{len(vocab) - 1} each once: not an M2M-100 vocabulary")
         codes = read_tokenizer_config(model_dir).get("language_codes")
-        codes = "m2m100" if codes is None else codes
-        if codes != "m2m100":  # wmt21's 8 languages and others: their ids would silently be wrong
+        if codes not in (None, "m2m100"):  # wmt21's 8 languages and others: their ids would silently be wrong
             raise NllbError(f"{model_dir}: tokenizer_config.json sets language_codes {codes!r}; nllbcli knows M2M-100's 100 (m2m100)")
         tokenizer = cls(sp, vocab)
         check_fits_model(tokenizer, model_dir, config)
         return tokenizer
 
-    @property
-    def lang_codes(self) -> list[str]:
-        return list(self.lang_ids)
-
-    def lang_id(self, code: str) -> int:
-        """The id of `__code__`, or an error naming the closest codes the model knows."""
-        found = self.lang_ids.get(code)
-        return found if found is not None else self.lang_ids[check_lang(code, self.lang_codes)]
-
     def encode_pieces(self, text: str, sp_ids: list[int] | None = None) -> list[int]:
         lookup = self.piece_list
         return [lookup[i] for i in (self.sp.EncodeAsIds(text) if sp_ids is None else sp_ids)]
-
-    def encode(self, text: str, src_lang: str) -> list[int]:
-        """`[__src__] pieces </s>`: what the encoder reads."""
-        return [self.lang_id(src_lang), *self.encode_pieces(text), EOS_ID]
 
     def decode(self, ids) -> str:
         """Text of generated ids; special tokens, language tokens and madeup words are skipped."""
@@ -267,8 +255,8 @@ def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
 
 def check_ids(path: Path, ids: dict, key: str = "") -> dict:
     """A vocabulary's piece -> id object, every id an integer from 0 to MAX_ID, else an error naming the piece."""
-    if not all(type(i) is int and 0 <= i <= MAX_ID for i in ids.values()):  # one pass; the key only for an error
-        piece = next(p for p, i in ids.items() if not (type(i) is int and 0 <= i <= MAX_ID))
+    piece = next((p for p, i in ids.items() if not (type(i) is int and 0 <= i <= MAX_ID)), None)
+    if piece is not None:
         json_int(path, f"{key}[{quoted(piece)}]" if key else f"the id of {quoted(piece)}", ids[piece])
     return ids
 
@@ -311,10 +299,10 @@ def read_tokenizer_config(model_dir: Path) -> dict:
 def tokenizer_family(model_dir: Path) -> str:
     """"m2m100" or "nllb", from the files present: tokenizer_config.json's tokenizer_class when it names one,
     else vocab.json without tokenizer.json means M2M-100 (its hub repositories ship no tokenizer.json)."""
-    declared = read_tokenizer_config(model_dir).get("tokenizer_class")
-    if isinstance(declared, str) and declared.startswith("M2M100"):
+    declared = read_tokenizer_config(model_dir).get("tokenizer_class") or ""  # a string or null: checked
+    if declared.startswith("M2M100"):
         return "m2m100"
-    if isinstance(declared, str) and declared.startswith("Nllb"):
+    if declared.startswith("Nllb"):
         return "nllb"
     if (model_dir / "vocab.json").is_file() and not (model_dir / "tokenizer.json").is_file():
         return "m2m100"

@@ -48,7 +48,7 @@ STORAGE_DTYPES = {
     "ByteStorage": np.dtype("u1"),
     "BoolStorage": np.dtype("?"),
 }
-FLOATING = ("FloatStorage", "HalfStorage", "BFloat16Storage", "DoubleStorage")
+# the floating-point storages (the only ones a model's weights use) and the names `nllb info` gives them
 STORAGE_NAMES = {"FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16", "DoubleStorage": "float64"}
 
 # The zip's central directory is parsed whole by zipfile (~500 bytes of memory a member): torch writes ~70 bytes
@@ -88,14 +88,10 @@ class TensorRef:
 
     @property
     def floating(self) -> bool:
-        return self.storage.kind.name in FLOATING
+        return self.storage.kind.name in STORAGE_NAMES
 
 
 def rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=False, backward_hooks=None, metadata=None):
-    return make_ref(storage, storage_offset, size, stride)
-
-
-def rebuild_tensor(storage, storage_offset, size, stride):
     return make_ref(storage, storage_offset, size, stride)
 
 
@@ -107,6 +103,7 @@ def rebuild_parameter(data, requires_grad=False, backward_hooks=None):
 
 
 def make_ref(storage, offset, size, stride) -> TensorRef:
+    """torch._utils._rebuild_tensor, which _rebuild_tensor_v2 comes to: a TensorRef that lies inside its storage."""
     if not isinstance(storage, Storage):
         raise pickle.UnpicklingError("a tensor is rebuilt from something that is not a storage")
     try:
@@ -132,7 +129,7 @@ def make_ref(storage, offset, size, stride) -> TensorRef:
 ALLOWED_GLOBALS = {
     ("collections", "OrderedDict"): OrderedDict,
     ("torch._utils", "_rebuild_tensor_v2"): rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_tensor"): rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor"): make_ref,
     ("torch._utils", "_rebuild_parameter"): rebuild_parameter,
     **{("torch", name): StorageType(name) for name in STORAGE_DTYPES},
 }
@@ -303,8 +300,7 @@ def read_torch_bin(path: Path, wanted: set[str] | None = None) -> dict[str, np.n
         if (wanted is not None and name not in wanted) or not ref.floating:
             continue
         if ref not in seen:
-            raw = checkpoint.array(ref)
-            seen[ref] = widen_to_float32(raw, ref.storage.kind.name)
+            seen[ref] = widen_to_float32(checkpoint.array(ref), ref.storage.kind.name)
         arrays[name] = seen[ref]
     return arrays
 

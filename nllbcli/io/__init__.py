@@ -182,7 +182,7 @@ def file_identity(path: str) -> dict:
     return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
-def skip_bytes(stream: BinaryIO, count: int, name: str = STDIN_NAME, seek: bool = True) -> None:
+def skip_bytes(stream: BinaryIO, count: int, name: str, seek: bool) -> None:
     """Move past the first `count` bytes: a seek on a file, reading them on a pipe or a decompressed stream
     (`seek` False)."""
     if not count:

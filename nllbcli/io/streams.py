@@ -234,10 +234,8 @@ def compressing(stream: BinaryIO, compression: str | None) -> Iterator[BinaryIO]
         return
     if compression == "gzip":
         writer = gzip.GzipFile(fileobj=stream, mode="wb", filename="", mtime=0)
-        yield writer
-        writer.close()
-        return
-    writer = zstandard.ZstdCompressor().stream_writer(stream, closefd=False)  # its flush() ends a block
+    else:
+        writer = zstandard.ZstdCompressor().stream_writer(stream, closefd=False)  # its flush() ends a block
     yield writer
     writer.close()
 
