@@ -8,6 +8,8 @@ from outside the process, against a transformers script doing the same job.
     (CUPY_CACHE_DIR an empty directory; goal 60 s).
 (C) whole job: `nllb translate` over 100,000 sentences against the engine alone (the Translator's generate on
     the same pre-tokenized ids, no reading, tokenizing, decoding or writing). Goal: at least 90%.
+(D) one JSONL job three ways: plain, --devices 0 (a worker process) and --ray (a local Ray started by the job,
+    one GPU actor): wall time of each, outputs compared byte for byte. Goal: each within 10% of plain.
 
 On the H200 (from the repository root; python3 has CuPy, torch and transformers there). Each command fits the
 device tool's 10 minutes; --timeout bounds every process it starts:
@@ -608,6 +610,47 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
     emit(result, out)
 
 
+def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
+    """The same JSONL job three ways, each timed from outside with a warm kernel cache: plain (--device), one
+    worker process (--devices 0) and a local Ray with one GPU actor (--ray --ordered, Ray started by the job);
+    the outputs compared byte for byte (the Ray parts concatenated)."""
+    a, out, work = runner.args, runner.out, runner.work
+    base = [a.nllb_python, "-m", "nllbcli.cli", "translate", "--src", a.src, "--tgt", a.tgt, "--model",
+            str(runner.model_dir), "--beam-size", str(a.beam_size), "--max-length", str(a.new_tokens), "-q"]
+    if a.max_batch_tokens:
+        base += ["--max-batch-tokens", str(a.max_batch_tokens)]
+    if a.chunk_rows:
+        base += ["--chunk-rows", str(a.chunk_rows)]
+    base += shlex.split(a.nllb_args)
+    warmup = work / "warmup_d.jsonl"
+    warmup.write_text("".join(json.dumps({"text": line}, ensure_ascii=False) + "\n" for line in lines[:8192]),
+                      encoding="utf-8")
+    ways = {"plain": ["--device", a.device],
+            "devices": ["--devices", "cpu:1" if a.device == "cpu" else a.device.partition(":")[2] or "0"],
+            "ray": ["--ray", "--ordered"]}
+    outputs = {way: work / (f"d_{way}" if way == "ray" else f"d_{way}.jsonl") for way in ways}
+    run_process([*base, "--device", a.device, str(warmup), str(work / "d_warmup.jsonl")], runner.env(), a.timeout,
+                work / "d_warmup.stdout", work / "d_warmup.stderr")
+    record = {"what": "D", "sentences": len(lines), "runs": {}}
+    for round_ in range(a.repeat):
+        for way, options in ways.items():
+            shutil.rmtree(outputs[way], ignore_errors=True) if way == "ray" else outputs[way].unlink(missing_ok=True)
+            run = run_process([*base, *options, str(jsonl), str(outputs[way])], runner.env(), a.timeout,
+                              work / f"d_{way}.stdout", work / f"d_{way}.stderr")
+            record["runs"].setdefault(way, []).append(run["wall_s"])
+            if run["exit"] != 0:
+                record[f"{way}_stderr_tail"] = tail(work / f"d_{way}.stderr")
+    plain = outputs["plain"].read_bytes() if outputs["plain"].is_file() else None
+    record["devices_identical"] = outputs["devices"].is_file() and outputs["devices"].read_bytes() == plain
+    parts = sorted(outputs["ray"].glob("part-*.jsonl")) if outputs["ray"].is_dir() else []
+    record["ray_identical"] = bool(parts) and b"".join(p.read_bytes() for p in parts) == plain
+    record["ray_parts"] = len(parts)
+    best = {way: min(walls) for way, walls in record["runs"].items()}
+    record["best_wall_s"] = best
+    record["wall_vs_plain"] = {way: best["plain"] / wall for way, wall in best.items()}
+    emit(record, out)
+
+
 def engine_only(config: dict) -> None:
     """Child process of C: the Translator's generate alone on the CLI's sentences, pre-tokenized."""
     from nllbcli.options import BatchOptions, DecodeOptions
@@ -680,7 +723,7 @@ def gpu_facts() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", default="A,B", help="which of A, B, C, comma-separated (default A,B)")
+    parser.add_argument("--measure", default="A,B", help="which of A, B, C, D, comma-separated (default A,B)")
     parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (nllbcli/shapes.py or tiny; default {DEFAULT})")
     parser.add_argument("--model-dir", type=Path, help="model directory: reused when it holds this script's model of the same shape and seed, "
                                                         "else built there and kept (default: built in the work directory, removed)")
@@ -699,7 +742,7 @@ def main() -> int:
     parser.add_argument("--nllb-args", default="", help="more options for every nllb translate run, one string")
     parser.add_argument("--tf-batch", default="256", help="transformers batch sizes, comma-separated; A takes the fastest")
     parser.add_argument("--engine-batch", default="4096", help="C: fixed batch sizes for the engine alone (as the harness), comma-separated")
-    parser.add_argument("--repeat", type=int, default=1, help="A: timed runs of each side (the median counts)")
+    parser.add_argument("--repeat", type=int, default=1, help="A: timed runs of each side (the median counts); D: rounds of the three ways")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for each process")
     parser.add_argument("--nllb-python", default=sys.executable, help="interpreter with nllbcli's dependencies (and CuPy)")
     parser.add_argument("--transformers-python", default=sys.executable, help="interpreter with torch and transformers")
@@ -711,8 +754,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args()
     measures = {m.strip().upper() for m in args.measure.split(",") if m.strip()}
-    if not measures <= {"A", "B", "C"}:
-        parser.error("--measure takes A, B and C")
+    if not measures <= {"A", "B", "C", "D"}:
+        parser.error("--measure takes A, B, C and D")
     args.tf_batches = [int(b) for b in args.tf_batch.split(",") if b]
     args.engine_batch = [int(b) for b in args.engine_batch.split(",") if b]
     if not args.skip_transformers and ("A" in measures or not args.no_check):
@@ -735,7 +778,7 @@ def main() -> int:
         tokenizer = tokenizer_from_model_dir(model_dir)
         t = time.perf_counter()
         lines = make_sentences(args.sentences, args.seed, tokenizer, args.src)
-        source, _ = write_input(work, lines)
+        source, jsonl_source = write_input(work, lines)
         (work / "warmup.txt").write_text("".join(line + "\n" for line in lines[:64]), encoding="utf-8")
         config = SHAPES[args.shape]
         emit({"what": "setup", "shape": args.shape, "parameters": parameter_count(config), "device": args.device, **built,
@@ -751,6 +794,8 @@ def main() -> int:
             measure_a_b(runner, source, measures)
         if "C" in measures:
             measure_c(runner, source, lines)
+        if "D" in measures:
+            measure_d(runner, jsonl_source, lines)
     finally:
         if out is not None:
             out.close()
