@@ -612,7 +612,7 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
 
 def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
     """The same JSONL job three ways, each timed from outside with a warm kernel cache: plain (--device), one
-    worker process (--devices 0) and a local Ray with one GPU actor (--ray --ordered, Ray started by the job);
+    worker process (--devices 0) and a local Ray with one GPU actor (--ray, Ray started by the job);
     the outputs compared byte for byte (the Ray parts concatenated)."""
     a, out, work = runner.args, runner.out, runner.work
     base = [a.nllb_python, "-m", "nllbcli.cli", "translate", "--src", a.src, "--tgt", a.tgt, "--model",
@@ -627,7 +627,7 @@ def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
                       encoding="utf-8")
     ways = {"plain": ["--device", a.device],
             "devices": ["--devices", "cpu:1" if a.device == "cpu" else a.device.partition(":")[2] or "0"],
-            "ray": ["--ray", "--ordered"]}
+            "ray": ["--ray"]}
     outputs = {way: work / (f"d_{way}" if way == "ray" else f"d_{way}.jsonl") for way in ways}
     run_process([*base, "--device", a.device, str(warmup), str(work / "d_warmup.jsonl")], runner.env(), a.timeout,
                 work / "d_warmup.stdout", work / "d_warmup.stderr")

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -45,6 +46,7 @@ from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
 from .io.parquet import TableMaker, batch_records, check_text_column, output_schema
+from .overlap import SWITCH_INTERVAL, fewer_collections
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .pipeline import check_fields, error_line, failed_inputs
 from .progress import counted
@@ -71,7 +73,6 @@ class RayOptions:
 
     address: str | None = None  # ray.init's: None starts a Ray on this machine (or joins $RAY_ADDRESS's)
     actors: int | None = None  # translating actors; None: one per GPU of the cluster, else one
-    ordered: bool = False  # the parts hold the rows in input order (Ray's preserve_order)
     device: str = "auto"  # auto: the actors on GPUs where the cluster has them, else the CPU; cpu; cuda
     threads: int | None = None  # each CPU actor's BLAS threads
 
@@ -226,6 +227,11 @@ class Translating:
                  max_batch_tokens: int | None, schema: pa.Schema | None):
         self.engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
         self.translator = self.engine.submit(load).result()
+        # the engine thread waits for the GIL behind the threads preparing and finishing blocks, as the CLI's
+        # main thread does behind its reader and finisher: the same settings as a job's (overlap.py)
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        self.collections = fewer_collections()
+        self.collections.__enter__()  # for the actor's life
         self.names, self.decode, self.schema = names, decode, schema
         self.max_batch_tokens = BatchOptions.for_device(self.translator.device, max_batch_tokens).max_batch_tokens
         self.job = replace(job, on_error="skip", errors=None)  # failures are marked here and judged by the Sink
@@ -285,7 +291,9 @@ class Translating:
                        for n, record, source in zip(failed, failed_records, failed_inputs(failed_records, job))]
         nulls = pa.table({f.name: pa.nulls(len(failed), f.type) for f in schema}, schema=schema)
         table = pa.concat_tables([written, nulls])
+        rows = [record.index for record in records]  # each row's number in its file
         return table.append_column(ID, pa.array([ids[n] for n in kept + failed], pa.int64())).append_column(
+            ROW, pa.array([rows[n] for n in kept + failed], pa.int64())).append_column(
             ERROR, pa.array([None] * len(kept) + [outcomes[n].error for n in failed], pa.string())).append_column(
             ERROR_LINE, pa.array([None] * len(kept) + error_lines, pa.binary())).append_column(
             WORKER, pa.array([self.worker] * table.num_rows, pa.string()))
@@ -303,33 +311,48 @@ class Sink(BlockBasedFileDatasink):
         from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
         from ray.data.datasource.filename_provider import _split_base_and_ext
 
-        parts = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
-        table = pa.concat_tables(parts).sort_by(ID) if parts else None
+        tables = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
+        table = pa.concat_tables(tables).sort_by(ID) if tables else None
         if table is None or table.num_rows == 0:
             return None
-        failed_rows = table.column(ERROR).is_valid()
-        failed = table.filter(failed_rows)
-        if failed.num_rows and self.on_error == "fail":
-            raise NllbError(failed.column(ERROR)[0].as_py())
-        # the name starts with the one Ray's checkpoint knows the task by, so that an uncommitted part is found
-        task = self.filename_provider.get_filename_for_task(ctx.kwargs[WRITE_UUID_KWARG_NAME], ctx.task_idx)
-        first = table.column(ID)[0].as_py()
-        name = f"{self.path}/{_split_base_and_ext(task)[0]}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
-        kept = table.filter(pa.compute.invert(failed_rows))
-        if kept.num_rows:
-            with self.open_output_stream(f"{name}.{self.fmt}") as stream:
-                if self.fmt == "jsonl":
-                    stream.write(b"".join(kept.column(LINE).to_pylist()))
-                else:
-                    pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
-        if failed.num_rows:
-            with self.open_output_stream(f"{name}.errors.jsonl") as stream:
-                stream.write(b"".join(failed.column(ERROR_LINE).to_pylist()))
-        return {"rows": table.num_rows, "failed": failed.num_rows, "workers": sorted(set(table.column(WORKER).to_pylist()))}
+        errors = table.column(ERROR)
+        if self.on_error == "fail" and errors.null_count < table.num_rows:
+            raise NllbError(errors.drop_null()[0].as_py())
+        # the names start with the one Ray's checkpoint knows the task by, so that an uncommitted part is found
+        task = _split_base_and_ext(self.filename_provider.get_filename_for_task(ctx.kwargs[WRITE_UUID_KWARG_NAME],
+                                                                               ctx.task_idx))[0]
+        for start, end in runs(table.column(ID).to_pylist(), table.column(ROW).to_pylist()):
+            run = table.slice(start, end - start)
+            first = run.column(ID)[0].as_py()
+            name = f"{self.path}/{task}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
+            failed = run.column(ERROR).is_valid()
+            kept, lost = run.filter(pa.compute.invert(failed)), run.filter(failed)
+            if kept.num_rows:
+                with self.open_output_stream(f"{name}.{self.fmt}") as stream:
+                    if self.fmt == "jsonl":
+                        stream.write(b"".join(kept.column(LINE).to_pylist()))
+                    else:
+                        pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
+            if lost.num_rows:
+                with self.open_output_stream(f"{name}.errors.jsonl") as stream:
+                    stream.write(b"".join(lost.column(ERROR_LINE).to_pylist()))
+        return {"rows": table.num_rows, "failed": table.num_rows - errors.null_count,
+                "workers": sorted(set(table.column(WORKER).to_pylist()))}
 
     def on_write_complete(self, write_result) -> None:
         self.returns = [r for r in write_result.write_returns if r]
         super().on_write_complete(write_result)
+
+
+def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
+    """The (start, end) of each run of adjacent input rows (one file, row numbers one after another) in rows
+    sorted by id: a part holds one run, so that the parts in name order hold the rows in input order, whatever
+    rows a write task was given (those a resumed job had left, blocks that finished out of order)."""
+    start = 0
+    for n in range(1, len(ids) + 1):
+        if n == len(ids) or ids[n] >> FILE_BITS != ids[n - 1] >> FILE_BITS or rows[n] != rows[n - 1] + 1:
+            yield start, n
+            start = n
 
 
 def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions = DecodeOptions(),
@@ -472,7 +495,7 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
                 progress: bool) -> tuple[str, ...]:
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
-    context.execution_options.preserve_order = options.ordered
+    context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
     context.enable_progress_bars = progress
     context.print_on_execution_start = False
     context.actor_task_retry_on_errors = True  # with max_task_retries: a batch function that raised runs again

@@ -87,13 +87,13 @@ def run(tmp_path: Path, inputs: list[str], output: Path, *args: str) -> tuple[in
     return result.exit_code, result.output
 
 
-def test_ordered_jsonl_is_the_commands_output_file_after_file(tmp_path):
+def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_path):
     inputs = tmp_path / "in"
     inputs.mkdir()
     write_jsonl(inputs / "a.jsonl", 40, bad_every=13)
     write_jsonl(inputs / "b.jsonl", 25, start=40)
     (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
-    code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--ordered", "--chunk-rows", "8",
+    code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8",
                      "--errors", str(tmp_path / "errors.jsonl"))
     assert code == 3, said
     expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl")]
@@ -117,8 +117,29 @@ def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
                                                                           "--status-field", "status")[0]))
                                  for name in ("a.parquet", "b.parquet")])
     assert got.schema == expected.schema
-    assert got.sort_by("id").to_pylist() == expected.to_pylist()  # every row once (the parts are not in order)
+    assert got.to_pylist() == expected.to_pylist()  # every row once, the parts in name order in input order
     assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
+
+
+def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
+    """Rows of one write task that are not adjacent in the input (a resumed job's leftovers, blocks that ended
+    out of order) go to separate parts, so that parts in name order hold the rows in input order."""
+    from types import SimpleNamespace
+
+    from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
+
+    sink = raydata.Sink(str(tmp_path), "jsonl", "skip")
+    ids = [5, 6, 9, 10, 11, (1 << raydata.FILE_BITS) | 1]  # lines 5-6 and 9-11 (7 blank) of file 0, line 1 of file 1
+    rows = [3, 4, 6, 7, 8, 0]  # row 5 (line 8) is not among them: written by an earlier run
+    block = pa.table({raydata.ID: ids, raydata.ROW: rows, raydata.LINE: [b"%d\n" % i for i in ids],
+                      raydata.ERROR: [None, None, None, "line 10: bad", None, None],
+                      raydata.ERROR_LINE: [None, None, None, b"{}\n", None, None], raydata.WORKER: ["CPU"] * 6})
+    result = sink.write([block.slice(3), block.slice(0, 3)], SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=7))
+    assert result == {"rows": 6, "failed": 1, "workers": ["CPU"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "u_000007-00000-000000000005.jsonl", "u_000007-00000-000000000009.errors.jsonl",
+        "u_000007-00000-000000000009.jsonl", "u_000007-00001-000000000001.jsonl"]
+    assert (tmp_path / "u_000007-00000-000000000009.jsonl").read_bytes() == b"9\n11\n"
 
 
 class Flaky:
@@ -145,7 +166,7 @@ def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:
 
 def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, **kwargs) -> raydata.Outcomes:
     job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"))
-    return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(ordered=True), model=SAMPLE,
+    return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(), model=SAMPLE,
                                       load=load, warn=lambda message: None, **kwargs)
 
 
@@ -218,7 +239,7 @@ def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
     """The whole command killed (kill -9) once a part is staged: --resume reads only the rows not written."""
     write_jsonl(tmp_path / "in.jsonl", 80)
     command = [sys.executable, "-m", "nllbcli", "translate", "--ray", "-m", SAMPLE, *DECODE_ARGS, "--src", "en",
-               "--tgt", "fr", "-q", "--chunk-rows", "4", "--ordered", "--ray-actors", "1", "in.jsonl", "out"]
+               "--tgt", "fr", "-q", "--chunk-rows", "4", "--ray-actors", "1", "in.jsonl", "out"]
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)  # this module's Ray
     process = subprocess.Popen(command, cwd=tmp_path, env=env)
     staged = tmp_path / ".out.nllb-staging" / "data"
