@@ -125,7 +125,8 @@ def cli():
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
-@click.option("--ray", "ray_address", metavar="[ADDRESS]", is_flag=False, flag_value="local", help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. ADDRESS is ray.init's (auto, ray://HOST:10001); without it, the cluster of $RAY_ADDRESS, else a Ray started here. See the README's Ray section.")
+@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else a Ray started here. See the README's Ray section.")
+@click.option("--ray-address", metavar="ADDRESS", help="With --ray: the cluster to join, as ray.init takes it (auto, HOST:6379, ray://HOST:10001).")
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
@@ -150,7 +151,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, model, device, devices, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
+def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
     """
@@ -187,13 +188,14 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, ray
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
-    if ray_address is not None:
+    if on_ray:
         return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
                                 resume, progress, quiet, threads, max_batch_tokens, chunk_rows, ray_address, ray_actors,
                                 DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size,
                                               repetition_penalty))
-    if ray_actors is not None:
-        raise InvalidUsage("--ray-actors goes with --ray.")
+    for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
+        if given is not None:
+            raise InvalidUsage(f"{option} goes with --ray.")
     pairs = input_output_pairs(paths, output_option, output_format)
     if len(pairs) > 1 and errors_file:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
@@ -261,7 +263,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
     model_dir = str(resolve_model_dir(model).resolve())
-    options = raydata.RayOptions(None if address == "local" else address, actors, device, threads)
+    options = raydata.RayOptions(address, actors, device, threads)
     started = time.monotonic()
     try:
         outcomes = raydata.translate_with_ray(

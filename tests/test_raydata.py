@@ -82,8 +82,8 @@ def parts(output: Path, suffix: str) -> list[Path]:
 
 
 def run(tmp_path: Path, inputs: list[str], output: Path, *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(cli, ["translate", "--ray", "-m", SAMPLE, *DECODE_ARGS, "--src", "en", "--tgt", "fr",
-                                      "--progress", "none", *args, *inputs, str(output)])
+    result = CliRunner().invoke(cli, ["translate", "-m", SAMPLE, *DECODE_ARGS, "--src", "en", "--tgt", "fr",
+                                      "--progress", "none", *args, "--ray", *inputs, str(output)])
     return result.exit_code, result.output
 
 
@@ -238,8 +238,8 @@ def test_a_failed_job_is_not_promoted_and_resumes_to_the_same_bytes(tmp_path):
 def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
     """The whole command killed (kill -9) once a part is staged: --resume reads only the rows not written."""
     write_jsonl(tmp_path / "in.jsonl", 80)
-    command = [sys.executable, "-m", "nllbcli", "translate", "--ray", "-m", SAMPLE, *DECODE_ARGS, "--src", "en",
-               "--tgt", "fr", "-q", "--chunk-rows", "4", "--ray-actors", "1", "in.jsonl", "out"]
+    command = [sys.executable, "-m", "nllbcli", "translate", "-m", SAMPLE, *DECODE_ARGS, "--src", "en", "--tgt", "fr",
+               "-q", "--chunk-rows", "4", "--ray-actors", "1", "--ray", "in.jsonl", "out"]
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)  # this module's Ray
     process = subprocess.Popen(command, cwd=tmp_path, env=env)
     staged = tmp_path / ".out.nllb-staging" / "data"
