@@ -177,6 +177,7 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
         cat notes.txt | nllb translate --src en --tgt de > notes.de.txt
         nllb translate --src es --tgt en --resume --errors bad.jsonl day.parquet day.en.parquet
         nllb translate --src en --tgt fr -o fr/ docs/*.txt
+        nllb translate --src en --tgt fr --ray 'corpus/*.parquet' corpus.fr
     """
     from dataclasses import replace
 
