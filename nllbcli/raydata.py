@@ -46,8 +46,9 @@ from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
 from .io.parquet import TableMaker, batch_records, check_text_column, output_schema
-from .overlap import SWITCH_INTERVAL, fewer_collections
+from .io.streams import compression_of, decompressing
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
+from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
 from .progress import counted
 from .resume import create_private, sync_directory
@@ -186,7 +187,8 @@ class Source(FileBasedDatasource):
     def _open_input_source(self, filesystem, path: str, **open_args):
         if self.fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
             return filesystem.open_input_file(path)
-        return super()._open_input_source(filesystem, path, **open_args)
+        # .gz and .zst decompressed as the CLI does them (gzip members, zstd frames, a cut file an error)
+        return decompressing(filesystem.open_input_stream(path, compression=None), compression_of(path))
 
     def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
         base = self.numbers[os.path.abspath(path)] << FILE_BITS
@@ -611,7 +613,7 @@ def input_rows(path: str, fmt: str) -> int:
     if fmt == "parquet":
         return pq.ParquetFile(path).metadata.num_rows
     with open(path, "rb") as f:
-        return count_rows(f)
+        return count_rows(decompressing(f, compression_of(path)))
 
 
 def write_errors(parts: list[str], path: str) -> None:

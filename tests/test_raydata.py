@@ -7,6 +7,7 @@ One Ray for the whole module (started in this process; the jobs join it), so eac
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -69,7 +70,8 @@ def write_parquet(path: Path, rows: int, start: int = 0) -> None:
 
 def cli_output(tmp_path: Path, source: Path, *args: str) -> tuple[bytes, bytes]:
     """The plain command's output and errors file for one input (skip: the errors file is empty)."""
-    out, errors = tmp_path / f"cli-{source.name}", tmp_path / f"cli-{source.name}.errors.jsonl"
+    name = source.name.removesuffix(".gz")  # the translations written plain, as the parts are
+    out, errors = tmp_path / f"cli-{name}", tmp_path / f"cli-{name}.errors.jsonl"
     record = ["--errors", str(errors)] if "skip" not in args else []
     result = CliRunner().invoke(cli, ["translate", "-q", "-m", SAMPLE, "--device", "cpu", *DECODE_ARGS, "--src", "en",
                                       "--tgt", "fr", *record, *args, str(source), str(out)])
@@ -92,11 +94,13 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
     inputs.mkdir()
     write_jsonl(inputs / "a.jsonl", 40, bad_every=13)
     write_jsonl(inputs / "b.jsonl", 25, start=40)
+    (inputs / "b.jsonl.gz").write_bytes(gzip.compress((inputs / "b.jsonl").read_bytes()))  # read as the CLI reads it
+    (inputs / "b.jsonl").unlink()
     (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
     code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8",
                      "--errors", str(tmp_path / "errors.jsonl"))
     assert code == 3, said
-    expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl")]
+    expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz")]
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == b"".join(out for out, _ in expected)
     assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(errors for _, errors in expected)
     assert said.splitlines()[-1].startswith("Translated 62 of 65 rows (3 failed) into ")
