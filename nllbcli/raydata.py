@@ -3,16 +3,17 @@
     files -> Source (read tasks: every row with an id, its file's number << 40 | its line or row)
       -> blocks of --chunk-rows rows -> Translating (actors, one per GPU, each with the model loaded once: a
       block's rows prepared, translated and written out as the CLI writes a chunk's) -> Sink (a part file per
-      write task, and its failed rows' errors lines) in a staging directory -> promoted onto OUTPUT
+      run of adjacent input rows a write task has, and their failed rows' errors lines) in a staging directory
+      -> promoted onto OUTPUT
 
 The staging directory `.OUTPUT.nllb-staging` beside OUTPUT holds the job (job.json), Ray's checkpoint of the ids
 written (a two-phase commit: a part counts once its checkpoint is committed, and the part of a write that died
 before that is deleted when the job resumes) and the parts. A job that fails, is stopped or is killed leaves it
 for --resume, which reads only the rows whose ids are not checkpointed. When every row is written, the parts are
-renamed in input order (part-FFFFF-RRRRRRRRRRRR: the file's number and its first row's line or row), their rows
-counted against the inputs', the errors file written, and the directory renamed onto OUTPUT with a _SUCCESS file
-that records the job. A row is read, prepared, translated and written by the CLI's own functions (io/, rows.py,
-batching.py), so its translation is the CLI's to the byte.
+renamed by their first rows (part-FFFFF-RRRRRRRRRRRR: the file's number and the line or row), so that name order
+is input order, their rows counted against the inputs', the errors file written, and the directory renamed onto
+OUTPUT with a _SUCCESS file that records the job. A row is read, prepared, translated and written by the CLI's
+own functions (io/, rows.py, batching.py), so its translation is the CLI's to the byte.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import re
 import shutil
 import sys
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -50,7 +50,6 @@ from .io.streams import compression_of, decompressing
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
-from .progress import counted
 from .resume import create_private, sync_directory
 from .rows import Outcome, prepare_records, status_of
 
