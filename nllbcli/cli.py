@@ -206,13 +206,8 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
     decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
-    known = load_tokenizer(model).lang_codes  # languages are resolved before the weights load
-    for option, value in (("--src", src), ("--tgt", tgt)):
-        try:
-            resolved = None if value is None else resolve_lang(value, known)
-        except NllbError as error:
-            raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
-        jobs = [replace(job, **{option.removeprefix("--"): resolved}) for job in jobs]
+    languages = resolved_languages(model, src, tgt)
+    jobs = [replace(job, **languages) for job in jobs]
     with ExitStack() as stack:
         pool = None
         if devices is None:
@@ -232,6 +227,18 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
     sys.exit(1 if 1 in codes else max(codes))
+
+
+def resolved_languages(model: str, src: str | None, tgt: str | None) -> dict[str, str | None]:
+    """--src and --tgt as the model's codes (None where not given), resolved before the weights load."""
+    known = load_tokenizer(model).lang_codes
+    resolved = {}
+    for option, value in (("--src", src), ("--tgt", tgt)):
+        try:
+            resolved[option.removeprefix("--")] = None if value is None else resolve_lang(value, known)
+        except NllbError as error:
+            raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+    return resolved
 
 
 def translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format, resume, progress,
@@ -258,11 +265,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
     except ImportError as error:
         raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
                                    "'nllbcli[ray]'.") from None
-    known = load_tokenizer(model).lang_codes
-    try:
-        job = replace(base, src=base.src and resolve_lang(base.src, known), tgt=base.tgt and resolve_lang(base.tgt, known))
-    except NllbError as error:
-        raise InvalidUsage(str(error)) from None
+    job = replace(base, **resolved_languages(model, base.src, base.tgt))
     model_dir = str(resolve_model_dir(model).resolve())
     options = raydata.RayOptions(address, actors, device, threads)
     started = time.monotonic()

@@ -46,7 +46,7 @@ from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
 from .io.parquet import TableMaker, batch_records, check_text_column, output_schema
-from .io.streams import compression_of, decompressing
+from .io.streams import Lines, Replay, compression_of, decompressing
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
@@ -111,8 +111,8 @@ def expand_inputs(paths: list[str]) -> list[str]:
             found = [path]
         else:
             raise NllbError(f"{path}: no such file or directory.")
-        files += [f for f in found if f not in files]
-    return files
+        files += found
+    return list(dict.fromkeys(files))
 
 
 def hidden(relative: str) -> bool:
@@ -163,17 +163,6 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
             "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter}
 
 
-def split_lines(stream) -> Iterator[bytes]:
-    """A stream's lines, each with its \\n (the last one's may lack it): lines end at \\n alone, as the CLI's."""
-    rest = b""
-    while block := stream.read(1 << 20):
-        lines = (rest + block).split(b"\n")
-        rest = lines.pop()
-        yield from (line + b"\n" for line in lines)
-    if rest:
-        yield rest
-
-
 class Source(FileBasedDatasource):
     """The inputs for Ray Data: JSONL as each non-blank line's bytes, Parquet as its columns, every row with its
     id and its number in its file (its row, from 0)."""
@@ -199,7 +188,7 @@ class Source(FileBasedDatasource):
                 start += batch.num_rows
             return
         ids, lines, row = [], [], 0
-        for number, raw in enumerate(split_lines(f), 1):
+        for number, raw in enumerate(Lines(Replay(f)), 1):  # lines end at \n alone, as the CLI's
             if is_blank_line(raw, number):
                 continue
             ids.append(base | number)
@@ -413,6 +402,9 @@ def check_output(output: str, files: list[str], job: Job, force: bool) -> None:
         raise NllbError(f"OUTPUT {output} is a directory nllb did not write: refusing to replace it (pass --force "
                         "to replace it).")
     top = os.path.realpath(output)
+    if job.errors and os.path.realpath(job.errors).startswith(top + os.sep):
+        raise NllbError(f"--errors {job.errors} lies in OUTPUT {output}, which the finished parts replace: name a "
+                        "file outside it.")
     for path in files:
         if os.path.realpath(path).startswith(top + os.sep):
             raise NllbError(f"the input {path} lies in OUTPUT {output}: refusing to replace it.")

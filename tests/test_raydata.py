@@ -283,6 +283,8 @@ def test_outputs_nllb_did_not_write_are_refused(tmp_path):
     assert code == 1 and "is a file, and --ray writes a directory" in said
     code, said = run(tmp_path, [str(tmp_path / "nothing-*.jsonl")], tmp_path / "out")
     assert code == 1 and "the pattern matches no file" in said
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", "--errors", str(tmp_path / "out" / "bad.jsonl"))
+    assert code == 1 and "lies in OUTPUT" in said and not (tmp_path / "out").exists()
     (tmp_path / "in.txt").write_text("Hello.\n")
     code, said = run(tmp_path, [str(tmp_path / "in.txt")], tmp_path / "out")
     assert code == 1 and "--ray reads JSONL and Parquet, not text" in said
