@@ -8,8 +8,10 @@ from outside the process, against a transformers script doing the same job.
     (CUPY_CACHE_DIR an empty directory; goal 60 s).
 (C) whole job: `nllb translate` over 100,000 sentences against the engine alone (the Translator's generate on
     the same pre-tokenized ids, no reading, tokenizing, decoding or writing). Goal: at least 90%.
-(D) one JSONL job three ways: plain, --devices 0 (a worker process) and --ray (a local Ray started by the job,
-    one GPU actor): wall time of each, outputs compared byte for byte. Goal: each within 10% of plain.
+(D) one JSONL job several ways (--ways): plain, --devices 0 (a worker process), --ray (a local Ray started by
+    the job, one GPU actor) and --ray joining a Ray started before (cluster): wall time of each, outputs
+    compared byte for byte, and for Ray the span of its blocks from Ray Data's log. Goal: each within 10% of
+    plain.
 
 On the H200 (from the repository root; python3 has CuPy, torch and transformers there). Each command fits the
 device tool's 10 minutes; --timeout bounds every process it starts:
@@ -167,7 +169,9 @@ if __name__ == "__main__" and sys.argv[1:2] == ["__probe__"]:
     sys.exit(0)
 
 import argparse
+import datetime
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -610,10 +614,44 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
     emit(result, out)
 
 
+RAY_DATA_LOG = Path("/tmp/ray/session_latest/logs/ray-data/ray-data.log")  # the latest session's, on this machine
+WAYS = {"plain": "--device", "devices": "--devices 0 (a worker process)", "ray": "--ray, a Ray the job starts",
+        "cluster": "--ray, joining the Ray that `ray start --head` started before"}
+
+
+def ray_blocks(since: tuple[str, int]) -> dict | None:
+    """From what Ray Data logged since `since` (log_size's): the span from the first block an actor was given to
+    the last write, and the blocks (the steady state of a --ray job, without Ray's start and the actor's)."""
+    try:
+        with open(RAY_DATA_LOG, "rb") as f:
+            f.seek(since[1] if os.path.realpath(RAY_DATA_LOG) == since[0] else 0)  # a Ray started since: a new log
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    stamp = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}).*operator (MapBatches\(\w+\)|Write) with task index")
+    times = {"MapBatches": [], "Write": []}
+    for line in text.splitlines():
+        match = stamp.match(line)
+        if match:
+            when = datetime.datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            times["Write" if match.group(2) == "Write" else "MapBatches"].append(when)
+    if not times["MapBatches"] or not times["Write"]:
+        return None
+    return {"blocks": len(times["MapBatches"]), "first_block_to_last_write_s": max(times["Write"]) - min(times["MapBatches"])}
+
+
+def log_size() -> tuple[str, int]:
+    """Ray Data's log now: its file (a new Ray session writes another) and its size."""
+    try:
+        return os.path.realpath(RAY_DATA_LOG), RAY_DATA_LOG.stat().st_size
+    except OSError:
+        return "", 0
+
+
 def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
-    """The same JSONL job three ways, each timed from outside with a warm kernel cache: plain (--device), one
-    worker process (--devices 0) and a local Ray with one GPU actor (--ray, Ray started by the job);
-    the outputs compared byte for byte (the Ray parts concatenated)."""
+    """The same JSONL job in each of --ways (WAYS), each timed from outside with a warm kernel cache, a warm-up
+    run of each kind first (Ray's bytecode compiled, its first-run costs paid, as a machine that ran Ray before);
+    the outputs compared byte for byte (the Ray parts concatenated in name order)."""
     a, out, work = runner.args, runner.out, runner.work
     base = [a.nllb_python, "-m", "nllbcli.cli", "translate", "--src", a.src, "--tgt", a.tgt, "--model",
             str(runner.model_dir), "--beam-size", str(a.beam_size), "--max-length", str(a.new_tokens), "-q"]
@@ -625,29 +663,70 @@ def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
     warmup = work / "warmup_d.jsonl"
     warmup.write_text("".join(json.dumps({"text": line}, ensure_ascii=False) + "\n" for line in lines[:8192]),
                       encoding="utf-8")
-    ways = {"plain": ["--device", a.device],
-            "devices": ["--devices", "cpu:1" if a.device == "cpu" else a.device.partition(":")[2] or "0"],
-            "ray": ["--ray"]}
-    outputs = {way: work / (f"d_{way}" if way == "ray" else f"d_{way}.jsonl") for way in ways}
-    run_process([*base, "--device", a.device, str(warmup), str(work / "d_warmup.jsonl")], runner.env(), a.timeout,
-                work / "d_warmup.stdout", work / "d_warmup.stderr")
-    record = {"what": "D", "sentences": len(lines), "runs": {}}
+    options = {"plain": ["--device", a.device],
+               "devices": ["--devices", "cpu:1" if a.device == "cpu" else a.device.partition(":")[2] or "0"],
+               "ray": ["--ray"], "cluster": ["--ray"]}
+    ways = [w for w in a.ways.split(",") if w]
+    if set(ways) - set(WAYS):
+        raise SystemExit(f"--ways takes {', '.join(WAYS)}")
+    directory = {"ray", "cluster"}
+    outputs = {way: work / (f"d_{way}" if way in directory else f"d_{way}.jsonl") for way in ways}
+    ray_cli = [a.nllb_python, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
+    record = {"what": "D", "sentences": len(lines), "ways": {w: WAYS[w] for w in ways}, "runs": {}, "ray_blocks": {}}
+
+    def warm_up(way: str) -> None:
+        warm = work / f"d_warmup_{way}"
+        run = run_process([*base, *options[way], str(warmup), str(warm if way in directory else f"{warm}.jsonl")],
+                          runner.env(), a.timeout, work / f"{warm.name}.stdout", work / f"{warm.name}.stderr")
+        record.setdefault("warmup_s", {})[way] = run["wall_s"]
+        shutil.rmtree(warm, ignore_errors=True)
+
+    def timed(way: str, round_: int) -> None:
+        shutil.rmtree(outputs[way], ignore_errors=True) if way in directory else outputs[way].unlink(missing_ok=True)
+        since = log_size()
+        run = run_process([*base, *options[way], str(jsonl), str(outputs[way])], runner.env(), a.timeout,
+                          work / f"d_{way}.stdout", work / f"d_{way}.stderr")
+        record["runs"].setdefault(way, []).append(run["wall_s"])
+        if way in directory:
+            record["ray_blocks"].setdefault(way, []).append(ray_blocks(since))
+        if run["exit"] != 0:
+            record[f"{way}_stderr_tail"] = tail(work / f"d_{way}.stderr")
+        emit({"what": "D_run", "way": way, "round": round_, "wall_s": run["wall_s"], "exit": run["exit"]}, out)
+
+    # the ways without a running Ray first: --ray joins one that runs on the machine
+    alone = [w for w in ways if w != "cluster"]
+    for way in dict.fromkeys(["plain", *alone]):
+        warm_up(way)
     for round_ in range(a.repeat):
-        for way, options in ways.items():
-            shutil.rmtree(outputs[way], ignore_errors=True) if way == "ray" else outputs[way].unlink(missing_ok=True)
-            run = run_process([*base, *options, str(jsonl), str(outputs[way])], runner.env(), a.timeout,
-                              work / f"d_{way}.stdout", work / f"d_{way}.stderr")
-            record["runs"].setdefault(way, []).append(run["wall_s"])
-            if run["exit"] != 0:
-                record[f"{way}_stderr_tail"] = tail(work / f"d_{way}.stderr")
-    plain = outputs["plain"].read_bytes() if outputs["plain"].is_file() else None
-    record["devices_identical"] = outputs["devices"].is_file() and outputs["devices"].read_bytes() == plain
-    parts = sorted(outputs["ray"].glob("part-*.jsonl")) if outputs["ray"].is_dir() else []
-    record["ray_identical"] = bool(parts) and b"".join(p.read_bytes() for p in parts) == plain
-    record["ray_parts"] = len(parts)
+        for way in alone:
+            timed(way, round_)
+    if "cluster" in ways:
+        started = subprocess.run([*ray_cli, "start", "--head", "--include-dashboard=false", "--disable-usage-stats",
+                                  f"--num-cpus={max(4, os.cpu_count() or 1)}"],
+                                 env=runner.env(), capture_output=True, text=True)
+        record["cluster_start_exit"] = started.returncode
+        if started.returncode != 0:
+            record["cluster_start_tail"] = (started.stdout + started.stderr)[-2000:]
+        try:
+            warm_up("cluster")
+            for round_ in range(a.repeat):
+                timed("cluster", round_)
+        finally:
+            subprocess.run([*ray_cli, "stop", "--force"], env=runner.env(), capture_output=True)
+    plain = outputs["plain"].read_bytes() if "plain" in outputs and outputs["plain"].is_file() else None
+    for way in ways:
+        if way == "plain":
+            continue
+        if way in directory:
+            parts = sorted(outputs[way].glob("part-*.jsonl")) if outputs[way].is_dir() else []
+            record[f"{way}_identical"] = bool(parts) and b"".join(p.read_bytes() for p in parts) == plain
+            record[f"{way}_parts"] = len(parts)
+        else:
+            record[f"{way}_identical"] = outputs[way].is_file() and outputs[way].read_bytes() == plain
     best = {way: min(walls) for way, walls in record["runs"].items()}
     record["best_wall_s"] = best
-    record["wall_vs_plain"] = {way: best["plain"] / wall for way, wall in best.items()}
+    if "plain" in best:
+        record["wall_vs_plain"] = {way: best["plain"] / wall for way, wall in best.items()}
     emit(record, out)
 
 
@@ -742,6 +821,7 @@ def main() -> int:
     parser.add_argument("--nllb-args", default="", help="more options for every nllb translate run, one string")
     parser.add_argument("--tf-batch", default="256", help="transformers batch sizes, comma-separated; A takes the fastest")
     parser.add_argument("--engine-batch", default="4096", help="C: fixed batch sizes for the engine alone (as the harness), comma-separated")
+    parser.add_argument("--ways", default="plain,devices,ray", help=f"D: which ways, comma-separated, of {', '.join(WAYS)}")
     parser.add_argument("--repeat", type=int, default=1, help="A: timed runs of each side (the median counts); D: rounds of the three ways")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for each process")
     parser.add_argument("--nllb-python", default=sys.executable, help="interpreter with nllbcli's dependencies (and CuPy)")

@@ -125,7 +125,7 @@ def cli():
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
-@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else a Ray started here. See the README's Ray section.")
+@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else the one `ray start` runs on this machine, else a Ray started for the job. See the README's Ray section.")
 @click.option("--ray-address", metavar="ADDRESS", help="With --ray: the cluster to join, as ray.init takes it (auto, HOST:6379, ray://HOST:10001).")
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")

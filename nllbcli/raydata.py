@@ -18,6 +18,7 @@ own functions (io/, rows.py, batching.py), so its translation is the CLI's to th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import glob
@@ -26,6 +27,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +65,7 @@ PART = re.compile(r"-(\d{5})-(\d{12})(\.errors\.jsonl|\.jsonl|\.parquet)$")  # a
 FINAL = re.compile(r"^part-\d{5}-\d{12}(\.errors\.jsonl|\.jsonl|\.parquet)$")
 SUCCESS = "_SUCCESS"
 TASK_RETRIES = 5  # tries of a block whose actor died or whose batch function raised, before the job fails
+CONNECT_TIMEOUT = 10  # seconds a cluster's address has to take a connection
 LOCAL_CPUS = 4  # at least this many logical CPUs for a Ray started here: Ray's checkpoint filter and read tasks
 #                 each take one, and with fewer the pipeline waited on them for good (2-core machines)
 
@@ -71,7 +74,7 @@ LOCAL_CPUS = 4  # at least this many logical CPUs for a Ray started here: Ray's 
 class RayOptions:
     """Where and how a --ray job runs."""
 
-    address: str | None = None  # ray.init's: None starts a Ray on this machine (or joins $RAY_ADDRESS's)
+    address: str | None = None  # ray.init's; None: $RAY_ADDRESS's, else the one `ray start` ran here, else a new one
     actors: int | None = None  # translating actors; None: one per GPU of the cluster, else one
     device: str = "auto"  # auto: the actors on GPUs where the cluster has them, else the CPU; cpu; cuda
     threads: int | None = None  # each CPU actor's BLAS threads
@@ -465,7 +468,8 @@ def write_json(path: str, value: dict) -> None:
 
 
 def start_ray(address: str | None) -> bool:
-    """Ray joined (address, or $RAY_ADDRESS) or started here; whether this call started it (and ends it)."""
+    """Ray joined (address, $RAY_ADDRESS, or the one running here) or started here; whether this call connected
+    (and so disconnects, which ends a Ray it started)."""
     # Ray's notes on what it does (token auth, progress bars off) and its tracebacks of a failed task are not the
     # job's: the error that ends the job is its one line (Ray keeps its own logs in its session's directory)
     for name in ("ray", "ray.data"):
@@ -473,14 +477,68 @@ def start_ray(address: str | None) -> bool:
     if ray.is_initialized():
         return False
     # the driver's core worker writes a line for every actor whose constructor's arguments are in the object store
-    # (Ray Data's are, always); the job's own errors come as exceptions
-    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    if address is None and not os.environ.get("RAY_ADDRESS"):
-        cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
-        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
-    else:
-        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    # (Ray Data's are, always), and one as it starts to say what RAY_BACKEND_LOG_LEVEL set; the job's own errors
+    # come as exceptions
+    quiet = "RAY_BACKEND_LOG_LEVEL" not in os.environ
+    if quiet:
+        os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    if address is None:
+        address = os.environ.get("RAY_ADDRESS") or running_here()
+    if address is not None and address != "local":
+        check_answers(address)
+    with (silent_stderr() if quiet else contextlib.nullcontext()):
+        if address is None:  # "local": a new Ray, whatever a stopped one's record says
+            cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
+                     log_to_driver=False)
+        else:
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     return True
+
+
+def check_answers(address: str) -> None:
+    """The cluster's address takes connections: ray.init waits for good on one that does not (a typo, a stopped
+    cluster, a firewall)."""
+    from ray._private import services
+
+    try:
+        found = address if address.startswith("ray://") else services.canonicalize_bootstrap_address(address)
+    except ConnectionError:
+        raise NllbError(f"Ray cluster {address}: no Ray runs on this machine (start one with `ray start --head`, "
+                        "or name one with --ray-address).") from None
+    except ValueError as error:
+        raise NllbError(f"Ray cluster {address}: {str(error).splitlines()[0]}.") from None
+    host, _, port = found.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT).close()
+    except (OSError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error) or "no answer"
+        raise NllbError(f"Ray cluster {address}: nothing answers at {found} ({reason}).") from None
+
+
+@contextlib.contextmanager
+def silent_stderr():
+    """File descriptor 2 on /dev/null for a while: what Ray's C++ code writes there, not sys.stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def running_here() -> str | None:
+    """"auto" where the Ray that `ray start` started on this machine still runs (ray.init() joins it as well, but
+    it also follows the record of one that has stopped, and waits for it for good). "auto", not its address: Ray
+    finds the cluster's token (token authentication is on by default) only for "auto"."""
+    from ray._private import services
+
+    recorded = services.find_bootstrap_address(None)  # $RAY_TMPDIR/ray/ray_current_cluster, else /tmp/ray's
+    return "auto" if recorded and recorded in services.find_gcs_addresses() else None
 
 
 def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions, options: RayOptions,
@@ -504,7 +562,9 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
     chunk_rows = chunk_rows or defaults.read_chunk_rows
     names = list(files)  # as messages name them; the read tasks, on any node, get them whole
     dataset = ray.data.read_datasource(Source([os.path.abspath(f) for f in files], job.input_format))
-    dataset = dataset.repartition(target_num_rows_per_block=chunk_rows)
+    # strict: every block chunk_rows rows but the last; else each read block leaves a small one of its own, which
+    # an actor takes as one call with little for the GPU to do while its next block is prepared
+    dataset = dataset.repartition(target_num_rows_per_block=chunk_rows, strict=True)
     with warnings.catch_warnings():  # max_task_retries is not one of map_batches' named parameters yet (Ray 2.60)
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         dataset = dataset.map_batches(
@@ -516,7 +576,9 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
     sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error)
     failure = None
     try:
-        dataset.write_datasink(sink)
+        with warnings.catch_warnings():  # Ray Data's advice on its settings (fewer blocks than actors) is not the job's
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"ray\.data\.")
+            dataset.write_datasink(sink)
     except Exception as error:  # noqa: BLE001 - Ray wraps what the tasks raised
         failure = ray_error(error)
     if failure is not None:

@@ -42,7 +42,7 @@ TEXTS = ["The concert is on the twelfth of March.", "David sees twenty black hat
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
-    ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors run this module's translators
     yield
     ray.shutdown()
@@ -123,6 +123,16 @@ def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
     assert got.schema == expected.schema
     assert got.to_pylist() == expected.to_pylist()  # every row once, the parts in name order in input order
     assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
+
+
+def test_the_actors_are_given_blocks_of_chunk_rows_rows(tmp_path):
+    # a block smaller than --chunk-rows is an actor call with too little for the GPU while the next is prepared:
+    # one file's rows come in blocks of exactly 8 but the last, whatever blocks the read gave
+    write_jsonl(tmp_path / "in.jsonl", 70)
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", "--chunk-rows", "8")
+    assert code == 0, said
+    sizes = [len(p.read_bytes().splitlines()) for p in parts(tmp_path / "out", ".jsonl")]
+    assert sizes == [8] * 8 + [6]
 
 
 def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
@@ -288,3 +298,80 @@ def test_outputs_nllb_did_not_write_are_refused(tmp_path):
     (tmp_path / "in.txt").write_text("Hello.\n")
     code, said = run(tmp_path, [str(tmp_path / "in.txt")], tmp_path / "out")
     assert code == 1 and "--ray reads JSONL and Parquet, not text" in said
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nllb_ray(cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    """`nllb translate --ray` run as a user runs it: no address, Ray found (or started) by the command."""
+    env = {k: v for k, v in env.items() if k not in ("RAY_ADDRESS", "RAY_BACKEND_LOG_LEVEL")}
+    return subprocess.run([sys.executable, "-m", "nllbcli", "translate", "-m", SAMPLE, *DECODE_ARGS, "--src", "en",
+                           "--tgt", "fr", "--chunk-rows", "8", "--ray", "in.jsonl", "out"],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def ray_tmpdir():
+    """A Ray temporary directory of the test's own (where `ray start` records its cluster), short enough for
+    Ray's socket paths."""
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="nllb-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_job_joins_the_ray_that_ray_start_runs_here(tmp_path, ray_tmpdir):
+    write_jsonl(tmp_path / "in.jsonl", 3)  # one block for three actors, which Ray Data warns of
+    env = dict(os.environ, RAY_TMPDIR=ray_tmpdir)
+    head = subprocess.Popen([sys.executable, "-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())",
+                             "start", "--head", "--block", f"--port={free_port()}", "--num-cpus=4", "--num-gpus=3",
+                             "--include-dashboard=false", "--disable-usage-stats"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        for line in head.stdout:
+            if "block forever" in line:
+                break
+        result = nllb_ray(tmp_path, env)
+    finally:
+        head.terminate()  # `ray start --block` ends its cluster as it ends
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+    assert result.returncode == 0, result.stderr
+    [said] = result.stderr.splitlines()  # the summary, and no line of Ray's
+    assert said.startswith("Translated 3 of 3 rows") and ", on GPU " in said  # that Ray's: one the job starts has none
+
+
+def test_the_record_of_a_ray_that_has_stopped_is_not_followed(tmp_path, ray_tmpdir):
+    write_jsonl(tmp_path / "in.jsonl", 30)
+    os.makedirs(os.path.join(ray_tmpdir, "ray"))
+    with open(os.path.join(ray_tmpdir, "ray", "ray_current_cluster"), "w") as record:  # as a killed `ray start` leaves
+        record.write(f"127.0.0.1:{free_port()}")
+    result = nllb_ray(tmp_path, dict(os.environ, RAY_TMPDIR=ray_tmpdir))
+    assert result.returncode == 0, result.stderr
+    assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
+        tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
+def test_a_cluster_that_does_not_answer_is_one_line_not_a_wait(tmp_path, ray_tmpdir, address):
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    port = free_port()
+    os.makedirs(os.path.join(ray_tmpdir, "ray"))
+    with open(os.path.join(ray_tmpdir, "ray", "ray_current_cluster"), "w") as record:  # auto's: a stopped Ray's
+        record.write(f"127.0.0.1:{port}")
+    result = subprocess.run([sys.executable, "-m", "nllbcli", "translate", "-m", SAMPLE, "--src", "en", "--tgt", "fr",
+                             "--ray", "--ray-address", address.format(port=port), "in.jsonl", "out"], cwd=tmp_path,
+                            env=dict(os.environ, RAY_TMPDIR=ray_tmpdir), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"Error: Ray cluster {address.format(port=port)}: nothing answers at ")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
