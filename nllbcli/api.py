@@ -129,7 +129,8 @@ def run_records(translator: Translator, records: list[Record], job: Job, decode:
     done = []
     try:
         for chunk in read_chunks(records, batching.read_chunk_rows):
-            outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance)
+            outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance,
+                                         batching.max_batch_sentences)
             done += zip(chunk, outcomes)
     finally:
         reporter.close(summary=False)

@@ -1,5 +1,5 @@
 """Batch planning and decoding: a chunk's sentences grouped by target language and sorted by length, so that a
-batch pads little, cut at max_batch_tokens (rows x longest row), each batch through translator.generate, and the
+batch pads little, cut at max_batch_tokens (rows x longest row) and max_batch_sentences, each batch through translator.generate, and the
 ids decoded back into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this
 changes the output. A sentence the translator cannot take even alone fails its row; the rest go on.
 """
@@ -28,18 +28,21 @@ def translate_records(
     decode: DecodeOptions,
     max_batch_tokens: int,
     advance: Advance = lambda rows, tokens: None,
+    max_batch_sentences: int | None = None,
 ) -> list[Outcome]:
     """What became of each row of a chunk, in the rows' order. Empty texts stay empty, without the model.
 
     With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
     outcomes, sentences = prepare_records(translator, records, job)
-    return translate_prepared(translator, records, outcomes, sentences, job, decode, max_batch_tokens, advance)
+    return translate_prepared(translator, records, outcomes, sentences, job, decode, max_batch_tokens, advance,
+                              max_batch_sentences=max_batch_sentences)
 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
                        advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
-                       batches: list[Batch] | None = None, generated: list[Generated] | None = None) -> list[Outcome]:
+                       batches: list[Batch] | None = None, generated: list[Generated] | None = None,
+                       max_batch_sentences: int | None = None) -> list[Outcome]:
     """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
     unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
     each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
@@ -71,7 +74,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         advance(finished, tokens)
 
     run = finisher.submit if finisher is not None else lambda task: task()
-    for n, batch in enumerate(plan_chunk(sentences, max_batch_tokens) if batches is None else batches):
+    planned = plan_chunk(sentences, max_batch_tokens, max_batch_sentences) if batches is None else batches
+    for n, batch in enumerate(planned):
         if generated is None:
             outputs = generate_batch(translator, batch, decode, records, outcomes, job)
         else:
@@ -91,10 +95,11 @@ class Batch:
     targets: list[str]  # their target languages (a batch may mix them)
 
 
-def plan_chunk(sentences: list[Sentence], max_batch_tokens: int) -> list[Batch]:
+def plan_chunk(sentences: list[Sentence], max_batch_tokens: int, max_batch_sentences: int | None = None) -> list[Batch]:
     """plan_batches over a chunk's sentences, each batch with what translator.generate takes."""
     batches = []
-    for positions in plan_batches({n: len(s.ids) for n, s in enumerate(sentences)}, max_batch_tokens):
+    lengths = {n: len(s.ids) for n, s in enumerate(sentences)}
+    for positions in plan_batches(lengths, max_batch_tokens, max_batch_sentences):
         batch = [sentences[n] for n in positions]
         batches.append(Batch(positions, batch, [s.ids for s in batch], [s.tgt for s in batch]))
     return batches
@@ -149,15 +154,16 @@ def record_failures(generated: Generated, batch: Batch, records: list[Record], o
     return outputs
 
 
-def plan_batches(lengths: dict[int, int], max_batch_tokens: int) -> list[list[int]]:
-    """Group positions longest first, each batch within rows x longest row <= max_batch_tokens.
+def plan_batches(lengths: dict[int, int], max_batch_tokens: int, max_batch_sentences: int | None = None) -> list[list[int]]:
+    """Group positions longest first, each batch within rows x longest row <= max_batch_tokens and within
+    max_batch_sentences rows (None: any number).
 
     A row longer than the budget goes alone. Longest first, so a batch too large for memory fails early.
     """
     batches: list[list[int]] = []
     batch: list[int] = []
     for position in sorted(lengths, key=lengths.__getitem__, reverse=True):
-        if batch and (len(batch) + 1) * lengths[batch[0]] > max_batch_tokens:
+        if batch and ((len(batch) + 1) * lengths[batch[0]] > max_batch_tokens or len(batch) == max_batch_sentences):
             batches.append(batch)
             batch = []
         batch.append(position)

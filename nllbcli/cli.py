@@ -144,6 +144,7 @@ def cli():
 @click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=DecodeOptions.repetition_penalty, show_default=True, help="Scores of tokens already generated are divided by this (multiplied when negative); 1 is off.")
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
+@click.option("--max-batch-sentences", type=click.IntRange(min=1), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
 @click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--threads", type=click.IntRange(min=1), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help="Threads of the CPU engine's matrix products (the BLAS library's); a GPU job's engine does not use them.")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
@@ -153,7 +154,8 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, no_split, max_batch_tokens, chunk_rows, threads, on_error, errors_file, resume, progress, quiet):
+              repetition_penalty, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
+              progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
@@ -191,7 +193,7 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
         raise InvalidUsage(str(error)) from None
     if on_ray:
         return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
-                                resume, progress, quiet, threads, max_batch_tokens, chunk_rows, ray_address, ray_actors,
+                                resume, progress, quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, ray_address, ray_actors,
                                 DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size,
                                               repetition_penalty))
     for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
@@ -215,7 +217,8 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
             translator = load_model(model, device, adapter) if adapter else load_model(model, device)
         else:
             translator, pool = start_workers(stack, devices, model, adapter, threads)
-        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows)
+        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows,
+                                           max_batch_sentences)
         codes = []
         for job in jobs:
             mode = "none" if quiet else progress_mode(progress, job.output)
@@ -242,7 +245,7 @@ def resolved_languages(model: str, src: str | None, tgt: str | None) -> dict[str
 
 
 def translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format, resume, progress,
-                     quiet, threads, max_batch_tokens, chunk_rows, address, actors, decode) -> None:
+                     quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, address, actors, decode) -> None:
     """--ray: the inputs into one directory of parts on a Ray cluster (raydata.py); exit 0, or 3 with failed rows."""
     from dataclasses import replace
 
@@ -272,7 +275,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
     try:
         outcomes = raydata.translate_with_ray(
             inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
-            max_batch_tokens=max_batch_tokens, resume=resume, force=base.force, input_format=input_format,
+            max_batch_tokens=max_batch_tokens, max_batch_sentences=max_batch_sentences, resume=resume, force=base.force, input_format=input_format,
             output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
             warn=lambda message: click.echo(message, err=True))
     except KeyboardInterrupt:

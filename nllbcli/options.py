@@ -42,19 +42,24 @@ class BatchOptions:
 
     max_batch_tokens: int = 4096  # source tokens per batch, counted as rows x longest row (padding included)
     read_chunk_rows: int = 2048  # rows read ahead, sorted by length, batched, then written and committed together
+    max_batch_sentences: int | None = None  # sentences per batch as well (CTranslate2's max_batch_size); None: any
 
     def __post_init__(self) -> None:
         if self.max_batch_tokens < 1:
             raise ValueError(f"max batch tokens must be at least 1, not {self.max_batch_tokens}")
+        if self.max_batch_sentences is not None and self.max_batch_sentences < 1:
+            raise ValueError(f"max batch sentences must be at least 1, not {self.max_batch_sentences}")
 
     @classmethod
-    def for_device(cls, device: str, max_batch_tokens: int | None = None, read_chunk_rows: int | None = None) -> "BatchOptions":
+    def for_device(cls, device: str, max_batch_tokens: int | None = None, read_chunk_rows: int | None = None,
+                   max_batch_sentences: int | None = None) -> "BatchOptions":
         """The defaults for where the engine runs, overridden by what is given. A GPU is fast per step only with
         thousands of sentences in it at once (100,000 tokens/s at 1,024 sentences a batch,
         200,000 at 4,096; the Translator splits what its KV pool cannot hold); the CPU's reference engine gains
         nothing from large batches and would only hold more in memory."""
         default = GPU_BATCHING if device.startswith("cuda") else cls()
-        return cls(max_batch_tokens or default.max_batch_tokens, read_chunk_rows or default.read_chunk_rows)
+        return cls(max_batch_tokens or default.max_batch_tokens, read_chunk_rows or default.read_chunk_rows,
+                   max_batch_sentences)
 
 
 # 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERFORMANCE.md, "Host side")

@@ -199,7 +199,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         if not (saved and saved.done):
             def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
                 outcomes, sentences = prepare_records(translator, chunk, job)
-                return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens)
+                return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens, batching.max_batch_sentences)
 
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \

@@ -217,7 +217,7 @@ class Translating:
     translation), a failed one with its error and its errors-file line; the Sink applies --on-error."""
 
     def __init__(self, load: Callable, names: list[str], job: Job, decode: DecodeOptions,
-                 max_batch_tokens: int | None, schema: pa.Schema | None):
+                 max_batch_tokens: int | None, schema: pa.Schema | None, max_batch_sentences: int | None = None):
         self.engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
         self.translator = self.engine.submit(load).result()
         # the engine thread waits for the GIL behind the threads preparing and finishing blocks, as the CLI's
@@ -226,7 +226,8 @@ class Translating:
         self.collections = fewer_collections()
         self.collections.__enter__()  # for the actor's life
         self.names, self.decode, self.schema = names, decode, schema
-        self.max_batch_tokens = BatchOptions.for_device(self.translator.device, max_batch_tokens).max_batch_tokens
+        self.batching = BatchOptions.for_device(self.translator.device, max_batch_tokens,
+                                                max_batch_sentences=max_batch_sentences)
         self.job = replace(job, on_error="skip", errors=None)  # failures are marked here and judged by the Sink
         gpus = ray.get_gpu_ids()
         self.worker = f"GPU {','.join(map(str, gpus))}" if gpus else "CPU"
@@ -236,9 +237,9 @@ class Translating:
         records = self.records(block, ids)
         translator, decode = self.translator, self.decode
         outcomes, sentences = prepare_records(translator, records, self.job)
-        batches = plan_chunk(sentences, self.max_batch_tokens)
+        batches = plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences)
         generated = self.engine.submit(lambda: [generate_ids(translator, b, decode, False) for b in batches]).result()
-        translate_prepared(translator, records, outcomes, sentences, self.job, decode, self.max_batch_tokens,
+        translate_prepared(translator, records, outcomes, sentences, self.job, decode, self.batching.max_batch_tokens,
                            batches=batches, generated=generated)
         return self.output(block, records, outcomes, ids)
 
@@ -350,14 +351,16 @@ def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
 
 def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions = DecodeOptions(),
                        options: RayOptions = RayOptions(), *, model: str, adapter: str | None = None,
-                       chunk_rows: int | None = None, max_batch_tokens: int | None = None, resume: bool = False,
+                       chunk_rows: int | None = None, max_batch_tokens: int | None = None,
+                       max_batch_sentences: int | None = None, resume: bool = False,
                        force: bool = False, input_format: str | None = None, output_format: str | None = None,
                        progress: bool = False, warn: Callable[[str], None] = print,
                        load: Callable[[], object] | None = None) -> Outcomes:
     """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
     `job` holds the fields, languages and --on-error (its paths and formats are not read); `chunk_rows` and
-    `max_batch_tokens` default to the device's (the CLI's); `load` makes an actor's Translator, in the actor
-    (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with `options.threads`)."""
+    `max_batch_tokens` default to the device's (the CLI's), `max_batch_sentences` to none; `load` makes an actor's
+    Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with
+    `options.threads`)."""
     files = expand_inputs(paths)
     fmt = inputs_format(files, input_format)
     if output_format is not None and output_format != fmt:
@@ -375,7 +378,8 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads)
     started = start_ray(options.address)
     try:
-        workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens, progress)
+        workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens,
+                              max_batch_sentences, progress)
     finally:
         if started:
             ray.shutdown()
@@ -543,7 +547,7 @@ def running_here() -> str | None:
 
 def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions, options: RayOptions,
                 schema: pa.Schema | None, load: Callable, chunk_rows: int | None, max_batch_tokens: int | None,
-                progress: bool) -> tuple[str, ...]:
+                max_batch_sentences: int | None, progress: bool) -> tuple[str, ...]:
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
     context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
@@ -569,7 +573,8 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         dataset = dataset.map_batches(
             Translating, fn_constructor_kwargs={"load": load, "names": names, "job": job, "decode": decode,
-                                                "max_batch_tokens": max_batch_tokens, "schema": schema},
+                                                "max_batch_tokens": max_batch_tokens, "schema": schema,
+                                                "max_batch_sentences": max_batch_sentences},
             batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
             compute=ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2, enable_true_multi_threading=True),
             max_task_retries=TASK_RETRIES)

@@ -120,6 +120,19 @@ def test_row_order_across_many_batches(fake, tmp_path, fmt):
     assert all(len(batch) * max(map(len, batch)) <= 64 for batch in fake.batches)
 
 
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_max_batch_sentences_caps_each_batch_and_changes_no_row(fake, tmp_path, fmt):
+    texts = [("x" * (i * 7 % 23)) + str(i) for i in range(100)]
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    write_input(source, fmt, texts)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--max-batch-tokens", "4096", "--max-batch-sentences", "7",
+                                                  str(source), str(target)])
+    assert result.exit_code == 0, result.output
+    output = read_output(target, fmt)
+    assert (output if fmt == "text" else [row["translation"] for row in output]) == [t[::-1] for t in texts]
+    assert max(map(len, fake.batches)) == 7 and sum(map(len, fake.batches)) == 100
+
+
 def test_parquet_keeps_columns_and_types(fake, tmp_path):
     schema = pa.schema(
         [

@@ -38,6 +38,14 @@ def test_batch_defaults_follow_the_device():
     assert BatchOptions.for_device("cpu", None, 7) == BatchOptions(BatchOptions().max_batch_tokens, 7)
 
 
+def test_plan_batches_keeps_within_the_sentences_too():
+    lengths = {0: 3, 1: 9, 2: 5, 3: 4, 4: 2, 5: 8}
+    assert plan_batches(lengths, 20, 1) == [[1], [5], [2], [3], [0], [4]]
+    assert plan_batches(lengths, 100, 4) == [[1, 5, 2, 3], [0, 4]]
+    assert plan_batches(lengths, 20, 3) == [[1, 5], [2, 3, 0], [4]]  # the tokens cut first, then the sentences
+    assert BatchOptions.for_device("cuda:0", None, None, 64) == BatchOptions(GPU_BATCHING.max_batch_tokens, GPU_BATCHING.read_chunk_rows, 64)
+
+
 def test_plan_batches_of_nothing():
     assert plan_batches({}, 100) == []
 

@@ -97,7 +97,7 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
     (inputs / "b.jsonl.gz").write_bytes(gzip.compress((inputs / "b.jsonl").read_bytes()))  # read as the CLI reads it
     (inputs / "b.jsonl").unlink()
     (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
-    code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8",
+    code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8", "--max-batch-sentences", "3",
                      "--errors", str(tmp_path / "errors.jsonl"))
     assert code == 3, said
     expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz")]
