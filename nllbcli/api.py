@@ -51,10 +51,11 @@ def load(model: str | None = None, device: str = "auto", adapter: str | None = N
 
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
-              decode: DecodeOptions = DecodeOptions(), *, split: bool = True, batching: BatchOptions | None = None,
+              decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
               progress: bool = False) -> list[Result]:
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
-    `batching` defaults to the device's (the CLI's); `progress` shows the bar on stderr."""
+    `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
+    device's (the CLI's); `progress` shows the bar on stderr."""
     from .langs import resolve_lang
 
     known = translator.tokenizer.lang_codes
@@ -64,11 +65,11 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
                       None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
                       f"row {n + 1}") for n, text in enumerate(texts)]
     return [Result(o.translation, o.error, "failed" if o.error else status_of(o))
-            for _, o in run_records(translator, records, job, decode, batching, progress)]
+            for _, o in run_records(translator, records, job, decode or model_decode(translator), batching, progress)]
 
 
 def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
-                    src: str | None = None, tgt: str | None = None, decode: DecodeOptions = DecodeOptions(), *,
+                    src: str | None = None, tgt: str | None = None, decode: DecodeOptions | None = None, *,
                     field: str = "text", output_field: str = "translation", status_field: str | None = None,
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
@@ -95,7 +96,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
         raise NllbError(f"error_field {error_field!r} is another added field's or the text's: name another.")
     position = Position()
     records = [record for batch in batches for record in batch_records(batch, "the table", field, position)]
-    done = run_records(translator, records, job, decode, batching, progress)
+    done = run_records(translator, records, job, decode or model_decode(translator), batching, progress)
     kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
     names, columns = list(schema.names), rows_of(schema, [r for r, _ in kept])
     added = {output_field: [o.translation for _, o in kept]}
@@ -119,6 +120,15 @@ def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:
     parts = [take_rows(batch, [r.row for r in group]) for batch, group in batch_groups(records)]
     taken = pa.Table.from_batches(parts, schema=schema) if parts else schema.empty_table()
     return taken.columns
+
+
+def model_decode(translator: Translator) -> DecodeOptions:
+    """The command's decoding options for the translator's model when none are given."""
+    from pathlib import Path
+
+    from .checkpoint import decode_options
+
+    return decode_options(Path(translator.model_dir) if translator.model_dir else None)
 
 
 def run_records(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,

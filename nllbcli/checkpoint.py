@@ -468,6 +468,45 @@ def read_weights(path: Path, bf16_bits: bool = False, wanted: set[str] | None = 
     return read_torch_bin(path, wanted)
 
 
+def generation_defaults(model_dir: Path) -> dict:
+    """The decoding settings a model directory's generation_config.json gives, as DecodeOptions' fields (none
+    where it has no such file): num_beams, length_penalty, no_repeat_ngram_size, repetition_penalty, and the
+    length as transformers' generate counts it: max_new_tokens, else max_length less the decoder's start token
+    (NLLB's max_length 200 is 199 generated tokens, the language token included). Keys that nllbcli's search does
+    not take are left to transformers."""
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return {}
+    found = read_json_object(path)
+    given = lambda key: key in found and found[key] is not None  # noqa: E731 - transformers writes null for unset
+    defaults = {}
+    if given("num_beams"):
+        defaults["beam_size"] = json_int(path, "num_beams", found["num_beams"], 1, 1024)
+    if given("max_new_tokens"):
+        defaults["max_length"] = json_int(path, "max_new_tokens", found["max_new_tokens"], 1)
+    elif given("max_length"):
+        defaults["max_length"] = json_int(path, "max_length", found["max_length"], 2) - 1
+    if given("length_penalty"):
+        defaults["length_penalty"] = float(json_value(path, "length_penalty", found["length_penalty"], float))
+    if given("no_repeat_ngram_size"):
+        defaults["no_repeat_ngram_size"] = json_int(path, "no_repeat_ngram_size", found["no_repeat_ngram_size"])
+    if given("repetition_penalty"):
+        penalty = float(json_value(path, "repetition_penalty", found["repetition_penalty"], float))
+        if not penalty > 0:
+            raise NllbError(f"{path}: repetition_penalty must be above 0, not {shown(penalty)}")
+        defaults["repetition_penalty"] = penalty
+    return defaults
+
+
+def decode_options(model_dir: Path | None, **given):
+    """DecodeOptions: each option given (not None), else the model directory's generation_config.json's
+    (generation_defaults), else nllb's own."""
+    from .options import DecodeOptions
+
+    defaults = generation_defaults(model_dir) if model_dir is not None else {}
+    return DecodeOptions(**{**defaults, **{name: value for name, value in given.items() if value is not None}})
+
+
 def read_config(model_dir: Path) -> ModelConfig:
     """The model directory's config.json, checked (ModelConfig.from_json)."""
     if not (model_dir / "config.json").is_file():

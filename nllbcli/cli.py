@@ -137,11 +137,12 @@ def cli():
 @click.option("--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
 @click.option("--src-lang-field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
 @click.option("--tgt-lang-field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
-@click.option("--beam-size", type=click.IntRange(min=1), default=DecodeOptions.beam_size, show_default=True, help="Beams per sentence; 1 is greedy search.")
-@click.option("--max-length", type=click.IntRange(min=1), default=DecodeOptions.max_length, show_default=True, help="At most this many generated tokens per sentence, the target-language token included.")
-@click.option("--length-penalty", type=float, default=DecodeOptions.length_penalty, show_default=True, help="Beam search ranks finished beams by sum(log p) / length ** this.")
-@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), default=DecodeOptions.no_repeat_ngram_size, show_default=True, help="No n-gram of this many tokens occurs twice in a translation; 0 is off.")
-@click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), default=DecodeOptions.repetition_penalty, show_default=True, help="Scores of tokens already generated are divided by this (multiplied when negative); 1 is off.")
+@click.option("--beam-size", type=click.IntRange(min=1), help=f"Beams per sentence; 1 is greedy search. [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
+@click.option("--max-length", type=click.IntRange(min=1), help=f"At most this many generated tokens per sentence, the target-language token included. [default: the model's generation_config.json max_new_tokens, or its max_length less 1 (NLLB's: 199), else {DecodeOptions.max_length}]")
+@click.option("--length-penalty", type=float, help=f"Beam search ranks finished beams by sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
+@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
+@click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off. [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
+@click.option("--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @click.option("--max-batch-sentences", type=click.IntRange(min=1), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
@@ -154,7 +155,7 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
+              repetition_penalty, max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
               progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
@@ -188,14 +189,16 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
     try:
         base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
                    tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
-                   errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field)
+                   errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,
+                   max_input_length=max_input_length)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
+    decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
+                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty)
     if on_ray:
         return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
                                 resume, progress, quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, ray_address, ray_actors,
-                                DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size,
-                                              repetition_penalty))
+                                decode)
     for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
         if given is not None:
             raise InvalidUsage(f"{option} goes with --ray.")
@@ -207,7 +210,6 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
             for input, output in pairs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
-    decode = DecodeOptions(beam_size, max_length, length_penalty, no_repeat_ngram_size, repetition_penalty)
     languages = resolved_languages(model, src, tgt)
     jobs = [replace(job, **languages) for job in jobs]
     with ExitStack() as stack:
@@ -230,6 +232,18 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
     sys.exit(1 if 1 in codes else max(codes))
+
+
+def decode_options(model: str, **given) -> DecodeOptions:
+    """The decoding options: each one given on the command line, else the model's generation_config.json's,
+    else nllb's own (checkpoint.decode_options)."""
+    from .checkpoint import decode_options as for_model, resolve_model_dir
+
+    try:
+        model_dir = resolve_model_dir(model)
+    except NllbError:
+        model_dir = None  # loading the model names what is wrong with it
+    return for_model(model_dir, **given)
 
 
 def resolved_languages(model: str, src: str | None, tgt: str | None) -> dict[str, str | None]:

@@ -99,6 +99,8 @@ class Job:
     status_field: str | None = None  # the JSONL field or Parquet column that gets each row's status (status_of)
     overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
     output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
+    max_input_length: int | None = None  # a source's tokens at most (language token and </s> included), as the
+    #                                      model's positions cut it (flagged cut); None: the model's positions
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -107,6 +109,9 @@ class Job:
             raise ValueError("--on-error record needs --errors FILE to record the failed rows in.")
         if self.errors and self.on_error != "record":
             raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
+        if self.max_input_length is not None and self.max_input_length < 3:
+            raise ValueError("--max-input-length must leave room for the language token, a piece and </s>: 3 or "
+                             f"more, not {self.max_input_length}.")
 
     @property
     def added(self) -> Added:

@@ -289,6 +289,7 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         # only where given, so that a job started before these options existed resumes
         **({"status_field": job.status_field} if job.status_field else {}),
         **({"overwrite_field": True} if job.overwrite_field else {}),
+        **({"max_input_length": job.max_input_length} if job.max_input_length else {}),
     }
 
 

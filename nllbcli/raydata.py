@@ -162,7 +162,8 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
     return {"inputs": [dict(file_identity(f), name=f) for f in files], "format": job.input_format,
             "field": job.field, "output_field": job.output_field, "status_field": job.status_field,
             "overwrite_field": job.overwrite_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
-            "tgt_field": job.tgt_field, "split": job.split, "decode": vars(decode).copy(), "chunk_rows": chunk_rows,
+            "tgt_field": job.tgt_field, "split": job.split, "max_input_length": job.max_input_length,
+            "decode": vars(decode).copy(), "chunk_rows": chunk_rows,
             "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter}
 
 

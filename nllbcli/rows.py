@@ -1,5 +1,6 @@
 """Row preparation: each row's languages (its own fields, else --src and --tgt), its text checked, split into
-sentences (unless --no-split) and tokenized, a sentence longer than the model's positions cut to fit (flagged);
+sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
+cut to fit (flagged);
 and, once translated, the sentences joined back into the row's translation. A row that cannot be translated
 gets its reason in its Outcome and fails alone.
 """
@@ -7,6 +8,7 @@ gets its reason in its Outcome and fails alone.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -93,7 +95,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     thread). With --on-error fail the first bad row raises NllbError. The chunk's texts go to the tokenizer
     together (encode_many) where it has that: sentencepiece then tokenizes on its own threads, without the GIL."""
     tokenizer = translator.tokenizer
-    limit = translator.config.max_position_embeddings
+    limit = min(translator.config.max_position_embeddings, job.max_input_length or sys.maxsize)
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome() for _ in records]
     texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence

@@ -120,6 +120,19 @@ def test_row_order_across_many_batches(fake, tmp_path, fmt):
     assert all(len(batch) * max(map(len, batch)) <= 64 for batch in fake.batches)
 
 
+def test_max_input_length_cuts_sources_as_the_models_positions_do(fake, tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text('{"text": "abcdef"}\n{"text": "ab"}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["--max-input-length", "4", "--status-field", "status", str(source),
+                                                  str(target)])
+    assert result.exit_code == 0, result.output
+    assert [(row["translation"], row["status"]) for row in read_output(target, "jsonl")] == [("ba", "cut"), ("ba", "ok")]
+    lang = fake.tokenizer.lang_id("eng_Latn")
+    assert sorted(map(tuple, sum(fake.batches, []))) == [(lang, ord("a"), ord("b"), 2)] * 2  # 3 ids and </s>
+    result = CliRunner().invoke(cli, TRANSLATE + ["--max-input-length", "2"], input="ab\n")
+    assert result.exit_code == 2 and "--max-input-length must leave room" in result.output
+
+
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
 def test_max_batch_sentences_caps_each_batch_and_changes_no_row(fake, tmp_path, fmt):
     texts = [("x" * (i * 7 % 23)) + str(i) for i in range(100)]
