@@ -52,15 +52,15 @@ def load(model: str | None = None, device: str = "auto", adapter: str | None = N
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
               decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
-              progress: bool = False) -> list[Result]:
+              max_input_length: int | None = None, progress: bool = False) -> list[Result]:
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
-    device's (the CLI's); `progress` shows the bar on stderr."""
+    device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
     from .langs import resolve_lang
 
     known = translator.tokenizer.lang_codes
     job = Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
-              output_format="jsonl", overwrite_field=True)
+              output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
     records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
                       None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
                       f"row {n + 1}") for n, text in enumerate(texts)]
@@ -73,7 +73,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     field: str = "text", output_field: str = "translation", status_field: str | None = None,
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
-                    progress: bool = False) -> pa.Table:
+                    max_input_length: int | None = None, progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, as a Parquet output of the CLI has
     them: failed rows left out; with `error_field`, every row kept, a failed one with a null translation and its
     reason in that column (null for the others). A table whose schema the CLI refuses (no text column, one named
@@ -88,7 +88,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     job = Job(src=src and resolve_lang(src, known), tgt=tgt and resolve_lang(tgt, known), input_format="parquet",
               output_format="parquet", field=field, output_field=output_field, src_field=src_field,
               tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
-              overwrite_field=overwrite_field)
+              overwrite_field=overwrite_field, max_input_length=max_input_length)
     check_fields(job)
     check_text_column(schema, "the table", field)
     check_added_columns(schema, job)

@@ -61,6 +61,16 @@ def test_translate_gives_failures_and_flags_as_values():
         nllbcli.translate(sample(), ROWS, "en", "xx_Latn")
 
 
+def test_max_input_length_cuts_as_the_command_does(tmp_path):
+    results = nllbcli.translate(sample(), ROWS, "en", "fr", GREEDY, max_input_length=6)
+    expected = cli_jsonl(tmp_path, [{"text": text} for text in ROWS], "--src", "en", "--tgt", "fr",
+                         "--max-input-length", "6", "--status-field", "status")
+    assert [(r.text, r.status) for r in results] == [(row["translation"], row["status"]) for row in expected]
+    assert "cut" in {r.status for r in results}
+    table = nllbcli.translate_table(sample(), pa.table({"text": ROWS}), "en", "fr", GREEDY, max_input_length=6)
+    assert table.column("translation").to_pylist() == [r.text for r in results]
+
+
 def test_translate_table_gives_the_parquet_output_of_the_command(tmp_path):
     table = pa.table({"id": pa.array([1, 2, 3, 4, 5], pa.int16()), "text": [ROWS[0], None, ROWS[1], ROWS[3], "Hola."],
                       "tgt_lang": [None, None, "deu_Latn", None, "xx"],
