@@ -1,6 +1,6 @@
 """Batch planning and decoding: a chunk's sentences grouped by target language and sorted by length, so that a
-batch pads little, cut at max_batch_tokens (rows x longest row) and max_batch_sentences, each batch through translator.generate, and the
-ids decoded back into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this
+batch pads little, cut at max_batch_tokens (rows x longest row) and max_batch_sentences, each batch through
+translator.generate, and the ids decoded back into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this
 changes the output. A sentence the translator cannot take even alone fails its row; the rest go on.
 """
 

@@ -489,10 +489,10 @@ def start_ray(address: str | None) -> bool:
         os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
     if address is None:
         address = os.environ.get("RAY_ADDRESS") or running_here()
-    if address is not None and address != "local":
+    if address not in (None, "local"):
         check_answers(address)
     with (silent_stderr() if quiet else contextlib.nullcontext()):
-        if address is None:  # "local": a new Ray, whatever a stopped one's record says
+        if address in (None, "local"):  # "local": a new Ray, whatever a stopped one's record says
             cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
             ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
                      log_to_driver=False)
@@ -537,9 +537,9 @@ def silent_stderr():
 
 
 def running_here() -> str | None:
-    """"auto" where the Ray that `ray start` started on this machine still runs (ray.init() joins it as well, but
-    it also follows the record of one that has stopped, and waits for it for good). "auto", not its address: Ray
-    finds the cluster's token (token authentication is on by default) only for "auto"."""
+    """The address "auto" where the Ray that `ray start` started on this machine still runs (ray.init() joins it
+    as well, but it also follows the record of one that has stopped, and waits for it for good). "auto", not its
+    address: Ray finds the cluster's token (token authentication is on by default) only for "auto"."""
     from ray._private import services
 
     recorded = services.find_bootstrap_address(None)  # $RAY_TMPDIR/ray/ray_current_cluster, else /tmp/ray's

@@ -1,8 +1,7 @@
 """Row preparation: each row's languages (its own fields, else --src and --tgt), its text checked, split into
 sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
-cut to fit (flagged);
-and, once translated, the sentences joined back into the row's translation. A row that cannot be translated
-gets its reason in its Outcome and fails alone.
+cut to fit (flagged); and, once translated, the sentences joined back into the row's translation. A row that
+cannot be translated gets its reason in its Outcome and fails alone.
 """
 
 from __future__ import annotations

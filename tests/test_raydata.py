@@ -366,9 +366,6 @@ def test_the_record_of_a_ray_that_has_stopped_is_not_followed(tmp_path, ray_tmpd
 def test_a_cluster_that_does_not_answer_is_one_line_not_a_wait(tmp_path, ray_tmpdir, address):
     write_jsonl(tmp_path / "in.jsonl", 3)
     port = free_port()
-    os.makedirs(os.path.join(ray_tmpdir, "ray"))
-    with open(os.path.join(ray_tmpdir, "ray", "ray_current_cluster"), "w") as record:  # auto's: a stopped Ray's
-        record.write(f"127.0.0.1:{port}")
     result = subprocess.run([sys.executable, "-m", "nllbcli", "translate", "-m", SAMPLE, "--src", "en", "--tgt", "fr",
                              "--ray", "--ray-address", address.format(port=port), "in.jsonl", "out"], cwd=tmp_path,
                             env=dict(os.environ, RAY_TMPDIR=ray_tmpdir), capture_output=True, text=True, timeout=120)

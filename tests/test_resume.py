@@ -164,6 +164,9 @@ def test_resume_refuses_another_job(tmp_path):
     assert result.returncode == 1
     assert result.stderr.startswith("Error: cannot resume: the interrupted job differs in decode (was {")
     assert result.stderr.count("\n") == 1
+    result = subprocess.run(command(source, target, "--resume", "--max-input-length", "5"), capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 1 and "differs in max_input_length" in result.stderr
     with source.open("a") as stream:
         stream.write("one more row\n")
     result = subprocess.run(command(source, target, "--resume"), capture_output=True, text=True, cwd=tmp_path)
