@@ -85,7 +85,7 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
 
     from nllbcli.engine.cuda import CudaEngine
     from nllbcli.options import DecodeOptions
-    from nllbcli.search import generate
+    from nllbcli.search import generate_ids
 
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
@@ -95,14 +95,14 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
         rows, source_rows = engine.capacity(options.max_length, options.beam_size)
         pool = cp.get_default_memory_pool()
         for part in in_parts(sources[:batch], beams, rows, source_rows):  # warm-up at this size
-            generate(engine, part, preset.tgt_lang_id, config, options)
+            generate_ids(engine, part, preset.tgt_lang_id, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
         tokens = 0
         for i in range(0, len(sources), batch):
             for part in in_parts(sources[i : i + batch], beams, rows, source_rows):
-                outputs = generate(engine, part, preset.tgt_lang_id, config, options)
+                outputs = generate_ids(engine, part, preset.tgt_lang_id, config, options)
                 tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
             pool_peak = max(pool_peak, pool.total_bytes())
         cp.cuda.Device().synchronize()

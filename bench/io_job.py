@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from tests.conftest import FakeTranslator  # the tests' stand-in model (run from the repository root)
 
-from nllbcli.io import open_input, open_sink
+from nllbcli.io import Added, open_input, open_sink
 from nllbcli.options import BatchOptions
 from nllbcli.options import Job
 from nllbcli.pipeline import translate_file
@@ -61,11 +61,11 @@ def time_io(directory: Path, source: str, fmt: str) -> tuple[float, float]:
         for record in records:
             record.fields.get("tgt_lang")  # as the pipeline asks
         read = time.perf_counter() - start
-        sink = open_sink(null, fmt, "translation", opened.schema, "text")
+        sink = open_sink(null, fmt, Added("translation"), opened.schema, "text")
         start = time.perf_counter()
         for first in range(0, len(records), 2048):
             chunk = records[first:first + 2048]
-            sink.write(chunk, [r.text for r in chunk])
+            sink.write(chunk, [{"translation": r.text} for r in chunk])
         sink.close()
         return read, time.perf_counter() - start
 

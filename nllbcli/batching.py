@@ -16,6 +16,7 @@ from .rows import Outcome, Sentence, join_outcomes, prepare_records
 
 if TYPE_CHECKING:
     from .overlap import Finisher
+    from .search import Hypothesis
     from .translator import Translator
 
 Advance = Callable[[int, int], None]  # (rows done, tokens generated) since the last call
@@ -46,7 +47,7 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
     unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
     each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
-    complete once the finisher has run them). `generated`: each batch's generate_ids, made already (by a
+    complete once the finisher has run them). `generated`: each batch's generate_batch_hypotheses, made already (by a
     --devices worker, devices.py), instead of the translator's."""
     tokenizer = translator.tokenizer
     pending = [0] * len(records)
@@ -55,19 +56,23 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     done_rows = [p == 0 for p in pending]
     advance(sum(done_rows), 0)
 
-    texts: dict[int, str] = {}
+    texts: dict[int, list[str]] = {}  # each sentence's hypotheses' texts
+    found: dict[int, list[Hypothesis]] = {}
     decode_many = getattr(tokenizer, "decode_many", None) or (lambda outputs: [tokenizer.decode(i) for i in outputs])
-    longest = decode.max_length - 1
 
     def finish_batch(batch: list[int], outputs: list) -> None:  # decoded, and the rows it finished counted
-        done = [(n, ids) for n, ids in zip(batch, outputs) if ids is not None]
-        texts.update(zip([n for n, _ in done], decode_many([ids for _, ids in done])))
+        done = [(n, hypotheses) for n, hypotheses in zip(batch, outputs) if hypotheses is not None]
+        decoded = iter(decode_many([h.ids for _, hypotheses in done for h in hypotheses]))
+        for n, hypotheses in done:
+            texts[n] = [next(decoded) for _ in hypotheses]
+            found[n] = hypotheses
         finished = tokens = 0
-        for n, ids in zip(batch, outputs):
+        for n, hypotheses in zip(batch, outputs):
             row = sentences[n].row
-            if ids is not None:
-                tokens += len(ids)
-                if len(ids) >= longest:
+            if hypotheses is not None:
+                best = hypotheses[0].ids
+                tokens += len(best)
+                if len(best) >= decode.length_limit(len(sentences[n].ids)) - 1:
                     outcomes[row].max_length = True
             pending[row] -= 1
             finished += pending[row] == 0
@@ -81,7 +86,7 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         else:
             outputs = record_failures(generated[n], batch, records, outcomes, job)
         run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
-    run(lambda: join_outcomes(outcomes, sentences, texts))
+    run(lambda: join_outcomes(outcomes, sentences, texts, found, decode))
     return outcomes
 
 
@@ -105,32 +110,32 @@ def plan_chunk(sentences: list[Sentence], max_batch_tokens: int, max_batch_sente
     return batches
 
 
-Generated = tuple[list, list]  # a batch's output ids (None for a failed sentence), and its failures: (row, reason)
+Generated = tuple[list, list]  # a batch's hypotheses (None for a failed sentence), and its failures: (row, reason)
 
 
 def generate_batch(translator, batch: Batch, decode: DecodeOptions, records: list[Record],
-                   outcomes: list[Outcome], job: Job) -> list[list[int] | None]:
-    """The batch's output ids; a sentence the translator cannot take even alone fails its row (None) and the
+                   outcomes: list[Outcome], job: Job) -> list[list[Hypothesis] | None]:
+    """The batch's hypotheses; a sentence the translator cannot take even alone fails its row (None) and the
     rest of the batch goes on."""
-    return record_failures(generate_ids(translator, batch, decode, job.on_error == "fail"), batch, records,
+    return record_failures(generate_batch_hypotheses(translator, batch, decode, job.on_error == "fail"), batch, records,
                            outcomes, job)
 
 
-def generate_ids(translator, batch: Batch, decode: DecodeOptions, stop: bool) -> Generated:
-    """The batch through translator.generate: each sentence's ids, and the rows whose sentence it cannot take
-    even alone, with the reason; such a row's other sentences are left out and the rest go on (`stop`: the
-    first failure ends the batch, as --on-error fail stops the job on it)."""
+def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, stop: bool) -> Generated:
+    """The batch through translator.generate_hypotheses: each sentence's hypotheses, and the rows whose sentence
+    it cannot take even alone, with the reason; such a row's other sentences are left out and the rest go on
+    (`stop`: the first failure ends the batch, as --on-error fail stops the job on it)."""
     from .translator import SentenceError
 
     sentences = batch.sentences
-    outputs: list[list[int] | None] = [None] * len(sentences)
+    outputs: list[list[Hypothesis] | None] = [None] * len(sentences)
     failures: list[tuple[int, str]] = []
     todo = list(range(len(sentences)))
     sources, targets = batch.sources, batch.targets  # the whole batch, as the reader made it ready
     while todo:
         try:
-            for i, ids in zip(todo, translator.generate(sources, targets, decode)):
-                outputs[i] = ids
+            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode)):
+                outputs[i] = hypotheses
             break
         except SentenceError as error:
             row = sentences[todo[error.position]].row
@@ -143,8 +148,8 @@ def generate_ids(translator, batch: Batch, decode: DecodeOptions, stop: bool) ->
 
 
 def record_failures(generated: Generated, batch: Batch, records: list[Record], outcomes: list[Outcome],
-                    job: Job) -> list[list[int] | None]:
-    """A batch's ids, its failed rows given their reason (with --on-error fail, the first stops the job)."""
+                    job: Job) -> list[list[Hypothesis] | None]:
+    """A batch's hypotheses, its failed rows given their reason (with --on-error fail, the first stops the job)."""
     outputs, failures = generated
     for row, reason in failures:
         message = f"{records[row].where}: {reason}"

@@ -2,7 +2,7 @@
 
 The main process reads and prepares the chunks as in a one-device job (overlap.py's ChunkReader) and hands each
 to a worker as one is free (two a worker at most, so that a worker has its next chunk when it ends one). A worker
-sends back each batch's ids (batching.generate_ids); the main process decodes, joins, writes and commits the
+sends back each batch's hypotheses (batching.generate_batch_hypotheses); the main process decodes, joins, writes and commits the
 chunks strictly in input order, so the output, the errors file and the resume state are those of a one-device
 job, whatever the number of workers and whichever chunk ends first.
 
@@ -271,7 +271,7 @@ def spawning(gpu: str | None) -> Iterator[None]:
 
 
 def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None) -> None:
-    """A worker: the model loaded once, then each chunk's batches through generate_ids (or the error that
+    """A worker: the model loaded once, then each chunk's batches through generate_batch_hypotheses (or the error that
     stopped them, sent back as the chunk's result), until the main process closes its end of the pipe. Chunks are read on a thread as they come, so the main process never waits to
     hand one over while this one runs."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -303,12 +303,12 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
                 os._exit(0)  # the main process closed its end, or is gone: nothing is left to do
 
     threading.Thread(target=listen, name="nllb-worker-listen", daemon=True).start()
-    from .batching import generate_ids
+    from .batching import generate_batch_hypotheses
 
     while True:
         number, batches, decode, stop = tasks.get()
         try:
-            result = (number, [generate_ids(translator, batch, decode, stop) for batch in batches])
+            result = (number, [generate_batch_hypotheses(translator, batch, decode, stop) for batch in batches])
         except Exception as error:  # noqa: BLE001 - raised in the main process, in the chunk's turn
             result = (number, error)
         try:

@@ -19,11 +19,24 @@ class DecodeOptions:
     length_penalty: float = 1.0  # finished beams are ranked by sum(log p) / length ** length_penalty
     no_repeat_ngram_size: int = 0  # no n-gram of this many tokens occurs twice in an output; 0 is off
     repetition_penalty: float = 1.0  # scores of tokens already in the output: negative ones times this, others divided; 1 is off
+    num_hypotheses: int = 1  # translations kept per sentence, best first (at most beam_size: transformers' num_return_sequences)
+    scores: bool = False  # each translation's log-probability and score are wanted (greedy search then computes them)
+    min_length: int = 0  # generated tokens before </s> at least, language token included (transformers' min_new_tokens)
+    max_length_a: float | None = None  # at most a * source tokens + b generated tokens (fairseq's --max-len-a/b),
+    max_length_b: int | None = None  #    never more than max_length; either may be given (the other is then 0)
 
     @property
     def processes_scores(self) -> bool:
         """Whether the search needs each step's full scores (transformers' logits processors), not just the best."""
         return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
+
+    def length_limit(self, source_tokens: int) -> int:
+        """The generated tokens a sentence of this many source tokens (language token and </s> included) may have:
+        max_length, or less by max_length_a/b, at least 1 (the language token)."""
+        if self.max_length_a is None and self.max_length_b is None:
+            return self.max_length
+        ratio = (self.max_length_a or 0.0) * source_tokens + (self.max_length_b or 0)
+        return max(1, min(self.max_length, int(ratio)))
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -34,6 +47,13 @@ class DecodeOptions:
             raise ValueError(f"no-repeat n-gram size must be 0 (off) or more, not {self.no_repeat_ngram_size}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition penalty must be above 0, not {self.repetition_penalty}")
+        if not 1 <= self.num_hypotheses <= self.beam_size:
+            raise ValueError(f"the hypotheses kept per sentence are 1 to the beam size ({self.beam_size}), not "
+                             f"{self.num_hypotheses}: raise --beam-size for more")
+        if self.min_length < 0:
+            raise ValueError(f"min length must be 0 (off) or more, not {self.min_length}")
+        if self.max_length_a is not None and not self.max_length_a >= 0:
+            raise ValueError(f"max length a must be 0 or more, not {self.max_length_a}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,9 @@ class Job:
     output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
     max_input_length: int | None = None  # a source's tokens at most (language token and </s> included), as the
     #                                      model's positions cut it (flagged cut); None: the model's positions
+    score_field: str | None = None  # --scores: the field or column that gets each translation's score
+    log_prob_field: str | None = None  # --scores: ... and the one that gets its sum of log-probabilities
+    hypotheses: int = 1  # translations a row gets (--num-hypotheses): above 1, the added fields are lists
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -115,7 +138,8 @@ class Job:
 
     @property
     def added(self) -> Added:
-        """The fields (columns) the job adds to each row: the translation, and the status where asked for."""
+        """The fields (columns) the job adds to each row: the translation, and the status and scores where asked
+        for."""
         from .io import Added
 
-        return Added(self.output_field, self.status_field)
+        return Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses)

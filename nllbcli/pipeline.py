@@ -35,7 +35,7 @@ from .progress import Counters, Reporter
 from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, file_stamp,
                      is_stream, open_job_files, partial_paths, save_record, save_state,
                      written_by_nllb)
-from .rows import Outcome, prepare_records, status_of
+from .rows import Outcome, added_values, prepare_records
 from .signals import Stopped, critical, job_finished
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     compressor = ExitStack()  # a stream's compression, ended after its last row
     if state is None:  # a stream: written as it goes
         stream = compressor.enter_context(compressing(output.stream, job.output_compression))
-        sink = open_sink(stream, job.output_format, job.output_field, source.schema, job.field, job.status_field)
+        sink = open_sink(stream, job.output_format, job.added, source.schema, job.field)
     else:
         sink = open_frames(output, job, source, saved)
 
@@ -241,8 +241,8 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
     from .io import parquet
 
     if job.output_format != "parquet":
-        return open_sink(output.stream, job.output_format, job.output_field, None, job.field, job.status_field)
-    sink = parquet.FrameSink(output.stream, source.schema, job.output_field, job.field, job.status_field)
+        return open_sink(output.stream, job.output_format, job.added, None, job.field)
+    sink = parquet.FrameSink(output.stream, source.schema, job.added, job.field)
     if saved is not None:
         output.stream.flush()
         sink.resume(output.partial)
@@ -301,8 +301,8 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
                 reporter: Reporter) -> None:
     """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
     counters = reporter.counters
-    statuses = [status_of(o) for o in outcomes] if job.status_field else None
-    for record, error in sink.write(chunk, [o.translation for o in outcomes], statuses):
+    added = job.added
+    for record, error in sink.write(chunk, [added_values(added, o) for o in outcomes]):
         if job.on_error == "fail":
             raise NllbError(error)
         outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
@@ -360,14 +360,17 @@ def error_line(record: Record, error: str, job: Job, source) -> bytes:
 
 def check_fields(job: Job) -> None:
     """Refuse, before any work, fields that clash: the translation written over the source text (unless
-    --overwrite-field), the status over either, or a status where the output (text) has no fields."""
-    if job.status_field is not None:
+    --overwrite-field), the status or a score over either or each other, or a status or scores where the output
+    (text) has no fields."""
+    named = [("--field", job.field), *job.added.options]
+    for n, (option, name) in enumerate(named[2:], 2):
         if job.output_format == "text":
-            raise NllbError("--status-field needs JSONL or Parquet output: a text output has one translation a line "
-                            "and no fields.")
-        if job.status_field in (job.field, job.output_field):
-            option = "--field" if job.status_field == job.field else "--output-field"
-            raise NllbError(f"--status-field {job.status_field} is {option}'s field too: name another.")
+            what = "--scores" if option in ("--score-field", "--log-prob-field") else option
+            raise NllbError(f"{what} needs JSONL or Parquet output: a text output has one translation a line and no "
+                            "fields.")
+        clash = next((other for other, taken in named[:n] if taken == name), None)
+        if clash is not None:
+            raise NllbError(f"{option} {name} is {clash}'s field too: name another.")
     if job.output_field == job.field and job.output_format != "text" and not job.overwrite_field:
         raise NllbError(f"--output-field {job.output_field} is the field being translated (--field), and the "
                         "translation would replace the source text: name another with --output-field, or pass "
@@ -380,8 +383,8 @@ def check_added_columns(schema, job: Job) -> None:
     if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
         return
     name = STDIN_NAME if job.input == "-" else job.input
-    for option, column in (("--output-field", job.output_field), ("--status-field", job.status_field)):
-        if column is not None and column in schema.names:
+    for option, column in job.added.options:
+        if column in schema.names:
             raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
                             f"another with {option}, or pass --overwrite-field to replace it.")
 

@@ -43,7 +43,7 @@ from ray.data.checkpoint import CheckpointConfig
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
-from .batching import generate_ids, plan_chunk, translate_prepared
+from .batching import generate_batch_hypotheses, plan_chunk, translate_prepared
 from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
@@ -53,7 +53,7 @@ from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
 from .resume import create_private, sync_directory
-from .rows import Outcome, prepare_records, status_of
+from .rows import Outcome, added_values, prepare_records
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
@@ -239,7 +239,7 @@ class Translating:
         translator, decode = self.translator, self.decode
         outcomes, sentences = prepare_records(translator, records, self.job)
         batches = plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences)
-        generated = self.engine.submit(lambda: [generate_ids(translator, b, decode, False) for b in batches]).result()
+        generated = self.engine.submit(lambda: [generate_batch_hypotheses(translator, b, decode, False) for b in batches]).result()
         translate_prepared(translator, records, outcomes, sentences, self.job, decode, self.batching.max_batch_tokens,
                            batches=batches, generated=generated)
         return self.output(block, records, outcomes, ids)
@@ -261,21 +261,20 @@ class Translating:
     def output(self, block: pa.Table, records: list[Record], outcomes: list[Outcome], ids: list[int]) -> pa.Table:
         """The written rows (their output and id), then the failed ones (nulls, their id, error and errors line)."""
         job = self.job
-        translations = [o.translation for o in outcomes]
-        statuses = [status_of(o) for o in outcomes] if job.status_field else None
+        added = job.added
+        values = [added_values(added, o) for o in outcomes]
         place = {id(r): n for n, r in enumerate(records)}
         if job.output_format == "jsonl":
             schema, lines, unwritten = pa.schema([(LINE, pa.binary())]), [], []
-            fields = jsonl_fields(records, translations)
-            for n, (record, translation) in enumerate(zip(records, translations)):
-                if translation is not None:
-                    line, error = encode_jsonl_row(record, next(fields), job.added.values(translation, statuses, n))
+            fields = jsonl_fields(records, values)
+            for record, row in zip(records, values):
+                if row is not None:
+                    line, error = encode_jsonl_row(record, next(fields), row)
                     (unwritten.append((record, error)) if error else lines.append(line))
             written = pa.table({LINE: pa.array(lines, pa.binary())})
         else:
-            schema = output_schema(self.schema, job.added)
-            written, unwritten = TableMaker(self.schema, job.output_field, job.field, job.status_field).table(
-                records, translations, statuses)
+            schema = output_schema(self.schema, added)
+            written, unwritten = TableMaker(self.schema, added, job.field).table(records, values)
             written = (written if written is not None else schema.empty_table()).select(schema.names).cast(schema)
         for record, error in unwritten:  # rows the writer refused fail as the CLI's do
             outcomes[place[id(record)]].translation, outcomes[place[id(record)]].error = None, error

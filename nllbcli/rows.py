@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .errors import NllbError
-from .io import Record
+from .io import Added, Record
 from .langs import resolve_lang
-from .options import Job
+from .options import DecodeOptions, Job
 from .split import join_sentences, split_text
 
 if TYPE_CHECKING:
+    from .search import Hypothesis
     from .translator import Translator
 
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, alone: a JSON "\\ud800" escape, not a character
@@ -37,11 +38,14 @@ class Sentence:
 class Outcome:
     """What became of one row."""
 
-    translation: str | None = None  # None when the row failed
+    translation: str | None = None  # None when the row failed; the best, with several hypotheses
     error: str | None = None
     cut: bool = False  # a sentence was longer than the model's positions
-    max_length: bool = False  # a sentence's translation stopped at --max-length
-    parts: list = field(default_factory=list)  # the sentences' translations, in order
+    max_length: bool = False  # a sentence's translation stopped at its length limit (--max-length, --max-length-a/b)
+    parts: list = field(default_factory=list)  # the sentences' hypotheses' texts (a list each), in order
+    hypotheses: list[str] | None = None  # the row's translations, best first, with --num-hypotheses above 1
+    log_prob: float | list[float] | None = None  # with --scores: the translation's (each hypothesis') score_of
+    score: float | list[float] | None = None
     gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
     tgt: str = ""
 
@@ -52,6 +56,20 @@ def status_of(outcome: Outcome) -> str:
     cut,max_length."""
     flags = [name for name, flagged in (("cut", outcome.cut), ("max_length", outcome.max_length)) if flagged]
     return ",".join(flags) or "ok"
+
+
+def added_values(added: Added, outcome: Outcome) -> dict | None:
+    """A row's added fields (Added) by name, as its writer takes them; None where the row failed."""
+    if outcome.translation is None:
+        return None
+    values = {added.translation: outcome.hypotheses if added.hypotheses > 1 else outcome.translation}
+    if added.status is not None:
+        values[added.status] = status_of(outcome)
+    if added.score is not None:
+        values[added.score] = outcome.score
+    if added.log_prob is not None:
+        values[added.log_prob] = outcome.log_prob
+    return values
 
 
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
@@ -74,10 +92,10 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
 
 
 def check_added_fields(record: Record, job: Job) -> None:
-    """Refuse a row that has a field of the name the translation (or the status) would be written to: it would
-    be lost."""
-    for option, name in (("--output-field", job.output_field), ("--status-field", job.status_field)):
-        if name is not None and name in record.fields:
+    """Refuse a row that has a field of the name the translation (or the status, or a score) would be written
+    to: it would be lost."""
+    for option, name in job.added.options:
+        if name in record.fields:
             raise NllbError(f"{record.where}: the row has a field {name!r} already, which {option} would replace: "
                             f"name another with {option}, or pass --overwrite-field to replace it.")
 
@@ -144,17 +162,47 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     return outcomes, [s for s in sentences if outcomes[s.row].error is None]
 
 
-def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, str]) -> None:
-    """Each row's translation from its sentences' texts (texts[n]: sentence n's; absent where it failed)."""
+def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, list[str]],
+                  found: dict[int, list[Hypothesis]], decode: DecodeOptions) -> None:
+    """Each row's translation (its hypotheses, their scores) from its sentences' (texts[n], found[n]: sentence
+    n's hypotheses' texts and Hypotheses; absent where it failed). A row's k-th hypothesis joins its sentences'
+    k-th."""
+    rows: dict[int, list[list[Hypothesis]]] = {}
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
-    for outcome in outcomes:
+        rows.setdefault(sentence.row, []).append(found.get(number))
+    for row, outcome in enumerate(outcomes):
         if outcome.error is not None:
             continue
-        if outcome.gaps is None:
-            outcome.translation = outcome.parts[0] if outcome.parts else ""
-        else:
-            outcome.translation = join_sentences(outcome.parts, outcome.gaps, outcome.tgt)
+        joined = []
+        for k in range(decode.num_hypotheses):
+            parts = [texts[k] for texts in outcome.parts]
+            if outcome.gaps is None:
+                joined.append(parts[0] if parts else "")
+            else:
+                joined.append(join_sentences(parts, outcome.gaps, outcome.tgt))
+        outcome.translation = joined[0]
+        if decode.num_hypotheses > 1:
+            outcome.hypotheses = joined
+        if decode.scores:
+            scored = [score_of([hypotheses[k] for hypotheses in rows.get(row, [])], decode)
+                      for k in range(decode.num_hypotheses)]
+            if decode.num_hypotheses > 1:
+                outcome.log_prob, outcome.score = [lp for lp, _ in scored], [sc for _, sc in scored]
+            else:
+                (outcome.log_prob, outcome.score), = scored
+
+
+def score_of(hypotheses: list[Hypothesis], decode: DecodeOptions) -> tuple[float, float]:
+    """A row's (log_prob, score) from its sentences' hypotheses: the sum of their log-probabilities, and the
+    score of a row of one sentence; of several, beam search's the mean of theirs, greedy search's the sum (its
+    score is the log-probability). A row without a sentence (empty text) has 0 and 0."""
+    log_prob = float(sum(h.log_prob for h in hypotheses))
+    if len(hypotheses) == 1:
+        return log_prob, float(hypotheses[0].score)
+    if decode.beam_size == 1 or not hypotheses:
+        return log_prob, log_prob
+    return log_prob, float(sum(h.score for h in hypotheses) / len(hypotheses))
 
 
 def bound_text(tokenizer, text: str, src: str, limit: int) -> str:

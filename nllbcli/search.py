@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,18 +31,46 @@ from .options import DecodeOptions
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
 
 
-def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
-    """Token ids of each translation, after the language token and without </s>, in the order of `sources`."""
+@dataclass
+class Hypothesis:
+    """One translation of a sentence."""
+
+    ids: list[int]  # its tokens after the language token, without </s>
+    log_prob: float | None  # the sum of its generated tokens' log-probabilities (the forced language token's is 0,
+    #                         </s>'s counts); None where greedy search was not asked for scores
+    score: float | None  # what the search ranked it by: log_prob / length ** length_penalty for beams (length: the
+    #                      generated tokens, language token and </s> included; transformers' sequences_scores),
+    #                      log_prob for greedy search
+
+
+def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
+             options: DecodeOptions) -> list[list[Hypothesis]]:
+    """The options.num_hypotheses best translations of each source, best first, in the order of `sources`."""
     if not sources:
         return []
-    encoded = engine.encode(sources)
     # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
     langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
+    limits = np.array([options.length_limit(len(source)) for source in sources], dtype=np.int64)
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * options.num_hypotheses] * len(sources)
+    todo = np.flatnonzero(limits > 1)  # the others may have the language token alone
+    if not len(todo):
+        return results
+    encoded = engine.encode([sources[i] for i in todo])
     search = greedy_search if options.beam_size == 1 else beam_search
     try:
-        return search(engine, encoded, len(sources), langs, config, options)
+        found = search(engine, encoded, len(todo), langs[todo], config, options, limits[todo])
     finally:
         engine.release_sources(encoded)
+    results = list(results)
+    for i, hypotheses in zip(todo, found):
+        results[i] = hypotheses
+    return results
+
+
+def generate_ids(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
+                 options: DecodeOptions) -> list[list[int]]:
+    """Token ids of each source's best translation (generate's first), in the order of `sources`."""
+    return [hypotheses[0].ids for hypotheses in generate(engine, sources, tgt_lang_id, config, options)]
 
 
 @contextmanager
@@ -58,11 +87,14 @@ def strip_output(tokens: list[int], eos: int) -> list[int]:
     return tokens[: tokens.index(eos)] if eos in tokens else tokens
 
 
-def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOptions) -> np.ndarray:
-    """Scores (N, V) float32 after transformers' repetition penalty, then its no-repeat n-gram ban, given each
-    row's tokens so far (N, T), the decoder start and language token included (generate's processor order)."""
+def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOptions, eos: int) -> np.ndarray:
+    """Scores (N, V) float32 after transformers' repetition penalty, its no-repeat n-gram ban, then its
+    min_new_tokens ban of </s>, given each row's tokens so far (N, T), the decoder start and language token
+    included (generate's processor order)."""
     scores = np.array(scores, dtype=np.float32)
     rows = np.arange(len(scores))[:, None]
+    if sequences.shape[1] - 1 < options.min_length:
+        scores[:, eos] = -np.inf
     if options.repetition_penalty != 1.0:
         penalty = np.float32(options.repetition_penalty)
         seen = scores[rows, sequences]  # (N, T)
@@ -78,28 +110,46 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
     return scores
 
 
+def without_token(log_probs, ids, token: int, width: int, xp):
+    """Rows of candidates (N, width + 1), best first, less `token` where a row has it, else less its last: the
+    `width` best of the others (transformers' ban of a token, where the ban leaves the other scores as they were)."""
+    hit = ids == token
+    at = xp.where(hit.any(axis=1), hit.argmax(axis=1), width)[:, None]
+    place = xp.arange(width)[None, :]
+    source = place + (place >= at)
+    return xp.take_along_axis(log_probs, source, axis=1), xp.take_along_axis(ids, source, axis=1)
+
+
 # Greedy steps queued past the one whose ids the host waits for. More hide longer holds of the GIL by the reader
 # and finisher threads; each costs every sentence one more step of decoding after its </s> (the steps queued
 # before the host saw it): ~AHEAD / output length of the work, where sentences end early. NLLB_AHEAD: for measuring.
 AHEAD = ENV.ahead
 
 
-def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
+                  limits: np.ndarray) -> list[list[Hypothesis]]:
+    """Each sentence's most likely token at every step, until </s> or its limit (limits: generated tokens,
+    the language token included)."""
     eos = config.eos_token_id
-    steps = options.max_length - 1  # the language token was the first generated token
-    with decoder(engine, encoded, np.arange(batch), options.max_length + 1) as state:
+    room = limits - 1  # tokens each sentence may have after the language token
+    steps = int(room.max())
+    scores = options.scores or None  # log-probabilities of the chosen tokens, where scores are wanted
+    with decoder(engine, encoded, np.arange(batch), int(limits.max()) + 1) as state:
         engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
         generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
         lengths = np.zeros(batch, dtype=np.int64)
+        log_probs = np.zeros(batch, dtype=np.float64)
         alive = np.arange(batch)  # which sentence each decoder row belongs to
 
-        def record(t: int, tokens: np.ndarray) -> np.ndarray | None:
-            """Step t's ids (N,) into the outputs. When some rows ended: the rows that go on (none: all ended),
-            the others gone from the state; else None."""
+        def record(t: int, tokens: np.ndarray, chosen: np.ndarray | None) -> np.ndarray | None:
+            """Step t's ids (N,) (and their log-probs) into the outputs. When some rows ended: the rows that go
+            on (none: all ended), the others gone from the state; else None."""
             nonlocal alive
             generated[alive, t] = tokens
             lengths[alive] = t + 1
-            ended = tokens == eos
+            if chosen is not None:
+                log_probs[alive] += chosen
+            ended = (tokens == eos) | (t + 1 >= room[alive])
             if not ended.any():
                 return None
             going_on = np.flatnonzero(~ended)
@@ -108,44 +158,69 @@ def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config
                 alive = alive[going_on]
             return going_on
 
-        if not options.processes_scores:
-            # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the
-            # device, while step t's are on their way to the host, so the GPU never waits for the host to look
-            # at them (nor for a host thread held up a few milliseconds). Rows that ended at step t ran the
-            # steps after it for nothing and leave before the next is queued; a step's ids (first maximum on
-            # ties, as torch.argmax) never depend on the other rows, so the outputs are those of waiting at
-            # every step.
-            pending, tokens = deque(), langs.copy()  # tokens: the next step's, where none is queued (AHEAD 0)
-            for t in range(steps):
-                while len(pending) <= AHEAD and t + len(pending) < steps:
-                    pending.append(engine.step_argmax_ahead(encoded, state, pending[-1].device if pending else tokens))
-                tokens = pending.popleft().fetch()
-                going_on = record(t, tokens)
-                if going_on is not None:
-                    if not len(going_on):
-                        break
-                    tokens = tokens[going_on]
-                    pending = deque(p.subset(going_on) for p in pending)
-        else:  # the repetition penalty and the n-gram ban need step t's ids on the host before step t + 1
-            tokens = langs.copy()
-            for t in range(steps):
+        t, tokens = 0, langs.copy()  # tokens: the next step's input
+        if options.processes_scores:  # the repetition penalty and the n-gram ban need step t's ids on the host
+            while t < steps:
                 prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
                 sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
-                logits = to_host(engine.step(encoded, state, tokens))
-                tokens = process_scores(logits, sequences, options).argmax(axis=-1)
-                going_on = record(t, tokens)
+                processed = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options, eos)
+                tokens = processed.argmax(axis=-1)
+                chosen = log_softmax(processed)[np.arange(len(tokens)), tokens] if scores else None
+                going_on = record(t, tokens, chosen)
+                t += 1
                 if going_on is not None:
                     if not len(going_on):
                         break
                     tokens = tokens[going_on]
-    return [strip_output(generated[s, : lengths[s]].tolist(), eos) for s in range(batch)]
+            steps = t  # nothing left for the loop below
+        # </s> banned while a sentence is shorter than min_length: of each row's two best, the first that is not </s>
+        while t < min(steps, options.min_length - 1):
+            row_lp, row_ids = (to_host(a) for a in engine.step_topk(encoded, state, tokens, 2))
+            pick = (row_ids[:, 0] == eos).astype(np.int64)
+            rows = np.arange(len(pick))
+            tokens = row_ids[rows, pick]
+            going_on = record(t, tokens, row_lp[rows, pick] if scores else None)
+            t += 1
+            if going_on is not None:
+                if not len(going_on):
+                    steps = t
+                    break
+                tokens = tokens[going_on]
+        # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the device,
+        # while step t's are on their way to the host, so the GPU never waits for the host to look at them (nor
+        # for a host thread held up a few milliseconds). Rows that ended at step t ran the steps after it for
+        # nothing and leave before the next is queued; a step's ids (first maximum on ties, as torch.argmax)
+        # never depend on the other rows, so the outputs are those of waiting at every step.
+        pending: deque = deque()
+        for t in range(t, steps):
+            while len(pending) <= AHEAD and t + len(pending) < steps:
+                feed = pending[-1].device if pending else tokens
+                pending.append(engine.step_argmax_ahead(encoded, state, feed, log_probs=True) if scores
+                               else engine.step_argmax_ahead(encoded, state, feed))
+            step = pending.popleft()
+            tokens = step.fetch()
+            going_on = record(t, tokens, step.log_probs() if scores else None)
+            if going_on is not None:
+                if not len(going_on):
+                    break
+                tokens = tokens[going_on]
+                pending = deque(p.subset(going_on) for p in pending)
+    results = []
+    for s in range(batch):
+        total = float(log_probs[s]) if scores else None
+        results.append([Hypothesis(strip_output(generated[s, : lengths[s]].tolist(), eos), total, total)])
+    return results
 
 
-def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions) -> list[list[int]]:
+def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
+                limits: np.ndarray) -> list[list[Hypothesis]]:
+    """transformers' beam search of each sentence within its limit (limits: generated tokens, the language token
+    included; all at least 2)."""
     xp = engine.xp  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
-    max_len = options.max_length + 1  # transformers' max_length: the decoder start plus max_new_tokens
+    ends = limits + 1  # per sentence, transformers' max_length: the decoder start plus max_new_tokens
+    max_len = int(ends.max())
     width = 2 * k  # candidates kept per sentence: (one EOS token + 1) * beams, so K stay open when K end
     neg = xp.float32(NEG)
     # Per active sentence (axis 0). The search starts after the forced language token, whose log-prob is 0
@@ -156,10 +231,20 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
     run_score = xp.full((batch, k), neg, dtype=xp.float32)
     run_score[:, 0] = 0
     fin_seq = run_seq.copy()
-    fin_score = xp.full((batch, k), neg, dtype=xp.float32)
+    fin_score = xp.full((batch, k), neg, dtype=xp.float32)  # ranked by: log-probs / length ** lp
+    fin_sum = xp.zeros((batch, k), dtype=xp.float32)  # their sums of log-probs
     fin_done = xp.zeros((batch, k), dtype=bool)
+    end_at = xp.asarray(ends)[:, None]  # (n, 1)
     sentences = np.arange(batch)  # which input sentence each active sentence is
-    results: dict[int, list[int]] = {}
+    results: dict[int, list[Hypothesis]] = {}
+    n_best = options.num_hypotheses
+
+    def candidates_of(tokens, cur_len: int):
+        """Each row's 2K best next tokens (N, 2K), </s> left out while the sentences are shorter than min_length."""
+        if cur_len - 1 < options.min_length:
+            row_lp, row_ids = engine.step_topk(encoded, state, tokens, width + 1)
+            return without_token(row_lp, row_ids, eos, width, xp)
+        return engine.step_topk(encoded, state, tokens, width)
 
     # One step ahead (greedy search runs AHEAD steps ahead): the next step is queued on the device's beams before the host looks at
     # which sentences are done; a done sentence's beams ran that step for nothing and leave before the next.
@@ -167,8 +252,6 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
         engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
         tokens = np.repeat(langs, k)
         cur_len = 2
-        if max_len <= cur_len:  # max_length 1: the language token alone
-            return [[] for _ in range(batch)]
         candidates = None  # the next step's (row_lp, row_ids), queued ahead
         while True:
             n = len(sentences)
@@ -177,9 +260,10 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
             elif options.processes_scores:
                 log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
                 sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
-                row_lp, row_ids = (xp.asarray(a) for a in topk_desc(process_scores(log_probs, sequences, options), width))
+                processed = process_scores(log_probs, sequences, options, eos)
+                row_lp, row_ids = (xp.asarray(a) for a in topk_desc(processed, width))
             else:
-                row_lp, row_ids = engine.step_topk(encoded, state, tokens, width)  # (n*K, 2K) each, best first
+                row_lp, row_ids = candidates_of(tokens, cur_len)  # (n*K, 2K) each, best first
             # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token
             scores = row_lp.astype(xp.float32).reshape(n, k, width) + run_score[:, :, None]
             top_score, top_index = topk_desc(scores.reshape(n, k * width), width)  # (n, 2K)
@@ -187,7 +271,7 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
             top_token = xp.take_along_axis(row_ids.reshape(n, k * width), top_index, axis=1)
             top_seq = xp.take_along_axis(run_seq, top_beam[:, :, None], axis=1)  # (n, 2K, L)
             top_seq[:, :, cur_len] = top_token
-            hits = (top_token == eos) | (cur_len + 1 >= max_len)  # (n, 2K): ended, or out of room
+            hits = (top_token == eos) | (cur_len + 1 >= end_at)  # (n, 2K): ended, or out of room
 
             # the K best candidates that go on
             open_score = top_score + hits.astype(xp.float32) * neg
@@ -202,11 +286,10 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
             normed = top_score / xp.float32(float(cur_len + 1 - 1) ** lp)
             normed = normed + (~just_done).astype(xp.float32) * neg
             merged_score = xp.concatenate([fin_score, normed], axis=1)
-            merged_seq = xp.concatenate([fin_seq, top_seq], axis=1)
-            merged_done = xp.concatenate([fin_done, just_done], axis=1)
             fin_score, best = topk_desc(merged_score, k)
-            fin_seq = xp.take_along_axis(merged_seq, best[:, :, None], axis=1)
-            fin_done = xp.take_along_axis(merged_done, best, axis=1)
+            fin_seq = xp.take_along_axis(xp.concatenate([fin_seq, top_seq], axis=1), best[:, :, None], axis=1)
+            fin_sum = xp.take_along_axis(xp.concatenate([fin_sum, top_score], axis=1), best, axis=1)
+            fin_done = xp.take_along_axis(xp.concatenate([fin_done, just_done], axis=1), best, axis=1)
 
             cur_len += 1
             # stop heuristic (early_stopping=False): can the best open beam, at this length, beat the worst finished?
@@ -219,13 +302,18 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
                 engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
                 tokens = run_seq[:, :, cur_len - 1].reshape(-1)
                 if not options.processes_scores:
-                    candidates = engine.step_topk(encoded, state, tokens, width)
-            finished = np.asarray(finished_later.fetch()) | (cur_len >= max_len)  # the one wait per step
+                    candidates = candidates_of(tokens, cur_len)
+            finished = np.asarray(finished_later.fetch()) | (cur_len >= ends[sentences])  # the one wait per step
             done = np.flatnonzero(finished)
             if len(done):
-                # a finished hypothesis ends in </s> or fills max_len, so no padding follows its tokens
-                for i, seq in zip(done, to_host(fin_seq[xp.asarray(done), 0, 2:])):
-                    results[int(sentences[i])] = seq.tolist()
+                # a finished hypothesis ends in </s> or fills its sentence's room, so no padding follows its tokens
+                at = xp.asarray(done)
+                found = zip(done, to_host(fin_seq[at, :n_best, 2:]), to_host(fin_sum[at, :n_best]),
+                            to_host(fin_score[at, :n_best]))
+                for i, seqs, sums, normed_scores in found:
+                    room = int(ends[sentences[i]]) - 2  # tokens after the language token
+                    results[int(sentences[i])] = [Hypothesis(strip_output(seq[:room].tolist(), eos), float(total), float(score))
+                                                  for seq, total, score in zip(seqs, sums, normed_scores)]
             if finished.all():
                 break
             if len(done):
@@ -236,7 +324,7 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
                 if candidates is not None:
                     candidates = (candidates[0][rows_x], candidates[1][rows_x])
                 tokens = tokens[rows_x]
-                run_seq, run_score = run_seq[live_x], run_score[live_x]
-                fin_seq, fin_score, fin_done = fin_seq[live_x], fin_score[live_x], fin_done[live_x]
+                run_seq, run_score, end_at = run_seq[live_x], run_score[live_x], end_at[live_x]
+                fin_seq, fin_score, fin_sum, fin_done = fin_seq[live_x], fin_score[live_x], fin_sum[live_x], fin_done[live_x]
                 sentences = sentences[live]
-    return [strip_output(results[i], eos) for i in range(batch)]
+    return [results[i] for i in range(batch)]

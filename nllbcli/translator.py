@@ -12,7 +12,7 @@ from .engine import Engine
 from .engine.reference import ReferenceEngine
 from .errors import NllbError
 from .options import DecodeOptions
-from .search import generate
+from .search import Hypothesis, generate
 from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 
 
@@ -54,6 +54,13 @@ class Translator:
 
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
+        (generate_hypotheses' best, without the scores.)"""
+        return [hypotheses[0].ids for hypotheses in self.generate_hypotheses(sources, tgt_lang, options)]
+
+    def generate_hypotheses(self, sources: list[list[int]], tgt_lang: str | list[str],
+                            options: DecodeOptions) -> list[list[Hypothesis]]:
+        """The options.num_hypotheses best translations of each source, best first, with their scores
+        (search.Hypothesis). Same order as `sources`.
 
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
@@ -68,7 +75,7 @@ class Translator:
                 f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
                 f"{options.beam_size} beams: lower --beam-size or --max-length"
             )
-        outputs = []
+        outputs: list[list[Hypothesis]] = []
         part: list[list[int]] = []
         tokens = 0
         for position, source in enumerate(sources):
@@ -83,7 +90,8 @@ class Translator:
             outputs += self.generate_part(part, langs, options, len(outputs))
         return outputs
 
-    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int) -> list[list[int]]:
+    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions,
+                      first: int) -> list[list[Hypothesis]]:
         """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
         position of sources[0] in generate's batch (langs holds the whole batch's), and names the sentence in
         an error."""

@@ -709,13 +709,13 @@ def test_threads_hold_the_blas_pool_inside_the_engine(monkeypatch, tmp_path, how
     from nllbcli.translator import Translator
 
     seen = []
-    generate = Translator.generate
+    generate = Translator.generate_hypotheses
 
     def spy(self, *args, **kwargs):
         seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
         return generate(self, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "generate", spy)
+    monkeypatch.setattr(Translator, "generate_hypotheses", spy)
     before = [pool["num_threads"] for pool in threadpool_info()]
     (tmp_path / "in.txt").write_text("Hello!\n")
     env = how if isinstance(how, dict) else {}

@@ -19,7 +19,7 @@ import pytest
 from jobfiles import listing
 from test_resume import EXTENSION, ROWS, TINY, command, make_input
 
-from nllbcli.batching import generate_ids, plan_chunk
+from nllbcli.batching import generate_batch_hypotheses, plan_chunk
 from nllbcli.devices import open_pool
 from nllbcli.options import DecodeOptions, Job
 from nllbcli.io import Record
@@ -120,7 +120,7 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
     assert [position for position, _ in finished] == list(range(len(texts)))
     assert arrived != sorted(arrived)  # some chunk ended before one ahead of it
     for (_, _, (_, _, batches)), (_, generated) in zip(items, finished):
-        assert generated == [generate_ids(translator, batch, decode, False) for batch in batches]
+        assert generated == [generate_batch_hypotheses(translator, batch, decode, False) for batch in batches]
 
 
 def test_a_worker_killed_mid_job_has_its_chunks_redone_by_the_other(tmp_path, plain):
@@ -284,7 +284,7 @@ def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
             pool.translate(iter(first), decode, False, fail, print)
         pool.translate(iter(second), decode, False, lambda chunk, position, prepared, generated:
                        finished.append(generated), print)
-    assert finished == [[generate_ids(translator, batch, decode, False) for batch in batches]
+    assert finished == [[generate_batch_hypotheses(translator, batch, decode, False) for batch in batches]
                         for _, _, (_, _, batches) in second]
 
 

@@ -155,11 +155,11 @@ def test_parquet_nan_and_infinity_fail_their_row_in_jsonl(fake, here):
 
 
 def test_huge_python_int_reaches_the_jsonl_writer():
-    from nllbcli.io import LineSink, Record
+    from nllbcli.io import Added, LineSink, Record
 
     stream = io.BytesIO()
     records = [Record(0, "a", {"text": "a", "n": -(10 ** 5000) - 7, "m": [10 ** 4300]}, where="in:1")]
-    assert LineSink(stream, "jsonl", "translation").write(records, ["A"]) == []
+    assert LineSink(stream, "jsonl", Added("translation")).write(records, [{"translation": "A"}]) == []
     assert stream.getvalue() == ('{"text": "a", "n": -1' + "0" * 4999 + '7, "m": [1' + "0" * 4300 + '], "translation": "A"}\n').encode()
 
 
@@ -546,17 +546,17 @@ def test_jsonl_rows_keep_every_field(quick, rows, chunk_rows):
 def test_jsonl_rows_typed_as_chunks_of_one_row(rows, sizes):
     """The writer's typing alone, over many more drawn rows than the CLI's tests take: chunks of drawn sizes
     give the tables (cast to the last schema) and failed rows that chunks of one row give."""
-    from nllbcli.io import Record
+    from nllbcli.io import Added, Record
     from nllbcli.io.parquet import TableMaker, conform
 
     records = [Record(n, "", {k: v for k, v in row.items() if k != "text"}, where=f"in:{n + 1}") for n, row in enumerate(rows)]
 
     def write(chunk_sizes):
-        maker, tables, failed, done = TableMaker(None, "translation", "text"), [], [], 0
+        maker, tables, failed, done = TableMaker(None, Added("translation"), "text"), [], [], 0
         while done < len(records):
             size = chunk_sizes[len(tables) % len(chunk_sizes)]
             chunk = records[done:done + size]
-            table, bad = maker.table(chunk, ["t"] * len(chunk))
+            table, bad = maker.table(chunk, [{"translation": "t"}] * len(chunk))
             tables += [table] if table is not None else []
             failed += [(record.index, reason) for record, reason in bad]
             done += size

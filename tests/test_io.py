@@ -7,7 +7,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nllbcli.errors import NllbError
-from nllbcli.io import Record, format_of, open_input, open_sink
+from nllbcli.io import Added, Record, format_of, open_input, open_sink
 
 
 @pytest.mark.parametrize(
@@ -138,6 +138,11 @@ def test_read_truncated_parquet(tmp_path):
         read(tmp_path / "in.parquet", "parquet")
 
 
+def as_values(translations):
+    """What a writer takes for rows with these translations (None: a failed row)."""
+    return [None if t is None else {"translation": t} for t in translations]
+
+
 def records_of(*texts, **fields):
     return [Record(i, t, {"text": t, **fields}) for i, t in enumerate(texts)]
 
@@ -145,10 +150,10 @@ def records_of(*texts, **fields):
 @contextmanager
 def open_writer(stream, fmt, schema=None):
     """A writer of `fmt` on `stream` whose rows that cannot be written raise NllbError, as --on-error fail."""
-    sink = open_sink(stream, fmt, "translation", schema, "text")
+    sink = open_sink(stream, fmt, Added("translation"), schema, "text")
 
     def write(records, translations):
-        for _, error in sink.write(records, translations):
+        for _, error in sink.write(records, as_values(translations)):
             raise NllbError(error)
 
     try:
@@ -195,10 +200,10 @@ def test_parquet_sink_fails_only_the_rows_that_do_not_fit():
     from nllbcli.io.parquet import ParquetSink
 
     stream = io.BytesIO()
-    sink = ParquetSink(stream, None, "translation", "text")
+    sink = ParquetSink(stream, None, Added("translation"), "text")
     records = [Record(0, "a", {"text": "a", "n": 1}, where="r1"), Record(1, "b", {"text": "b", "n": "x"}, where="r2"),
                Record(2, "c", {"text": "c", "n": 3}, where="r3"), Record(3, "d", {"text": "d", "n": 4}, where="r4")]
-    failed = sink.write(records, ["A", "B", "C", None])
+    failed = sink.write(records, as_values(["A", "B", "C", None]))
     sink.close()
     assert [(r.index, e.split(":")[0]) for r, e in failed] == [(1, "r2")]
     assert pq.read_table(io.BytesIO(stream.getvalue())).to_pylist() == [
@@ -210,7 +215,7 @@ def test_jsonl_writer_fails_rows_utf8_cannot_hold():
 
     stream = io.BytesIO()
     records = [Record(0, "a", {"text": "a", "x": "\ud800"}, where="in:1"), Record(1, "b", {"text": "b"}, where="in:2")]
-    failed = LineSink(stream, "jsonl", "translation").write(records, ["A", "B"])
+    failed = LineSink(stream, "jsonl", Added("translation")).write(records, as_values(["A", "B"]))
     assert [(r.index, e) for r, e in failed] == [(0, "in:1: holds a lone surrogate (a \\ud800-\\udfff escape), which UTF-8 cannot write.")]
     assert stream.getvalue() == b'{"text": "b", "translation": "B"}\n'
 
@@ -219,7 +224,7 @@ def test_text_writer_keeps_failed_rows_as_empty_lines():
     from nllbcli.io import LineSink
 
     stream = io.BytesIO()
-    LineSink(stream, "text", "translation").write(records_of("a", "b", "c"), ["A", None, "C"])
+    LineSink(stream, "text", Added("translation")).write(records_of("a", "b", "c"), as_values(["A", None, "C"]))
     assert stream.getvalue() == b"A\n\nC\n"
 
 

@@ -166,12 +166,12 @@ class Flaky:
     def __getattr__(self, name):
         return getattr(self.translator, name)
 
-    def generate(self, *args, **kwargs):
+    def generate_hypotheses(self, *args, **kwargs):
         time.sleep(self.delay)
         if self.marker is not None and not os.path.exists(self.marker):
             Path(self.marker).write_text("raised")
             raise RuntimeError("a transient failure")
-        return self.translator.generate(*args, **kwargs)
+        return self.translator.generate_hypotheses(*args, **kwargs)
 
 
 def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:

@@ -124,7 +124,7 @@ def test_the_decoder_cache_holds_what_the_rows_fill(monkeypatch, beam_size):
     """--max-length 200 on translations of a dozen tokens: the cache holds a few dozen positions, not 201, and
     every step's logits are bit for bit those of a cache made whole at the start."""
     from nllbcli.options import DecodeOptions
-    from nllbcli.search import generate
+    from nllbcli.search import generate_ids
     from nllbcli.tokenizer import tokenizer_from_model_dir
 
     sample = HERE.parent / "data" / "samples" / "model"
@@ -145,7 +145,7 @@ def test_the_decoder_cache_holds_what_the_rows_fill(monkeypatch, beam_size):
             return out
 
         monkeypatch.setattr(engine, "step", spy)
-        ids = generate(engine, sources, tokenizer.lang_id("fra_Latn"), config, DecodeOptions(beam_size, 200))
+        ids = generate_ids(engine, sources, tokenizer.lang_id("fra_Latn"), config, DecodeOptions(beam_size, 200))
         return ids, rooms, logits
 
     grown, rooms, logits = run()

@@ -8,7 +8,7 @@ import pytest
 
 from nllbcli.options import DecodeOptions
 from nllbcli.engine import OnHost
-from nllbcli.search import generate
+from nllbcli.search import generate_ids
 from nllbcli.translator import load_translator
 
 HERE = Path(__file__).parent
@@ -108,7 +108,7 @@ def test_greedy_queues_the_next_steps_before_it_looks_at_this_one():
     case = next(c for c in golden("tiny-a")["generate"] if c["beam_size"] == 1 and len(set(map(len, c["output_ids"]))) > 1)
     engine = AheadEngine(tr.engine)
     langs = [tr.tokenizer.lang_id(case["tgt_lang"])] * len(case["input_ids"])
-    outputs = generate(engine, case["input_ids"], langs, tr.config, DecodeOptions(beam_size=1, max_length=case["max_length"]))
+    outputs = generate_ids(engine, case["input_ids"], langs, tr.config, DecodeOptions(beam_size=1, max_length=case["max_length"]))
     assert outputs == case["output_ids"]
     at = {(kind, step): i for i, (kind, step, _) in reversed(list(enumerate(engine.log)))}  # first occurrence
     fetched = sorted(step for kind, step in at if kind == "fetch")
@@ -187,4 +187,4 @@ def test_greedy_gives_the_goldens_however_far_ahead_it_queues(ahead, monkeypatch
             if case["beam_size"] == 1:
                 langs = [tr.tokenizer.lang_id(case["tgt_lang"])] * len(case["input_ids"])
                 options = DecodeOptions(beam_size=1, max_length=case["max_length"])
-                assert generate(AheadEngine(tr.engine), case["input_ids"], langs, tr.config, options) == case["output_ids"]
+                assert generate_ids(AheadEngine(tr.engine), case["input_ids"], langs, tr.config, options) == case["output_ids"]

@@ -22,7 +22,7 @@ from bench.harness import in_parts, normal_weights
 from nllbcli.engine import kernels
 from nllbcli.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
-from nllbcli.search import generate
+from nllbcli.search import generate_ids
 from nllbcli.shapes import NLLB_600M
 
 
@@ -109,10 +109,10 @@ def bench_engine(results: list, runs: list[tuple[int, int]]) -> None:
         sources = [[256047] + rng.integers(4, 250000, n - 2).tolist() + [2] for n in lengths]
         options = DecodeOptions(beam_size=beams, max_length=41)
         rows, source_rows = engine.capacity(options.max_length, options.beam_size)
-        generate(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
+        generate_ids(engine, sources[:8], 256057, config, options)  # warm-up: compile every kernel
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
-        outputs = [o for part in in_parts(sources, beams, rows, source_rows) for o in generate(engine, part, 256057, config, options)]
+        outputs = [o for part in in_parts(sources, beams, rows, source_rows) for o in generate_ids(engine, part, 256057, config, options)]
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
         tokens = sum(len(o) + 1 for o in outputs)  # the language token counts, as in transformers' max_new_tokens

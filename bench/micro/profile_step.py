@@ -30,7 +30,7 @@ from nllbcli.shapes import DEFAULT, NLLB_600M, PRESETS
 from nllbcli.engine import kernels
 from nllbcli.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
-from nllbcli.search import generate
+from nllbcli.search import generate_ids
 
 FAMILIES = ["gemm", "attention", "attention_prefill", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
 
@@ -141,7 +141,7 @@ def profile_generate(engine, config, sources, timer, runs: str) -> int:
             cp.cuda.Device().synchronize()
             timer.collect()
             t = time.perf_counter()
-            generate(engine, sources[:batch], PRESETS[DEFAULT].tgt_lang_id, config, options)
+            generate_ids(engine, sources[:batch], PRESETS[DEFAULT].tgt_lang_id, config, options)
             cp.cuda.Device().synchronize()
             wall = time.perf_counter() - t
             gpu = timer.collect()

@@ -27,16 +27,21 @@ class RowPositions:
 
 
 class OnHost:
-    """A step's ids already on the host, as step_argmax_ahead's answer for an engine that has nothing to overlap."""
+    """A step's ids (and their log-probs) already on the host, as step_argmax_ahead's answer for an engine that
+    has nothing to overlap."""
 
-    def __init__(self, ids):
+    def __init__(self, ids, log_probs=None):
         self.device = np.asarray(ids)
+        self.chosen = log_probs
 
     def fetch(self) -> np.ndarray:
         return self.device
 
+    def log_probs(self) -> np.ndarray:
+        return self.chosen
+
     def subset(self, rows: np.ndarray) -> "OnHost":
-        return OnHost(self.device[rows])
+        return OnHost(self.device[rows], None if self.chosen is None else self.chosen[rows])
 
 
 class PendingArray(Protocol):
@@ -46,9 +51,12 @@ class PendingArray(Protocol):
 
 
 class PendingStep(PendingArray, Protocol):
-    """A greedy step's ids (N,): `device` feeds the next step where it lies, fetch() gives them on the host."""
+    """A greedy step's ids (N,): `device` feeds the next step where it lies, fetch() gives them on the host,
+    log_probs() their log-probabilities (N,) where the step was asked for them."""
 
     device: Any
+
+    def log_probs(self) -> np.ndarray: ...
 
     def subset(self, rows: np.ndarray) -> "PendingStep":
         """These rows' ids: the next step's input after engine.select(state, rows)."""
@@ -74,8 +82,9 @@ class Engine(Protocol):
     def step_argmax(self, encoded: Any, state: RowPositions, tokens: Any) -> np.ndarray:
         """... and each row's best next token (N,) (greedy; ties: the lower id)."""
 
-    def step_argmax_ahead(self, encoded: Any, state: RowPositions, tokens: Any) -> PendingStep:
-        """step_argmax without waiting for the ids: the next step can be queued before they are fetched."""
+    def step_argmax_ahead(self, encoded: Any, state: RowPositions, tokens: Any, log_probs: bool = False) -> PendingStep:
+        """step_argmax without waiting for the ids: the next step can be queued before they are fetched; with
+        log_probs, the ids' log-probabilities come with them."""
 
     def step_topk(self, encoded: Any, state: RowPositions, tokens: Any, k: int) -> tuple[Any, Any]:
         """... and each row's k best next tokens by log-probability, best first: (log-probs, ids), (N, k) each."""

@@ -178,19 +178,27 @@ class Later:
 class PendingIds:
     """A greedy step's ids (N,) int32 on the device, on their way to the host: `device` can feed the next
     step at once, fetch() waits for the copy alone (not for steps queued after it). `device` is the state's
-    own token array, where the step wrote them: the next step reads them there."""
+    own token array, where the step wrote them: the next step reads them there. `log_probs`: the ids'
+    log-probabilities (N,) f32 on the device, copied with them, where the step made them."""
 
-    def __init__(self, device: cp.ndarray, fetch=None):
+    def __init__(self, device: cp.ndarray, fetch=None, log_probs: cp.ndarray | None = None, fetch_log_probs=None):
         self.device = device
         if fetch is None:
             copied = copy_to_host_later(device)
             fetch = lambda: copied().astype(np.int64)  # noqa: E731
+            if log_probs is not None:
+                fetch_log_probs = copy_to_host_later(log_probs)
         self.fetch = fetch
+        self.fetch_log_probs = fetch_log_probs
+
+    def log_probs(self) -> np.ndarray:
+        return self.fetch_log_probs()
 
     def subset(self, rows: np.ndarray) -> "PendingIds":
         """Rows `rows` of these ids (host indices): the next step's input after engine.select(state, rows),
         which has already moved them to the front of the state's token array with the rest of the rows' state."""
-        return PendingIds(self.device[: len(rows)], lambda: self.fetch()[rows])
+        log_probs = self.fetch_log_probs and (lambda: self.fetch_log_probs()[rows])
+        return PendingIds(self.device[: len(rows)], lambda: self.fetch()[rows], fetch_log_probs=log_probs)
 
 
 class CudaEngine:
@@ -360,7 +368,8 @@ class CudaEngine:
     def run_step(self, state: CudaState, tokens, head: str, k: int = 0) -> None:
         """One decoder step of every row of `state`, feeding `tokens` (on the host or the device; the state's
         own token array, as a PendingIds leaves it, is read where it lies), with head "none" (the final hidden
-        states, in the workspace's "final"), "argmax" (the ids into the token array) or "topk" (k per row,
+        states, in the workspace's "final"), "argmax" (the ids into the token array), "argmax log-prob" (the same,
+        and their log-probs into "chosen logprob") or "topk" (k per row,
         into "topk logprob" and "topk ids"). A state of the engine's own workspace runs the step as a CUDA
         graph, one per (head, k, rows, cross kernel), captured the second time that key comes: the first runs
         the same launches one by one, which also compiles them. A key whose capture the driver refuses runs one
@@ -441,6 +450,9 @@ class CudaEngine:
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
+        elif head == "argmax log-prob":  # the same ids as the best of a top-1, which gives their log-probs too
+            kernels.logits_topk(final, self.lm_head, 1, logprob=take("chosen logprob", (b, 1), F32),
+                                ids=tokens.reshape(b, 1), take=take)
         elif head == "topk":  # into the workspace's "topk logprob" and "topk ids" (step_topk reads them there)
             kernels.logits_topk(final, self.lm_head, k, take=take)
 
@@ -461,12 +473,17 @@ class CudaEngine:
     def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens) -> np.ndarray:
         return self.step_argmax_ahead(encoded, state, tokens).fetch()
 
-    def step_argmax_ahead(self, encoded: CudaEncoded, state: CudaState, tokens) -> PendingIds:
+    def step_argmax_ahead(self, encoded: CudaEncoded, state: CudaState, tokens, log_probs: bool = False) -> PendingIds:
         """step_argmax without waiting: the ids stay on the device for the next step (`tokens` may be a
         PendingIds' device array) while they are copied to the host, so the search can queue step t + 1
-        before it looks at step t's ids and the GPU never waits for the host."""
-        self.run_step(state, tokens, "argmax")
-        return PendingIds(state.ws.rows("tokens", state.n))
+        before it looks at step t's ids and the GPU never waits for the host. With log_probs, the ids'
+        log-probabilities are copied with them."""
+        if not log_probs:
+            self.run_step(state, tokens, "argmax")
+            return PendingIds(state.ws.rows("tokens", state.n))
+        self.run_step(state, tokens, "argmax log-prob")
+        n = state.n
+        return PendingIds(state.ws.rows("tokens", n), log_probs=state.ws.take("chosen logprob", (n, 1), F32).reshape(n))
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
         """Each row's k best next tokens by log-probability, best first, on the device: the output

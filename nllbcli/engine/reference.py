@@ -256,9 +256,14 @@ class ReferenceEngine:
         """Greedy: feed one token per row and return each row's most likely next token (N,); ties: lower id."""
         return self.step(encoded, state, tokens).argmax(axis=-1)
 
-    def step_argmax_ahead(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> OnHost:
-        """step_argmax's ids as the search queues them: here they are on the host at once."""
-        return OnHost(self.step_argmax(encoded, state, tokens))
+    def step_argmax_ahead(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray,
+                          log_probs: bool = False) -> OnHost:
+        """step_argmax's ids (and their log-probs) as the search queues them: here they are on the host at once."""
+        logits = self.step(encoded, state, tokens)
+        ids = logits.argmax(axis=-1)
+        if not log_probs:
+            return OnHost(ids)
+        return OnHost(ids, log_softmax(logits)[np.arange(len(ids)), ids])
 
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,

@@ -222,28 +222,29 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
 
 
 class LineSink:
-    """Text or JSONL lines into a binary stream. A failed row (translation None) is left out of JSONL and is an
-    empty line in text, and a line break inside a translation (of a JSONL or Parquet text that held one) is a
-    space in text, so that line n of a text output is still the translation of row n of its input. JSONL rows
-    gain the translation, and the row's status where `status_field` names a field for it (Added)."""
+    """Text or JSONL lines into a binary stream. A failed row (values None) is left out of JSONL and is an
+    empty line in text (`added.hypotheses` lines, with several hypotheses a row), and a line break inside a
+    translation (of a JSONL or Parquet text that held one) is a space in text, so that line n of a text output is
+    still the translation of row n of its input (line n * hypotheses + k its k-th). JSONL rows gain the added
+    fields (Added)."""
 
-    def __init__(self, stream: BinaryIO, fmt: str, output_field: str, status_field: str | None = None):
+    def __init__(self, stream: BinaryIO, fmt: str, added: Added):
         self.stream, self.fmt = stream, fmt
-        self.added = Added(output_field, status_field)
+        self.added = added
 
-    def write(self, records: list[Record], translations: list[str | None],
-              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
-        """Write the rows; returns the (row, reason) pairs that could not be written."""
+    def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
+        """Write the rows, each with its added fields' values (None: the row failed); returns the (row, reason)
+        pairs that could not be written."""
         from .jsonl import encode_jsonl_row, jsonl_fields
 
         lines: list[bytes] = []
         failed: list[tuple[Record, str]] = []
-        fields = jsonl_fields(records, translations) if self.fmt == "jsonl" else iter(())
-        for n, (record, translation) in enumerate(zip(records, translations)):
+        fields = jsonl_fields(records, values) if self.fmt == "jsonl" else iter(())
+        for record, added in zip(records, values):
             if self.fmt == "text":
-                lines.append(one_line(translation or "").encode("utf-8") + b"\n")
-            elif translation is not None:
-                line, error = encode_jsonl_row(record, next(fields), self.added.values(translation, statuses, n))
+                lines += [one_line(text).encode("utf-8") + b"\n" for text in self.added.lines(added)]
+            elif added is not None:
+                line, error = encode_jsonl_row(record, next(fields), added)
                 if error:
                     failed.append((record, error))
                 else:
@@ -267,15 +268,14 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
-def open_sink(stream: BinaryIO, fmt: str, output_field: str, schema: pa.Schema | None, field: str,
-              status_field: str | None = None):
-    """The writer of one format on a stream: `write(records, translations, statuses) -> failed rows`, `close`,
-    `abort`; `statuses` (one per row) are written where `status_field` names a field for them."""
+def open_sink(stream: BinaryIO, fmt: str, added: Added, schema: pa.Schema | None, field: str):
+    """The writer of one format on a stream: `write(records, values) -> failed rows`, `close`, `abort`; values
+    holds each row's added fields (Added) by name, None for a failed row."""
     from . import parquet
 
     if fmt == "parquet":
-        return parquet.ParquetSink(stream, schema, output_field, field, status_field)
-    return LineSink(stream, fmt, output_field, status_field)
+        return parquet.ParquetSink(stream, schema, added, field)
+    return LineSink(stream, fmt, added)
 
 
 def file_mode(path: str) -> int:

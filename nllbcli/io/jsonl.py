@@ -130,19 +130,19 @@ def count_rows(stream: BinaryIO) -> int:
     return sum(1 for n, line in enumerate(stream, 1) if not is_blank_line(line, n))
 
 
-def jsonl_fields(records: list[Record], translations: list[str | None]) -> Iterator[Mapping]:
-    """The fields of each row to be written (translation not None), in order: a Parquet row's from its Arrow
-    data, converted a chunk at a time."""
+def jsonl_fields(records: list[Record], values: list) -> Iterator[Mapping]:
+    """The fields of each row to be written (its added values not None), in order: a Parquet row's from its
+    Arrow data, converted a chunk at a time."""
     from .parquet import python_rows
 
-    written = [r for r, t in zip(records, translations) if t is not None]
+    written = [r for r, v in zip(records, values) if v is not None]
     if any(r.batch is not None for r in written):
         return iter(python_rows(written))
     return (r.fields for r in written)
 
 
-def encode_jsonl_row(record: Record, fields: Mapping, added: Mapping[str, str]) -> tuple[bytes, str | None]:
-    """The row's fields plus the added ones (the translation, its status) as one UTF-8 line of strict JSON, key
+def encode_jsonl_row(record: Record, fields: Mapping, added: Mapping) -> tuple[bytes, str | None]:
+    """The row's fields plus the added ones (the translation, its status, scores) as one UTF-8 line of strict JSON, key
     order kept; or the reason it cannot be one."""
     row = dict(fields)
     row.update(added)

@@ -300,15 +300,16 @@ def python_rows(records: list[Record]) -> list[dict]:
 
 
 def output_schema(schema: pa.Schema, added: Added) -> pa.Schema:
-    """The input schema with the added columns (the translation, the status) as string columns: each in place
-    if it exists, else last."""
-    for name in added.names:
+    """The input schema with the added columns (the translation, the status, the scores) of their types
+    (Added.types): each in place if it exists, else last."""
+    for option, name in added.options:
         if schema.names.count(name) > 1:
-            check_columns(schema, "the input", "parquet", {"--output-field": name})
+            check_columns(schema, "the input", "parquet", {option: name})
+        kind = added.types[name]
         if name in schema.names:
-            schema = schema.set(schema.get_field_index(name), pa.field(name, pa.string()))
+            schema = schema.set(schema.get_field_index(name), pa.field(name, kind))
         else:
-            schema = schema.append(pa.field(name, pa.string()))
+            schema = schema.append(pa.field(name, kind))
     return schema
 
 
@@ -330,19 +331,17 @@ class TableMaker:
     columns' types follow from the rows in input order (the module's docstring); a row that does not fit fails
     alone."""
 
-    def __init__(self, schema: pa.Schema | None, output_field: str, field: str, status_field: str | None = None):
+    def __init__(self, schema: pa.Schema | None, added: Added, field: str):
         self.input_schema = schema
-        self.added = Added(output_field, status_field)
+        self.added = added
         self.schema = None if schema is None else output_schema(schema, self.added)
         self.field = field
         self.empty_schema = output_schema(pa.schema([(field, pa.string())]), self.added)  # an empty input with no schema
         self.wide: set[tuple] = set()  # paths of int64 columns holding integers a double cannot hold exactly
 
-    def table(self, records: list[Record], translations: list[str | None],
-              statuses: list[str] | None = None) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
-        """The written rows (failed rows, translation None, left out) and the rows that do not fit."""
-        pairs = [(r, self.added.values(t, statuses, n)) for n, (r, t) in enumerate(zip(records, translations))
-                 if t is not None]
+    def table(self, records: list[Record], values: list[dict | None]) -> tuple[pa.Table | None, list[tuple[Record, str]]]:
+        """The written rows (failed rows, values None, left out) and the rows that do not fit."""
+        pairs = [(r, v) for r, v in zip(records, values) if v is not None]
         if not pairs:
             return None, []
         if self.input_schema is not None and all(record.batch is not None for record, _ in pairs):
@@ -356,12 +355,13 @@ class TableMaker:
             return self.row_by_row(pairs, rows)
 
     def taken_table(self, pairs: list[tuple[Record, dict]]) -> pa.Table:
-        """The rows from their batches, untouched, with the added columns (translation, status) added or replaced."""
-        batches, done = [], 0
+        """The rows from their batches, untouched, with the added columns (translation, status, scores) added or
+        replaced."""
+        batches, done, types = [], 0, self.added.types
         for batch, group in batch_groups([record for record, _ in pairs]):
             columns = take_rows(batch, [record.row for record in group]).columns
             for name in self.added.names:
-                values = pa.array([added[name] for _, added in pairs[done:done + len(group)]], pa.string())
+                values = pa.array([added[name] for _, added in pairs[done:done + len(group)]], types[name])
                 place = self.input_schema.get_field_index(name)
                 if place >= 0:
                     columns[place] = values
@@ -605,16 +605,14 @@ class ParquetSink:
     """Writes chunks as row groups straight into a Parquet stream (stdout). Without a schema up front (JSONL
     input) the chunks wait as frames in a temporary file until the last has set the schema."""
 
-    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str,
-                 status_field: str | None = None):
+    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, added: Added, field: str):
         self.stream = stream
-        self.maker = TableMaker(schema, output_field, field, status_field)
+        self.maker = TableMaker(schema, added, field)
         self.writer: pq.ParquetWriter | None = None
         self.spool = tempfile.NamedTemporaryFile(prefix="nllb-", suffix=".frames") if schema is None else None
 
-    def write(self, records: list[Record], translations: list[str | None],
-              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
-        table, failed = self.maker.table(records, translations, statuses)
+    def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
+        table, failed = self.maker.table(records, values)
         if table is not None:
             if self.spool is not None:
                 write_frame(self.spool, table)
@@ -646,10 +644,9 @@ class ParquetSink:
 class FrameSink:
     """Writes chunks as length-prefixed Arrow IPC streams into a partial file (see the module's docstring)."""
 
-    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, output_field: str, field: str,
-                 status_field: str | None = None):
+    def __init__(self, stream: BinaryIO, schema: pa.Schema | None, added: Added, field: str):
         self.stream = stream
-        self.maker = TableMaker(schema, output_field, field, status_field)
+        self.maker = TableMaker(schema, added, field)
 
     def resume(self, partial: str) -> None:
         """Take up the columns' types from the frames an earlier run wrote (a JSONL input's rows set them)."""
@@ -657,9 +654,8 @@ class FrameSink:
             for table in read_frames(partial):
                 self.maker.take_up(table)
 
-    def write(self, records: list[Record], translations: list[str | None],
-              statuses: list[str] | None = None) -> list[tuple[Record, str]]:
-        table, failed = self.maker.table(records, translations, statuses)
+    def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
+        table, failed = self.maker.table(records, values)
         if table is not None:
             write_frame(self.stream, table)
         return failed
@@ -731,7 +727,7 @@ def holds_null_lists(kind: pa.DataType) -> bool:
 
 def frames_to_parquet(partial: str, target: BinaryIO, schema: pa.Schema | None, added: Added, field: str) -> None:
     """The Parquet file of a partial file's frames: one row group per frame, as a direct write would give."""
-    maker = TableMaker(schema, added.translation, field, added.status)
+    maker = TableMaker(schema, added, field)
     final = maker.schema or last_frame_schema(partial) or maker.empty_schema
     writer = pq.ParquetWriter(target, final)
     try:

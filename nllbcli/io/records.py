@@ -78,21 +78,44 @@ def raw_text(raw: bytes) -> str:
 
 @dataclass(frozen=True)
 class Added:
-    """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and the row's status
-    where `status` names a field for it. Each replaces the input's own field of that name, in place."""
+    """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and where named its
+    status, its score and its log-probability (--scores). Each replaces the input's own field of that name, in
+    place. With `hypotheses` above 1 (--num-hypotheses) the translation, score and log-probability are lists
+    of that many, best first."""
 
     translation: str
     status: str | None = None
+    score: str | None = None
+    log_prob: str | None = None
+    hypotheses: int = 1
+
+    @property
+    def options(self) -> tuple[tuple[str, str], ...]:
+        """(option, name) of each added field, for messages."""
+        named = (("--output-field", self.translation), ("--status-field", self.status), ("--score-field", self.score),
+                 ("--log-prob-field", self.log_prob))
+        return tuple((option, name) for option, name in named if name is not None)
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.translation,) if self.status is None else (self.translation, self.status)
+        return tuple(name for _, name in self.options)
 
-    def values(self, translation: str, statuses: list[str] | None, n: int) -> dict[str, str]:
-        """Row n's added fields by name: its translation, and its status from `statuses`."""
-        if self.status is None:
-            return {self.translation: translation}
-        return {self.translation: translation, self.status: statuses[n]}
+    @property
+    def types(self) -> dict:
+        """Each added column's Arrow type."""
+        import pyarrow as pa
+
+        many = self.hypotheses > 1
+        text, number = (pa.list_(pa.string()), pa.list_(pa.float64())) if many else (pa.string(), pa.float64())
+        kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number}
+        return {name: kinds[name] for name in self.names}
+
+    def lines(self, values: dict | None) -> list[str]:
+        """A row's translations as a text output has them: one, or `hypotheses` lines (empty for a failed row)."""
+        if values is None:
+            return [""] * self.hypotheses
+        translation = values[self.translation]
+        return list(translation) if self.hypotheses > 1 else [translation]
 
 
 class RawNumber:

@@ -29,7 +29,7 @@ from nllbcli.engine.cuda import CudaEngine  # noqa: E402
 from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.rows import cut_source  # noqa: E402
-from nllbcli.search import generate  # noqa: E402
+from nllbcli.search import generate_ids  # noqa: E402
 from nllbcli.shapes import PRESETS, random_weights  # noqa: E402
 from nllbcli.translator import load_translator  # noqa: E402
 
@@ -66,8 +66,8 @@ def test_every_size_translates_on_the_gpu(name):
         for beams in (1, 4):
             options = DecodeOptions(beam_size=beams, max_length=8)
             engine.capacity(options.max_length, beams)
-            together = generate(engine, sources, preset.tgt_lang_id, config, options)
-            alone = generate(engine, sources[:1], preset.tgt_lang_id, config, options)
+            together = generate_ids(engine, sources, preset.tgt_lang_id, config, options)
+            alone = generate_ids(engine, sources[:1], preset.tgt_lang_id, config, options)
             assert len(together) == len(sources)
             for output in together:
                 assert isinstance(output, list) and len(output) <= options.max_length - 1, output
@@ -188,8 +188,8 @@ def test_head_sizes_greedy_translations_match_reference(head_size, monkeypatch):
     sources = [[TINY_LANG] + rng.integers(4, 480, n).tolist() + [2] for n in rng.integers(3, 30, 32)]
     options = DecodeOptions(beam_size=1, max_length=12)
     gpu.capacity(options.max_length)
-    want = generate(ref, sources, TINY_LANG + 1, config, options)
-    got = generate(gpu, sources, TINY_LANG + 1, config, options)
+    want = generate_ids(ref, sources, TINY_LANG + 1, config, options)
+    got = generate_ids(gpu, sources, TINY_LANG + 1, config, options)
     assert len({tuple(w) for w in want}) > len(want) // 2  # the outputs depend on the source
     # Emulated on the CPU: 32 and 30 of 32 the same (head sizes 64 and 128), 29 at worst with noise.
     # test_engine.py asks 99% of a trained model's translations; random ones have more near-ties, hence 75%.
