@@ -29,7 +29,7 @@ from .options import BatchOptions, DecodeOptions, Job
 from .overlap import read_chunks
 from .pipeline import check_added_columns, check_fields
 from .progress import Reporter
-from .rows import status_of
+from .rows import added_values, status_of
 from .translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -39,9 +39,12 @@ DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 class Result:
     """One row's translation, or why it has none."""
 
-    text: str | None  # the translation; None when the row failed
+    text: str | None  # the translation (the best, with several hypotheses); None when the row failed
     error: str | None = None  # why the row failed, naming it ("row 3: ..."), else None
     status: str = "ok"  # ok, cut, max_length or cut,max_length (--status-field's values); failed with an error
+    hypotheses: list[str] | None = None  # decode.num_hypotheses above 1: the translations, best first
+    score: float | list[float] | None = None  # decode.scores: the score (a list with several hypotheses), as --scores
+    log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
 
 
 def load(model: str | None = None, device: str = "auto", adapter: str | None = None) -> Translator:
@@ -64,7 +67,7 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
     records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
                       None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
                       f"row {n + 1}") for n, text in enumerate(texts)]
-    return [Result(o.translation, o.error, "failed" if o.error else status_of(o))
+    return [Result(o.translation, o.error, "failed" if o.error else status_of(o), o.hypotheses, o.score, o.log_prob)
             for _, o in run_records(translator, records, job, decode or model_decode(translator), batching, progress)]
 
 
@@ -73,11 +76,14 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     field: str = "text", output_field: str = "translation", status_field: str | None = None,
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
-                    max_input_length: int | None = None, progress: bool = False) -> pa.Table:
-    """The table with the translation (and the status) as string columns, as a Parquet output of the CLI has
-    them: failed rows left out; with `error_field`, every row kept, a failed one with a null translation and its
-    reason in that column (null for the others). A table whose schema the CLI refuses (no text column, one named
-    twice, a column the translation would replace without `overwrite_field`) raises NllbError."""
+                    max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
+                    progress: bool = False) -> pa.Table:
+    """The table with the translation (and the status) as string columns, and with `decode.scores` the score
+    and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
+    `decode.num_hypotheses` above 1): failed rows left out; with `error_field`, every row kept, a failed one with
+    a null translation and its reason in that column (null for the others). A table whose schema the CLI refuses
+    (no text column, one named twice, a column the translation would replace without `overwrite_field`) raises
+    NllbError."""
     from .langs import resolve_lang
 
     batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
@@ -85,31 +91,34 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     if schema is None:
         raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
     known = translator.tokenizer.lang_codes
+    decode = decode or model_decode(translator)
     job = Job(src=src and resolve_lang(src, known), tgt=tgt and resolve_lang(tgt, known), input_format="parquet",
               output_format="parquet", field=field, output_field=output_field, src_field=src_field,
               tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
-              overwrite_field=overwrite_field, max_input_length=max_input_length)
+              overwrite_field=overwrite_field, max_input_length=max_input_length,
+              score_field=score_field if decode.scores else None, log_prob_field=log_prob_field if decode.scores else None,
+              hypotheses=decode.num_hypotheses)
     check_fields(job)
     check_text_column(schema, "the table", field)
     check_added_columns(schema, job)
-    if error_field is not None and error_field in (field, output_field, status_field):
+    added = job.added
+    if error_field is not None and error_field in (field, *added.names):
         raise NllbError(f"error_field {error_field!r} is another added field's or the text's: name another.")
     position = Position()
     records = [record for batch in batches for record in batch_records(batch, "the table", field, position)]
-    done = run_records(translator, records, job, decode or model_decode(translator), batching, progress)
+    done = run_records(translator, records, job, decode, batching, progress)
     kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
     names, columns = list(schema.names), rows_of(schema, [r for r, _ in kept])
-    added = {output_field: [o.translation for _, o in kept]}
-    if status_field is not None:
-        added[status_field] = [None if o.error else status_of(o) for _, o in kept]
+    rows = [added_values(added, o) or {} for _, o in kept]  # a failed row's added columns are null
+    values = {name: ([row.get(name) for row in rows], kind) for name, kind in added.types.items()}
     if error_field is not None:
-        added[error_field] = [o.error for _, o in kept]
-    for name, values in added.items():  # in place where the input has the column (overwrite_field), else last
+        values[error_field] = ([o.error for _, o in kept], pa.string())
+    for name, (column, kind) in values.items():  # in place where the input has the column (overwrite_field), else last
         if name in names:
-            columns[names.index(name)] = pa.array(values, pa.string())
+            columns[names.index(name)] = pa.array(column, kind)
         else:
             names.append(name)
-            columns.append(pa.array(values, pa.string()))
+            columns.append(pa.array(column, kind))
     return pa.Table.from_arrays(columns, names=names)
 
 

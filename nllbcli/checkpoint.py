@@ -471,8 +471,9 @@ def read_weights(path: Path, bf16_bits: bool = False, wanted: set[str] | None = 
 def generation_defaults(model_dir: Path) -> dict:
     """The decoding settings a model directory's generation_config.json gives, as DecodeOptions' fields (none
     where it has no such file): num_beams, length_penalty, no_repeat_ngram_size, repetition_penalty, and the
-    length as transformers' generate counts it: max_new_tokens, else max_length less the decoder's start token
-    (NLLB's max_length 200 is 199 generated tokens, the language token included). Keys that nllbcli's search does
+    lengths as transformers' generate counts them: max_new_tokens, else max_length less the decoder's start token
+    (NLLB's max_length 200 is 199 generated tokens, the language token included); min_new_tokens, else
+    min_length less the start token. Keys that nllbcli's search does
     not take are left to transformers."""
     path = model_dir / "generation_config.json"
     if not path.is_file():
@@ -495,6 +496,10 @@ def generation_defaults(model_dir: Path) -> dict:
         if not penalty > 0:
             raise NllbError(f"{path}: repetition_penalty must be above 0, not {shown(penalty)}")
         defaults["repetition_penalty"] = penalty
+    if given("min_new_tokens"):
+        defaults["min_length"] = json_int(path, "min_new_tokens", found["min_new_tokens"])
+    elif given("min_length") and found["min_length"] != 0:
+        defaults["min_length"] = json_int(path, "min_length", found["min_length"], 1) - 1
     return defaults
 
 

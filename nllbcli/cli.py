@@ -142,6 +142,13 @@ def cli():
 @click.option("--length-penalty", type=float, help=f"Beam search ranks finished beams by sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
 @click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
 @click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off. [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
+@click.option("--min-length", type=click.IntRange(min=0), help=f"At least this many generated tokens before </s>, the target-language token included (transformers' min_new_tokens); 0 is off. [default: the model's generation_config.json min_new_tokens, else {DecodeOptions.min_length}]")
+@click.option("--max-length-a", type=click.FloatRange(min=0), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
+@click.option("--max-length-b", type=click.IntRange(min=0), help="See --max-length-a (either alone takes the other as 0).")
+@click.option("--num-hypotheses", type=click.IntRange(min=1), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
+@click.option("--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
+@click.option("--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
+@click.option("--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
 @click.option("--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
@@ -155,7 +162,8 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
+              repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, scores, score_field, log_prob_field,
+              max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
               progress, quiet):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
@@ -186,15 +194,21 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
 
     from .options import Job
 
+    for option, given in (("--score-field", score_field), ("--log-prob-field", log_prob_field)):
+        if given is not None and not scores:
+            raise InvalidUsage(f"{option} goes with --scores.")
     try:
+        decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
+                                no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
+                                min_length=min_length, max_length_a=max_length_a, max_length_b=max_length_b,
+                                num_hypotheses=num_hypotheses, scores=scores or None)
         base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
                    tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,
-                   max_input_length=max_input_length)
+                   max_input_length=max_input_length, score_field=(score_field or "score") if scores else None,
+                   log_prob_field=(log_prob_field or "log_prob") if scores else None, hypotheses=num_hypotheses)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
-    decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
-                            no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty)
     if on_ray:
         return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
                                 resume, progress, quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, ray_address, ray_actors,

@@ -30,6 +30,11 @@ class DecodeOptions:
         """Whether the search needs each step's full scores (transformers' logits processors), not just the best."""
         return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
 
+    def identity(self) -> dict:
+        """The options as a resumed job compares them: each field, those added since jobs first saved them left
+        out while they are at their defaults, so that such a job still resumes."""
+        return {name: value for name, value in vars(self).items() if LATER_DEFAULTS.get(name, NOT_LATER) != value}
+
     def length_limit(self, source_tokens: int) -> int:
         """The generated tokens a sentence of this many source tokens (language token and </s> included) may have:
         max_length, or less by max_length_a/b, at least 1 (the language token)."""
@@ -54,6 +59,10 @@ class DecodeOptions:
             raise ValueError(f"min length must be 0 (off) or more, not {self.min_length}")
         if self.max_length_a is not None and not self.max_length_a >= 0:
             raise ValueError(f"max length a must be 0 or more, not {self.max_length_a}")
+
+
+NOT_LATER = object()
+LATER_DEFAULTS = {"num_hypotheses": 1, "scores": False, "min_length": 0, "max_length_a": None, "max_length_b": None}
 
 
 @dataclass(frozen=True)

@@ -283,13 +283,15 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
     return {
         "input_format": job.input_format, "output_format": job.output_format, "field": job.field,
         "output_field": job.output_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
-        "tgt_field": job.tgt_field, "split": job.split, "decode": vars(decode).copy(),
+        "tgt_field": job.tgt_field, "split": job.split, "decode": decode.identity(),
         "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input), "model": str(getattr(translator, "model_dir", "")),
         "device": getattr(translator, "device", ""),
         # only where given, so that a job started before these options existed resumes
         **({"status_field": job.status_field} if job.status_field else {}),
         **({"overwrite_field": True} if job.overwrite_field else {}),
         **({"max_input_length": job.max_input_length} if job.max_input_length else {}),
+        **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
+        **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
     }
 
 

@@ -163,8 +163,10 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
             "field": job.field, "output_field": job.output_field, "status_field": job.status_field,
             "overwrite_field": job.overwrite_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
             "tgt_field": job.tgt_field, "split": job.split, "max_input_length": job.max_input_length,
-            "decode": vars(decode).copy(), "chunk_rows": chunk_rows,
-            "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter}
+            "decode": decode.identity(), "chunk_rows": chunk_rows,
+            "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter,
+            **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
+            **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {})}
 
 
 class Source(FileBasedDatasource):

@@ -43,17 +43,25 @@ class PartitionTranslator:
 
     def schema(self, schema):
         """The Spark schema of the output for an input of `schema` (a StructType): the input's columns, with the
-        translation, status and error columns as strings, each in place of a column of its name
-        (overwrite_field) or else added last, as translate_table places them."""
-        from pyspark.sql.types import StringType, StructField, StructType
+        translation, status, scores (decode.scores) and error columns of translate_table's types, each in place
+        of a column of its name (overwrite_field) or else added last, as translate_table places them."""
+        from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
+        from .io import Added
+        from .options import DecodeOptions
+
+        decode, options = self.options.get("decode") or DecodeOptions(), self.options
+        added = Added(options.get("output_field", "translation"), options.get("status_field"),
+                      options.get("score_field", "score") if decode.scores else None,
+                      options.get("log_prob_field", "log_prob") if decode.scores else None, decode.num_hypotheses)
+        scalar = {"string": StringType(), "double": DoubleType()}
+        kinds = {name: ArrayType(scalar[str(kind.value_type)]) if hasattr(kind, "value_type") else scalar[str(kind)]
+                 for name, kind in added.types.items()}
+        kinds[options["error_field"]] = StringType()
         fields = list(schema.fields)
-        for name in (self.options.get("output_field", "translation"), self.options.get("status_field"),
-                     self.options["error_field"]):
-            if name is None:
-                continue
+        for name, kind in kinds.items():
             names = [field.name for field in fields]
-            column = StructField(name, StringType(), True)
+            column = StructField(name, kind, True)
             if name in names:
                 fields[names.index(name)] = column
             else:

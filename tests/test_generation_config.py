@@ -38,6 +38,9 @@ def translator():
     ({"num_beams": 3, "length_penalty": 0.6, "no_repeat_ngram_size": 2, "repetition_penalty": 1.3, "max_length": None},
      {"beam_size": 3, "length_penalty": 0.6, "no_repeat_ngram_size": 2, "repetition_penalty": 1.3}),
     ({"do_sample": False, "early_stopping": False}, {}),
+    ({"min_length": 5}, {"min_length": 4}),  # as max_length: the decoder's start token counts
+    ({"min_length": 5, "min_new_tokens": 2}, {"min_length": 2}),
+    ({"min_length": 0}, {}),
 ])
 def test_the_files_settings_as_decode_options(tmp_path, settings, expected):
     assert generation_defaults(model_with(tmp_path, settings)) == expected

@@ -1,0 +1,168 @@
+"""The decoding controls as users reach them: --scores, --num-hypotheses, --min-length, --max-length-a/b on the
+command line (JSONL, Parquet, text, --devices, resume) and through the table API."""
+
+import json
+from dataclasses import replace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import nllbcli
+from nllbcli.cli import cli
+from nllbcli.options import DecodeOptions
+from nllbcli.translator import load_translator
+
+from test_decoding import MODELS
+
+SAMPLE = str(MODELS["sample"])
+TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn", "--model", SAMPLE, "--device", "cpu",
+             "--max-length", "24"]
+TEXTS = ["The meeting is on the twentieth.", "", "Hello! I will bring ninety-seven red boxes.", "Yes."]
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_translator(SAMPLE, "cpu")
+
+
+def write_jsonl(path, texts):
+    path.write_text("".join(json.dumps({"id": n, "text": t}) + "\n" for n, t in enumerate(texts)))
+
+
+def rows_of(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_scores_are_the_searchs_summed_over_a_rows_sentences(tmp_path, sample, beam_size):
+    write_jsonl(tmp_path / "in.jsonl", TEXTS)
+    result = CliRunner().invoke(cli, TRANSLATE + ["--beam-size", str(beam_size), "--scores", str(tmp_path / "in.jsonl"),
+                                                  str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 0, result.output
+    rows = rows_of(tmp_path / "out.jsonl")
+    options = DecodeOptions(beam_size=beam_size, max_length=24, scores=True)
+    for row, text in zip(rows, TEXTS):
+        assert list(row) == ["id", "text", "translation", "score", "log_prob"]
+        sentences = nllbcli.split.split_text(text)[0] if text else []
+        found = [h[0] for h in sample.generate_hypotheses([sample.tokenizer.encode(s, "eng_Latn") for s in sentences],
+                                                            "fra_Latn", options)]
+        assert row["log_prob"] == pytest.approx(sum(h.log_prob for h in found), abs=1e-5)  # float32 over another batch
+        if len(found) == 1:
+            assert row["score"] == pytest.approx(found[0].score, abs=1e-5)  # float32 over another batch
+        elif beam_size == 1:
+            assert row["score"] == row["log_prob"]
+        elif found:
+            assert row["score"] == pytest.approx(sum(h.score for h in found) / len(found), abs=1e-5)  # float32 over another batch
+    assert rows[1]["translation"] == "" and rows[1]["score"] == rows[1]["log_prob"] == 0.0
+    assert len(nllbcli.split.split_text(TEXTS[2])[0]) == 2  # a row of two sentences is there
+    if beam_size == 1:
+        assert all(r["score"] == r["log_prob"] for r in rows)
+    else:
+        assert all(r["score"] > r["log_prob"] for r in rows if r["text"])
+
+
+def test_n_best_lists_in_jsonl_and_parquet_and_lines_in_text(tmp_path, sample):
+    write_jsonl(tmp_path / "in.jsonl", TEXTS)
+    args = ["--num-hypotheses", "3", "--beam-size", "4", "--scores", "--status-field", "status"]
+    for out in ("out.jsonl", "out.parquet"):
+        result = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "in.jsonl"), str(tmp_path / out)])
+        assert result.exit_code == 0, result.output
+    rows = rows_of(tmp_path / "out.jsonl")
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.field("translation").type == pa.list_(pa.string())
+    assert table.schema.field("score").type == table.schema.field("log_prob").type == pa.list_(pa.float64())
+    assert table.schema.field("status").type == pa.string()
+    assert table.to_pylist() == rows
+    best = CliRunner().invoke(cli, TRANSLATE + ["--beam-size", "4", str(tmp_path / "in.jsonl"), "-"])
+    for row, plain in zip(rows, best.output.splitlines()):
+        assert len(row["translation"]) == len(row["score"]) == len(row["log_prob"]) == 3
+        assert row["translation"][0] == json.loads(plain)["translation"]  # the best is the plain translation
+        assert row["score"] == sorted(row["score"], reverse=True)
+        assert row["status"] == "ok"
+    assert len({*rows[0]["translation"]}) == 3
+    text = CliRunner().invoke(cli, TRANSLATE + ["--num-hypotheses", "3", "--beam-size", "4", "--output-format", "text",
+                                                str(tmp_path / "in.jsonl"), "-"])
+    assert text.exit_code == 0
+    assert text.output.splitlines() == [t for row in rows for t in row["translation"]]
+
+
+def test_a_failed_row_keeps_its_lines_in_n_best_text(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "Yes."}\n{"text": 5}\n{"text": "Hello!"}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["--num-hypotheses", "2", "--on-error", "skip", "--output-format",
+                                                  "text", str(tmp_path / "in.jsonl"), "-"], catch_exceptions=False)
+    assert result.exit_code == 3
+    lines = result.stdout.splitlines()
+    assert len(lines) == 6 and lines[2] == lines[3] == "" and all(lines[:2] + lines[4:])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--scores", "--output-format", "text"], "--scores needs JSONL or Parquet output"),
+    (["--score-field", "s"], "--score-field goes with --scores."),
+    (["--num-hypotheses", "5", "--beam-size", "4"], "1 to the beam size (4), not 5"),
+    (["--scores", "--score-field", "translation"], "--score-field translation is --output-field's field too"),
+    (["--scores", "--log-prob-field", "text"], "--log-prob-field text is --field's field too"),
+])
+def test_decoding_options_that_cannot_go_together_are_one_line(tmp_path, args, message):
+    write_jsonl(tmp_path / "in.jsonl", ["Yes."])
+    result = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "in.jsonl"), "-"])
+    assert result.exit_code != 0 and message in result.output and result.output.count("\n") == 1, result.output
+
+
+def test_a_row_with_a_score_field_is_refused_unless_overwritten(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "Yes.", "score": 0.9}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["--scores", str(tmp_path / "in.jsonl"), "-"])
+    assert result.exit_code == 1 and "field 'score' already, which --score-field would replace" in result.output
+    result = CliRunner().invoke(cli, TRANSLATE + ["--scores", "--score-field", "nllb_score", str(tmp_path / "in.jsonl"), "-"])
+    assert result.exit_code == 0 and list(json.loads(result.output)) == ["text", "score", "translation", "nllb_score",
+                                                                         "log_prob"]
+
+
+def test_length_options_reach_the_search_and_flag_the_rows(tmp_path, sample):
+    write_jsonl(tmp_path / "in.jsonl", ["Hello! I will bring ninety-seven red boxes."])
+    args = ["--no-split", "--beam-size", "1", "--max-length-a", "0.5", "--max-length-b", "1", "--status-field", "status"]
+    result = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "in.jsonl"), "-"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.output)
+    source = sample.tokenizer.encode(row["text"], "eng_Latn")
+    limit = int(0.5 * len(source) + 1)
+    assert row["status"] == "max_length"
+    assert len(sample.tokenizer.encode(row["translation"], "fra_Latn")) - 1 <= limit  # its pieces, </s> left out
+    result = CliRunner().invoke(cli, TRANSLATE + ["--no-split", "--beam-size", "1", "--min-length", "20",
+                                                  str(tmp_path / "in.jsonl"), "-"])
+    want = sample.generate([source], "fra_Latn", DecodeOptions(beam_size=1, max_length=24, min_length=20))[0]
+    assert json.loads(result.output)["translation"] == sample.tokenizer.decode(want)
+    assert len(want) + 1 >= 20
+
+
+def test_devices_give_the_scores_and_lists_of_one_device(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", TEXTS * 3)
+    args = ["--num-hypotheses", "2", "--beam-size", "2", "--scores", "--chunk-rows", "2", str(tmp_path / "in.jsonl")]
+    one = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "one.jsonl")])
+    on_devices = [a for a in TRANSLATE if a not in ("--device", "cpu")] + ["--devices", "cpu:2"]
+    two = CliRunner().invoke(cli, on_devices + args + [str(tmp_path / "two.jsonl")])
+    assert one.exit_code == two.exit_code == 0, two.output
+    assert (tmp_path / "one.jsonl").read_bytes() == (tmp_path / "two.jsonl").read_bytes()
+
+
+def test_the_table_api_adds_typed_columns(sample):
+    table = pa.table({"text": TEXTS})
+    decode = DecodeOptions(beam_size=3, max_length=24, scores=True, num_hypotheses=2)
+    out = nllbcli.translate_table(sample, table, "eng_Latn", "fra_Latn", decode, error_field="error")
+    assert out.column_names == ["text", "translation", "score", "log_prob", "error"]
+    assert out.schema.field("score").type == pa.list_(pa.float64())
+    results = nllbcli.translate(sample, TEXTS, "eng_Latn", "fra_Latn", decode)
+    assert [r.hypotheses for r in results] == out.column("translation").to_pylist()
+    assert [r.score for r in results] == out.column("score").to_pylist()
+    assert [r.text for r in results] == [h[0] for h in out.column("translation").to_pylist()]
+    plain = nllbcli.translate(sample, TEXTS, "eng_Latn", "fra_Latn", replace(decode, scores=False, num_hypotheses=1))
+    assert [r.text for r in plain] == [r.text for r in results] and plain[0].score is None
+
+
+def test_an_older_jobs_decoding_options_still_resume():
+    """A resume state written before these options existed holds none of them: at their defaults they are left
+    out of what a resumed job compares."""
+    assert set(DecodeOptions().identity()) == {"beam_size", "max_length", "length_penalty", "no_repeat_ngram_size",
+                                               "repetition_penalty"}
+    assert DecodeOptions(min_length=3).identity()["min_length"] == 3
