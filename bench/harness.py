@@ -12,6 +12,11 @@ gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of t
 one random weights never pick, so both generate exactly 40); every batch size is warmed up with one batch
 before it is timed. Tokens/s counts generated tokens; peak memory is the largest that PyTorch's or CuPy's
 allocator held during that configuration.
+
+A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
+sample, sample-scores, topk10, topp0.9), to time it against the plain search in the same run:
+
+    python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
 """
 
 from __future__ import annotations
@@ -40,8 +45,29 @@ def workload(sentences: int, preset: Preset, seed: int = 1) -> list[list[int]]:
     return [[preset.src_lang_id] + rng.integers(4, top, n - 2).tolist() + [2] for n in lengths]
 
 
-def parse(runs: str) -> list[tuple[int, int]]:
-    return [tuple(int(x) for x in run.split("x")) for run in runs.split(",") if run]
+# the decoding controls a run of ours may add (BATCHxBEAMS:VARIANT): their cost against the plain search
+VARIANTS = {
+    "": {},
+    "scores": {"scores": True},
+    "hyp4": {"num_hypotheses": 4},
+    "sample": {"sampling_topk": 0, "seed": 1},
+    "sample-scores": {"sampling_topk": 0, "seed": 1, "scores": True},
+    "topk10": {"sampling_topk": 10, "seed": 1},
+    "topp0.9": {"sampling_topk": 0, "sampling_topp": 0.9, "seed": 1},
+}
+
+
+def parse(runs: str) -> list[tuple[int, int, str]]:
+    """BATCHxBEAMS[:VARIANT],... -> (batch, beams, variant) each."""
+    parsed = []
+    for run in runs.split(","):
+        if run:
+            size, _, variant = run.partition(":")
+            if variant not in VARIANTS:
+                raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(v for v in VARIANTS if v)}")
+            batch, beams = (int(x) for x in size.split("x"))
+            parsed.append((batch, beams, variant))
+    return parsed
 
 
 def normal_weights(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -90,24 +116,24 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     engine = CudaEngine(config, normal_weights(config))
-    for batch, beams in runs:
-        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
-        rows, source_rows = engine.capacity(options.max_length, options.beam_size)
+    for batch, beams, variant in runs:
+        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
+        rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence)
         pool = cp.get_default_memory_pool()
-        for part in in_parts(sources[:batch], beams, rows, source_rows):  # warm-up at this size
+        for part in in_parts(sources[:batch], options.rows_per_sentence, rows, source_rows):  # warm-up at this size
             generate_ids(engine, part, preset.tgt_lang_id, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
         tokens = 0
         for i in range(0, len(sources), batch):
-            for part in in_parts(sources[i : i + batch], beams, rows, source_rows):
+            for part in in_parts(sources[i : i + batch], options.rows_per_sentence, rows, source_rows):
                 outputs = generate_ids(engine, part, preset.tgt_lang_id, config, options)
                 tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
             pool_peak = max(pool_peak, pool.total_bytes())
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
-        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "tokens": tokens,
+        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant, "tokens": tokens,
                         "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
                         "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
@@ -136,7 +162,7 @@ def bench_transformers(sources, runs, results, preset: Preset) -> None:
     c = preset.config
     torch.manual_seed(0)
     model = M2M100ForConditionalGeneration(m2m100_config(c)).to("cuda", torch.bfloat16).eval()
-    for batch, beams in runs:
+    for batch, beams, _ in runs:
         gen = GenerationConfig(num_beams=beams, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                                forced_bos_token_id=preset.tgt_lang_id, decoder_start_token_id=c.decoder_start_token_id,
                                eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id, early_stopping=False)
@@ -168,11 +194,14 @@ def bench_transformers(sources, runs, results, preset: Preset) -> None:
 def table(results: list[dict]) -> str:
     best = {}
     for r in results:
+        if r.get("variant"):
+            continue
         key = (r["engine"], r["beams"])
         if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
             best[key] = r
-    lines = ["| engine | batch | beams | tokens/s | peak GiB |", "|---|---|---|---|---|"]
-    lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |" for r in results]
+    lines = ["| engine | batch | beams | variant | tokens/s | peak GiB |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r.get('variant', '')} | {r['tokens_per_s']:,.0f} | "
+              f"{r['peak_gib']:.1f} |" for r in results]
     for beams in sorted({r["beams"] for r in results}):
         ours, theirs = best.get(("nllbcli", beams)), best.get(("transformers", beams))
         if ours and theirs:

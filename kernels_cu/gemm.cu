@@ -57,7 +57,8 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
             const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
             float* __restrict__ part_val, int* __restrict__ part_idx,
             int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat,
-            const float* __restrict__ thresh, const unsigned char* __restrict__ needed) {
+            const float* __restrict__ thresh, const unsigned char* __restrict__ needed,
+            const unsigned* __restrict__ noise) {
     extern __shared__ __align__(16) unsigned char gemm_smem[];
     __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(gemm_smem);  // STAGES x BM x LDS
     __nv_bfloat16* Ws = As + STAGES * BM * LDS;                         // STAGES x BN x LDS
@@ -123,7 +124,7 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();  // the stages may be reused by the epilogue
     gemm_epilogue(acc, gemm_smem, tid, warp_m, warp_n, block_m, block_n, blockIdx.x, gridDim.x, bias, residual, out,
-                  part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
+                  part_val, part_idx, part_stat, thresh, noise, M, N, relu, epilogue, out_f32);
 }
 
 // argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m].

@@ -11,6 +11,9 @@
 //   EPILOGUE_ARGMAX the logits are never written: per row, the largest value over this block's BN columns
 //                   and its column go to part_val/part_idx[m, part] (ties: lower column), where part is the
 //                   block's column-tile index of `parts`; argmax_reduce_kernel reduces the partials per row.
+//                   Compiled with SAMPLE (sampling over the whole vocabulary), the value of column n is
+//                   logit * SAMPLE_INV_TEMP + gumbel_noise(noise[m], n), and -inf at column SAMPLE_BANNED (-1:
+//                   none): by the Gumbel-max trick, the largest is a draw from softmax(logits / temperature).
 //   EPILOGUE_STAT   the logits are never written either: per row and part of PART columns (PART divides BN;
 //                   less than BN only where WARPS_N == 1), the max and the sum of exp(logit - max) over the
 //                   part go to part_stat[m, p, 0..1], p = column / PART of ceil(N / PART) parts. The same
@@ -37,6 +40,27 @@
 #endif
 #if BN % PART || (WARPS_N > 1 && PART != BN)
 #error "PART must divide BN, and equal it unless a warp holds whole rows"
+#endif
+
+#ifdef SAMPLE
+#ifndef SAMPLE_BANNED
+#define SAMPLE_BANNED -1
+#endif
+// nllbcli/engine/numerics.py's mix32 and gumbel_noise, operation for operation: a Gumbel(0, 1) draw for token
+// n of a row whose step key is row_key, from the row's counter-based stream.
+__device__ __forceinline__ unsigned mix32(unsigned x) {
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    return x ^ (x >> 16);
+}
+
+__device__ __forceinline__ float gumbel_noise(unsigned row_key, int n) {
+    const unsigned h = mix32(row_key ^ ((unsigned)n * 0x27D4EB2Fu + 0x165667B1u));
+    const float u = ((float)(h >> 9) + 0.5f) * 1.1920928955078125e-07f;  // (0, 1): 23 bits and a half, times 2^-23
+    return -logf(-logf(u));
+}
 #endif
 
 // Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
@@ -101,7 +125,8 @@ __device__ __forceinline__ void gemm_epilogue(
     float (&acc)[MT][NT][4], unsigned char* stage_smem, int tid, int warp_m, int warp_n, int block_m, int block_n,
     int part, int parts, const float* __restrict__ bias, const float* __restrict__ residual, void* __restrict__ out,
     float* __restrict__ part_val, int* __restrict__ part_idx, float* __restrict__ part_stat,
-    const float* __restrict__ thresh, int M, int N, int relu, int epilogue, int out_f32) {
+    const float* __restrict__ thresh, const unsigned* __restrict__ noise, int M, int N, int relu, int epilogue,
+    int out_f32) {
     const int lane = tid & 31;
 #ifdef EPILOGUE_KIND  // the kernel was compiled for one epilogue: the others' code is left out
     epilogue = EPILOGUE_KIND;
@@ -266,12 +291,21 @@ __device__ __forceinline__ void gemm_epilogue(
         for (int half = 0; half < 2; ++half) {
             float best = NEG_INF;
             int at = 0x7fffffff;
+#ifdef SAMPLE
+            const int m = block_m + warp_m * WM + i * 16 + (lane >> 2) + half * 8;
+            const unsigned row_key = m < M ? noise[m] : 0u;
+#endif
 #pragma unroll
             for (int j = 0; j < NT; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e;
+#ifdef SAMPLE
+                    const float v = n == SAMPLE_BANNED ? NEG_INF
+                                                       : acc[i][j][half * 2 + e] * SAMPLE_INV_TEMP + gumbel_noise(row_key, n);
+#else
                     const float v = acc[i][j][half * 2 + e];
+#endif
                     if (n < N && beats(v, n, best, at)) { best = v; at = n; }
                 }
 #pragma unroll

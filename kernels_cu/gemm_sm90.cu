@@ -345,7 +345,8 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                  const float* __restrict__ bias, const float* __restrict__ residual,
                  void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
                  int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest,
-                 const float* __restrict__ thresh, const unsigned char* __restrict__ needed, int w_early) {
+                 const float* __restrict__ thresh, const unsigned char* __restrict__ needed, int w_early,
+                 const unsigned* __restrict__ noise) {
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
@@ -451,7 +452,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
 #else
         // warp w of consumer c (warp_m = tid / 32 = 4c + w) holds tile rows 64c + 16w
         gemm_epilogue(acc, base, tid, tid / 32, 0, TILE_M(t) * BM, tile_n * BN, tile_n, tiles_n, bias, residual, out,
-                      part_val, part_idx, part_stat, thresh, M, N, relu, epilogue, out_f32);
+                      part_val, part_idx, part_stat, thresh, noise, M, N, relu, epilogue, out_f32);
 #endif
     }
 #if TMA_STORE

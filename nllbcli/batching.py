@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from .engine.numerics import sentence_key
 from .errors import NllbError
 from .io import Record
 from .options import DecodeOptions, Job
@@ -134,7 +135,10 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
     sources, targets = batch.sources, batch.targets  # the whole batch, as the reader made it ready
     while todo:
         try:
-            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode)):
+            keys = None
+            if decode.sampling and decode.seed is not None:  # each sentence's stream: the seed and its place
+                keys = [sentence_key(decode.seed, *sentences[i].place) for i in todo]
+            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode, keys)):
                 outputs[i] = hypotheses
             break
         except SentenceError as error:

@@ -14,7 +14,7 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .langs import resolve_lang
-from .options import GPU_BATCHING, BatchOptions, DecodeOptions, cpu_threads
+from .options import GPU_BATCHING, SAMPLING_TOPP_TOKENS, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -146,6 +146,10 @@ def cli():
 @click.option("--max-length-a", type=click.FloatRange(min=0), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
 @click.option("--max-length-b", type=click.IntRange(min=0), help="See --max-length-a (either alone takes the other as 0).")
 @click.option("--num-hypotheses", type=click.IntRange(min=1), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
+@click.option("--sampling-topk", type=click.IntRange(min=0, max=SAMPLING_TOPP_TOKENS), help="Draw each token at random among the K most likely (0: the whole vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
+@click.option("--sampling-topp", type=click.FloatRange(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
+@click.option("--sampling-temperature", type=click.FloatRange(min=0, min_open=True), help="With sampling: draw from softmax(logits / T); below 1 sharper, above flatter. [default: 1]")
+@click.option("--seed", type=click.IntRange(min=0), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes. [default: a random seed]")
 @click.option("--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
 @click.option("--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
 @click.option("--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
@@ -162,7 +166,8 @@ def cli():
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
 def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, scores, score_field, log_prob_field,
+              repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, sampling_topk, sampling_topp,
+              sampling_temperature, seed, scores, score_field, log_prob_field,
               max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
               progress, quiet):
     """
@@ -197,11 +202,21 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
     for option, given in (("--score-field", score_field), ("--log-prob-field", log_prob_field)):
         if given is not None and not scores:
             raise InvalidUsage(f"{option} goes with --scores.")
+    if sampling_topk is None and sampling_topp is not None:
+        sampling_topk = 0  # a nucleus of the whole vocabulary
+    sampling = sampling_topk is not None and sampling_topk != 1
+    for option, given in (("--sampling-topp", sampling_topp), ("--sampling-temperature", sampling_temperature),
+                          ("--seed", seed)):
+        if given is not None and not sampling:
+            raise InvalidUsage(f"{option} goes with sampling: --sampling-topk 0 (the whole vocabulary) or above 1.")
+    if sampling and beam_size is None:
+        beam_size = 1
     try:
         decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
                                 no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
                                 min_length=min_length, max_length_a=max_length_a, max_length_b=max_length_b,
-                                num_hypotheses=num_hypotheses, scores=scores or None)
+                                num_hypotheses=num_hypotheses, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
+                                sampling_temperature=sampling_temperature, seed=seed, scores=scores or None)
         base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
                    tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,

@@ -24,6 +24,28 @@ class DecodeOptions:
     min_length: int = 0  # generated tokens before </s> at least, language token included (transformers' min_new_tokens)
     max_length_a: float | None = None  # at most a * source tokens + b generated tokens (fairseq's --max-len-a/b),
     max_length_b: int | None = None  #    never more than max_length; either may be given (the other is then 0)
+    sampling_topk: int = 1  # sample each token among the k most likely (0: the whole vocabulary); 1 is greedy search
+    sampling_topp: float = 1.0  # ... and among those, the fewest whose probabilities reach p (at most SAMPLING_TOPP_TOKENS)
+    sampling_temperature: float = 1.0  # sample from softmax(logits / temperature)
+    seed: int | None = None  # sampling's seed: a sentence's draws depend on it and the sentence's place in the input
+
+    @property
+    def sampling(self) -> bool:
+        """Whether tokens are drawn at random rather than searched for."""
+        return self.sampling_topk != 1
+
+    @property
+    def rows_per_sentence(self) -> int:
+        """Decoder rows a sentence takes: its beams, or its samples."""
+        return self.num_hypotheses if self.sampling else self.beam_size
+
+    @property
+    def candidates(self) -> int:
+        """The tokens sampling draws among at each step: the top-k, or SAMPLING_TOPP_TOKENS for a nucleus of the
+        whole vocabulary; 0 for the whole vocabulary."""
+        if self.sampling_topk == 0 and self.sampling_topp < 1.0:
+            return SAMPLING_TOPP_TOKENS
+        return self.sampling_topk
 
     @property
     def processes_scores(self) -> bool:
@@ -52,17 +74,29 @@ class DecodeOptions:
             raise ValueError(f"no-repeat n-gram size must be 0 (off) or more, not {self.no_repeat_ngram_size}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition penalty must be above 0, not {self.repetition_penalty}")
-        if not 1 <= self.num_hypotheses <= self.beam_size:
-            raise ValueError(f"the hypotheses kept per sentence are 1 to the beam size ({self.beam_size}), not "
-                             f"{self.num_hypotheses}: raise --beam-size for more")
+        if self.num_hypotheses < 1:
+            raise ValueError(f"hypotheses per sentence must be at least 1, not {self.num_hypotheses}")
         if self.min_length < 0:
             raise ValueError(f"min length must be 0 (off) or more, not {self.min_length}")
         if self.max_length_a is not None and not self.max_length_a >= 0:
             raise ValueError(f"max length a must be 0 or more, not {self.max_length_a}")
+        if not 0 <= self.sampling_topk <= SAMPLING_TOPP_TOKENS:
+            raise ValueError(f"sampling top-k must be from 0 (the whole vocabulary) to {SAMPLING_TOPP_TOKENS}, not "
+                             f"{self.sampling_topk}")
+        if not 0 < self.sampling_topp <= 1:
+            raise ValueError(f"sampling top-p must be above 0 and at most 1, not {self.sampling_topp}")
+        if not self.sampling_temperature > 0:
+            raise ValueError(f"sampling temperature must be above 0, not {self.sampling_temperature}")
+        if self.sampling and self.beam_size != 1:
+            raise ValueError(f"sampling draws one token a step: it takes beam size 1, not {self.beam_size}")
+        if self.num_hypotheses > self.beam_size and not self.sampling:
+            raise ValueError(f"the hypotheses kept per sentence are 1 to the beam size ({self.beam_size}), not "
+                             f"{self.num_hypotheses}: raise --beam-size for more, or sample them")
 
-
+SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the whole vocabulary (the GPU's top-k lists)
 NOT_LATER = object()
-LATER_DEFAULTS = {"num_hypotheses": 1, "scores": False, "min_length": 0, "max_length_a": None, "max_length_b": None}
+LATER_DEFAULTS = {"num_hypotheses": 1, "scores": False, "min_length": 0, "max_length_a": None, "max_length_b": None,
+                  "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0, "seed": None}
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ class Sentence:
     row: int  # position of its row in the chunk
     ids: list[int]  # source ids, cut to the model's positions
     tgt: str  # target language
-
+    place: tuple[int, int] = (0, 0)  # its row's number in the input and its own in the row: its random stream
 
 @dataclass
 class Outcome:
@@ -116,6 +116,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome() for _ in records]
     texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
+    numbers: list[int] = []  # each sentence's number in its row
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -130,6 +131,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             else:
                 row_texts = [record.text] if record.text.strip() else []
             texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
+            numbers += range(len(row_texts))
         except NllbError as error:
             outcome.error = str(error)
     many = getattr(tokenizer, "encode_many", None)
@@ -143,7 +145,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
                 encoded.append(error)
     sentences: list[Sentence] = []
-    for (position, _, _, tgt), ids in zip(texts, encoded):
+    for (position, _, _, tgt), number, ids in zip(texts, numbers, encoded):
         outcome = outcomes[position]
         if outcome.error is not None:
             continue
@@ -152,7 +154,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
             continue
         outcome.cut |= len(ids) > limit
-        sentences.append(Sentence(position, cut_source(ids, limit), tgt))
+        sentences.append(Sentence(position, cut_source(ids, limit), tgt, (records[position].index, number)))
     if job.on_error == "fail":
         first = next((o.error for o in outcomes if o.error is not None), None)
         if first is not None:

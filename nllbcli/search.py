@@ -24,7 +24,7 @@ import numpy as np
 
 from .checkpoint import ModelConfig
 from .engine import Engine
-from .engine.numerics import log_softmax, to_host, topk_desc
+from .engine.numerics import gumbel_noise, inverse_temperature, log_softmax, sample_key, sentence_key, step_keys, to_host, topk_desc
 from .environment import ENV
 from .options import DecodeOptions
 
@@ -44,26 +44,43 @@ class Hypothesis:
 
 
 def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
-             options: DecodeOptions) -> list[list[Hypothesis]]:
-    """The options.num_hypotheses best translations of each source, best first, in the order of `sources`."""
+             options: DecodeOptions, keys: list[int] | None = None) -> list[list[Hypothesis]]:
+    """The options.num_hypotheses best translations of each source, best first, in the order of `sources`.
+    Sampling draws each source's tokens from its random stream, `keys` (numerics.sentence_key of the seed and the
+    source's place in the input; None: streams of a random seed); several samples of a source, each from a
+    stream of its own, come best first by log-probability."""
     if not sources:
         return []
     # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
     langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
     limits = np.array([options.length_limit(len(source)) for source in sources], dtype=np.int64)
+    samples = options.num_hypotheses if options.sampling else 1
+    if options.sampling:
+        if keys is None:
+            seed = int(np.random.default_rng().integers(1 << 63))
+            keys = [sentence_key(seed, n, 0) for n in range(len(sources))]
+        keys = np.array([sample_key(key, j) for key in keys for j in range(samples)], dtype=np.uint32)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * options.num_hypotheses] * len(sources)
     todo = np.flatnonzero(limits > 1)  # the others may have the language token alone
     if not len(todo):
         return results
+    rows = np.repeat(todo, samples)  # a decoder row per sample of each source
     encoded = engine.encode([sources[i] for i in todo])
-    search = greedy_search if options.beam_size == 1 else beam_search
     try:
-        found = search(engine, encoded, len(todo), langs[todo], config, options, limits[todo])
+        if options.beam_size == 1:
+            row_keys = None if keys is None else keys.reshape(len(sources), samples)[todo].reshape(-1)
+            found = greedy_search(engine, encoded, np.repeat(np.arange(len(todo)), samples), langs[rows], config,
+                                  options, limits[rows], row_keys)
+        else:
+            found = beam_search(engine, encoded, len(todo), langs[todo], config, options, limits[todo])
     finally:
         engine.release_sources(encoded)
     results = list(results)
-    for i, hypotheses in zip(todo, found):
-        results[i] = hypotheses
+    for n, i in enumerate(todo):
+        drawn = [h for hypotheses in found[n * samples : (n + 1) * samples] for h in hypotheses]
+        if samples > 1 and drawn[0].log_prob is not None:
+            drawn.sort(key=lambda h: -h.log_prob)
+        results[i] = drawn
     return results
 
 
@@ -110,6 +127,18 @@ def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOpt
     return scores
 
 
+def sample_among(log_probs, ids, row_keys, options: DecodeOptions, xp):
+    """Each row's draw (N,), an index into its candidates (N, K) (log-probs best first, their token ids): from
+    softmax(log_probs / temperature), among the fewest candidates whose probabilities reach sampling_topp, by
+    the Gumbel-max trick with the noise of each (row key, token)."""
+    z = log_probs.astype(xp.float32) * inverse_temperature(options.sampling_temperature)
+    if options.sampling_topp < 1.0:
+        p = xp.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        z = xp.where(xp.cumsum(p, axis=1) - p < options.sampling_topp, z, -xp.inf)  # the first always stays
+    return (z + gumbel_noise(row_keys, ids, xp)).argmax(axis=1)
+
+
 def without_token(log_probs, ids, token: int, width: int, xp):
     """Rows of candidates (N, width + 1), best first, less `token` where a row has it, else less its last: the
     `width` best of the others (transformers' ban of a token, where the ban leaves the other scores as they were)."""
@@ -126,15 +155,18 @@ def without_token(log_probs, ids, token: int, width: int, xp):
 AHEAD = ENV.ahead
 
 
-def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
-                  limits: np.ndarray) -> list[list[Hypothesis]]:
-    """Each sentence's most likely token at every step, until </s> or its limit (limits: generated tokens,
-    the language token included)."""
+def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.ndarray, config: ModelConfig,
+                  options: DecodeOptions, limits: np.ndarray, keys: np.ndarray | None = None) -> list[list[Hypothesis]]:
+    """Each decoder row's most likely token at every step (with options.sampling, a token drawn from the row's
+    random stream `keys`), until </s> or its limit (limits: generated tokens, the language token included). Row i
+    reads source source_rows[i] of `encoded`."""
     eos = config.eos_token_id
+    batch = len(source_rows)
     room = limits - 1  # tokens each sentence may have after the language token
     steps = int(room.max())
     scores = options.scores or None  # log-probabilities of the chosen tokens, where scores are wanted
-    with decoder(engine, encoded, np.arange(batch), int(limits.max()) + 1) as state:
+    xp = engine.xp
+    with decoder(engine, encoded, source_rows, int(limits.max()) + 1) as state:
         engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)
         generated = np.zeros((batch, max(steps, 0)), dtype=np.int64)  # sentence s's t-th token (after the language)
         lengths = np.zeros(batch, dtype=np.int64)
@@ -158,34 +190,51 @@ def greedy_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config
                 alive = alive[going_on]
             return going_on
 
-        t, tokens = 0, langs.copy()  # tokens: the next step's input
-        if options.processes_scores:  # the repetition penalty and the n-gram ban need step t's ids on the host
-            while t < steps:
+        def choose(t: int, tokens) -> tuple[np.ndarray, np.ndarray | None]:
+            """Step t's tokens (N,) on the host, and their log-probs, where each waits for the one before."""
+            rows = np.arange(len(alive))
+            banned = t + 1 < options.min_length  # </s>, while a sentence is shorter than min_length
+            if options.processes_scores:  # the repetition penalty and the n-gram ban need the tokens so far
                 prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
                 sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
                 processed = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options, eos)
-                tokens = processed.argmax(axis=-1)
-                chosen = log_softmax(processed)[np.arange(len(tokens)), tokens] if scores else None
-                going_on = record(t, tokens, chosen)
-                t += 1
-                if going_on is not None:
-                    if not len(going_on):
-                        break
-                    tokens = tokens[going_on]
-            steps = t  # nothing left for the loop below
-        # </s> banned while a sentence is shorter than min_length: of each row's two best, the first that is not </s>
-        while t < min(steps, options.min_length - 1):
-            row_lp, row_ids = (to_host(a) for a in engine.step_topk(encoded, state, tokens, 2))
-            pick = (row_ids[:, 0] == eos).astype(np.int64)
-            rows = np.arange(len(pick))
-            tokens = row_ids[rows, pick]
-            going_on = record(t, tokens, row_lp[rows, pick] if scores else None)
+                if not options.sampling:
+                    tokens = processed.argmax(axis=-1)
+                    return tokens, log_softmax(processed)[rows, tokens] if scores else None
+                row_lp = log_softmax(processed)
+                row_ids = np.broadcast_to(np.arange(row_lp.shape[1]), row_lp.shape)
+                if options.candidates:
+                    row_lp, row_ids = topk_desc(row_lp, options.candidates)
+                pick = sample_among(row_lp, row_ids, step_keys(keys[alive], t), options, np)
+                return row_ids[rows, pick], row_lp[rows, pick]
+            if options.sampling and not options.candidates:  # the whole vocabulary: drawn where the logits are made
+                return engine.step_sample(encoded, state, tokens, step_keys(keys[alive], t),
+                                          options.sampling_temperature, eos if banned else None, bool(scores))
+            # the top candidates: sampling's, or greedy search's two best while </s> is banned (the first that
+            # is not </s>)
+            k = options.candidates if options.sampling else 1
+            row_lp, row_ids = engine.step_topk(encoded, state, tokens, k + banned)
+            if banned:
+                row_lp, row_ids = without_token(row_lp, row_ids, eos, k, xp)
+            pick = (sample_among(row_lp, row_ids, xp.asarray(step_keys(keys[alive], t)), options, xp)
+                    if options.sampling else xp.zeros(len(alive), dtype=xp.int64))
+            at = xp.arange(len(pick))
+            return to_host(row_ids[at, pick]), to_host(row_lp[at, pick])
+
+        # Steps whose tokens the host takes before the next is queued: all of them with the logits processors
+        # or sampling, else the first while </s> is banned; the rest run ahead (below).
+        t, tokens = 0, langs.copy()  # tokens: the next step's input
+        waiting = steps if options.processes_scores or options.sampling else min(steps, options.min_length - 1)
+        while t < waiting:
+            tokens, chosen = choose(t, tokens)
+            going_on = record(t, tokens, chosen if scores else None)
             t += 1
             if going_on is not None:
                 if not len(going_on):
-                    steps = t
                     break
                 tokens = tokens[going_on]
+        if t < waiting or options.processes_scores or options.sampling:
+            steps = t  # all rows ended, or every step was taken above
         # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the device,
         # while step t's are on their way to the host, so the GPU never waits for the host to look at them (nor
         # for a host thread held up a few milliseconds). Rows that ended at step t ran the steps after it for

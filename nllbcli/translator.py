@@ -57,10 +57,11 @@ class Translator:
         (generate_hypotheses' best, without the scores.)"""
         return [hypotheses[0].ids for hypotheses in self.generate_hypotheses(sources, tgt_lang, options)]
 
-    def generate_hypotheses(self, sources: list[list[int]], tgt_lang: str | list[str],
-                            options: DecodeOptions) -> list[list[Hypothesis]]:
+    def generate_hypotheses(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions,
+                            keys: list[int] | None = None) -> list[list[Hypothesis]]:
         """The options.num_hypotheses best translations of each source, best first, with their scores
-        (search.Hypothesis). Same order as `sources`.
+        (search.Hypothesis). Same order as `sources`. Sampling draws from the sources' random streams `keys`
+        (search.generate).
 
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
@@ -69,11 +70,12 @@ class Translator:
         per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
-        rows, source_rows = self.engine.capacity(options.max_length, options.beam_size)
-        if options.beam_size > rows:
+        per_sentence = options.rows_per_sentence
+        rows, source_rows = self.engine.capacity(options.max_length, per_sentence)
+        if per_sentence > rows:
             raise ValueError(
                 f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
-                f"{options.beam_size} beams: lower --beam-size or --max-length"
+                f"{per_sentence} beams or samples: lower --beam-size, --num-hypotheses or --max-length"
             )
         outputs: list[list[Hypothesis]] = []
         part: list[list[int]] = []
@@ -81,22 +83,23 @@ class Translator:
         for position, source in enumerate(sources):
             if len(source) > source_rows:
                 raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
-            if part and ((len(part) + 1) * options.beam_size > rows or tokens + len(source) > source_rows):
-                outputs += self.generate_part(part, langs, options, len(outputs))
+            if part and ((len(part) + 1) * per_sentence > rows or tokens + len(source) > source_rows):
+                outputs += self.generate_part(part, langs, options, len(outputs), keys)
                 part, tokens = [], 0
             part.append(source)
             tokens += len(source)
         if part:
-            outputs += self.generate_part(part, langs, options, len(outputs))
+            outputs += self.generate_part(part, langs, options, len(outputs), keys)
         return outputs
 
-    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions,
-                      first: int) -> list[list[Hypothesis]]:
+    def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int,
+                      keys: list[int] | None = None) -> list[list[Hypothesis]]:
         """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
-        position of sources[0] in generate's batch (langs holds the whole batch's), and names the sentence in
-        an error."""
+        position of sources[0] in generate's batch (langs and keys hold the whole batch's), and names the
+        sentence in an error."""
         try:
-            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options)
+            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options,
+                            None if keys is None else keys[first : first + len(sources)])
         except out_of_memory_errors() if self.device.startswith("cuda") else ():
             release_free_memory()
             if len(sources) == 1:
@@ -104,8 +107,8 @@ class Translator:
                     f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
                     "lower --beam-size or --max-length", first) from None
         half = len(sources) // 2
-        return (self.generate_part(sources[:half], langs, options, first)
-                + self.generate_part(sources[half:], langs, options, first + half))
+        return (self.generate_part(sources[:half], langs, options, first, keys)
+                + self.generate_part(sources[half:], langs, options, first + half, keys))
 
     def translate_sentences(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few sentences as one batch, each text whole, as one sentence (FLORES-200 codes; errors

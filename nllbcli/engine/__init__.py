@@ -89,6 +89,12 @@ class Engine(Protocol):
     def step_topk(self, encoded: Any, state: RowPositions, tokens: Any, k: int) -> tuple[Any, Any]:
         """... and each row's k best next tokens by log-probability, best first: (log-probs, ids), (N, k) each."""
 
+    def step_sample(self, encoded: Any, state: RowPositions, tokens: Any, row_keys: np.ndarray, temperature: float,
+                    banned: int | None = None, log_probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """... and each row's next token drawn from softmax(logits / temperature) over the whole vocabulary
+        (`banned` left out) with the rows' step keys (numerics.gumbel_noise): (ids, their log-probs or None),
+        (N,) each on the host."""
+
     def fetch_later(self, array: Any) -> PendingArray:
         """An array of `xp` on its way to the host."""
 

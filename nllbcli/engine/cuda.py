@@ -25,7 +25,7 @@ from ..environment import ENV
 from ..errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, plan_pool
-from .numerics import sinusoidal_positions
+from .numerics import gumbel_noise, inverse_temperature, sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -365,12 +365,13 @@ class CudaEngine:
             self.bound = state
         return state
 
-    def run_step(self, state: CudaState, tokens, head: str, k: int = 0) -> None:
+    def run_step(self, state: CudaState, tokens, head: str, k: int = 0, sample: tuple = ()) -> None:
         """One decoder step of every row of `state`, feeding `tokens` (on the host or the device; the state's
         own token array, as a PendingIds leaves it, is read where it lies), with head "none" (the final hidden
         states, in the workspace's "final"), "argmax" (the ids into the token array), "argmax log-prob" (the same,
-        and their log-probs into "chosen logprob") or "topk" (k per row,
-        into "topk logprob" and "topk ids"). A state of the engine's own workspace runs the step as a CUDA
+        and their log-probs into "chosen logprob"), "topk" (k per row,
+        into "topk logprob" and "topk ids") or "sample" (a token drawn per row into the token array, its value
+        into "sample value"; `sample`: the temperature, the token left out or None, whether "lse" is wanted). A state of the engine's own workspace runs the step as a CUDA
         graph, one per (head, k, rows, cross kernel), captured the second time that key comes: the first runs
         the same launches one by one, which also compiles them. A key whose capture the driver refuses runs one
         by one from then on (capture_error says why): slower, the same results."""
@@ -383,9 +384,9 @@ class CudaEngine:
         cross_fast = state.cross_keys <= kernels.DECODE_MAX_KEYS
 
         def launches():
-            self.step_launches(ws, b, cross_fast, head, k)
+            self.step_launches(ws, b, cross_fast, head, k, sample)
 
-        key = (head, k, b, cross_fast)
+        key = (head, k, b, cross_fast, sample)
         graph = ws.graphs.get(key) if state.graphs else None
         if graph is None and state.graphs and key in ws.seen and key not in ws.failed:
             try:
@@ -416,7 +417,7 @@ class CudaEngine:
                 raise
             return stream.end_capture()
 
-    def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int) -> None:
+    def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int, sample: tuple = ()) -> None:
         """The kernels of one decoder step over the workspace's first b rows (see run_step)."""
         c, pool, d = self.config, self.pool, self.config.d_model
         take, rows = ws.take, ws.rows
@@ -453,6 +454,12 @@ class CudaEngine:
         elif head == "argmax log-prob":  # the same ids as the best of a top-1, which gives their log-probs too
             kernels.logits_topk(final, self.lm_head, 1, logprob=take("chosen logprob", (b, 1), F32),
                                 ids=tokens.reshape(b, 1), take=take)
+        elif head == "sample":  # a draw per row, by the Gumbel-max trick, with the step keys in "noise"
+            temperature, banned, lse = sample
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("sample value", (b,), F32), take=take,
+                                  noise=take("noise", (b,), cp.uint32), temperature=temperature, banned=banned)
+            if lse:
+                kernels.logits_lse(final, self.lm_head, take=take)
         elif head == "topk":  # into the workspace's "topk logprob" and "topk ids" (step_topk reads them there)
             kernels.logits_topk(final, self.lm_head, k, take=take)
 
@@ -492,6 +499,24 @@ class CudaEngine:
         self.run_step(state, tokens, "topk", k)
         n, take = state.n, state.ws.take
         return take("topk logprob", (n, k), F32).copy(), take("topk ids", (n, k), cp.int32).astype(cp.int64)
+
+    def step_sample(self, encoded: CudaEncoded, state: CudaState, tokens, row_keys: np.ndarray, temperature: float,
+                    banned: int | None = None, log_probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Sampling over the whole vocabulary in the output projection: each row's token drawn from
+        softmax(logits / temperature) (`banned` left out) by the Gumbel-max trick with the rows' step keys,
+        the logits never written (kernels.logits_argmax); with log_probs, a second pass gives each row's
+        log-sum-exp, and the token's log-probability is its logit (its value less its noise, times the
+        temperature) less that. (ids (N,), log-probs (N,) or None) on the host."""
+        n, ws = state.n, state.ws
+        ws.take("noise", (n,), cp.uint32)[:] = cp.asarray(row_keys, dtype=cp.uint32)
+        self.run_step(state, tokens, "sample", sample=(float(temperature), banned, bool(log_probs)))
+        ids = ws.rows("tokens", n).get().astype(np.int64)
+        if not log_probs:
+            return ids, None
+        values, lse = ws.take("sample value", (n,), F32).get(), ws.take("lse", (n,), F32).get()
+        noise = gumbel_noise(np.asarray(row_keys, np.uint32), ids[:, None])[:, 0]
+        logits = (values.astype(np.float64) - noise) / float(inverse_temperature(temperature))
+        return ids, logits - lse
 
     def fetch_later(self, a: cp.ndarray) -> Later:
         """A device array copied to the host behind the work queued so far: .fetch() waits for it alone."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..environment import ENV
 from . import launch
+from .numerics import inverse_temperature
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
 INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
@@ -269,12 +270,12 @@ def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=None, residual=None, out=None,
                 part_val=None, part_idx=None, part_stat=None, relu: bool = False, out_f32: bool = False, thresh=None,
-                needed=None, w_early=False, **defines) -> None:
+                needed=None, w_early=False, noise=None, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
     the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
     are None. needed: a byte per tile (tiles_m, tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row
-    thresholds. w_early (wgmma): w is constant, written by no kernel since the device last synchronized, so the
+    thresholds; noise: the rows' step keys of a SAMPLE argmax (gemm_epilogue.cuh). w_early (wgmma): w is constant, written by no kernel since the device last synchronized, so the
     kernel loads its first stages before waiting for the kernel before (gemm_sm90.cu)."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
@@ -292,7 +293,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
         kernel = function("gemm.cu", "gemm_kernel", **{**tile, "EPILOGUE_KIND": epilogue, **defines})
         threads = 32 * (tile["BM"] // tile["WM"]) * (tile["BN"] // tile["WN"])
         smem = tile["STAGES"] * (tile["BM"] + tile["BN"]) * 40 * 2
-        grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail + skips
+        grid, args = (-(-n // tile["BN"]), -(-m // tile["BM"])), (a, w) + tail + skips + (ptr(noise),)
     else:
         check(wgmma_available(), f"the {name} GEMM tile needs a Hopper GPU (sm_90)")
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
@@ -338,7 +339,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()),)  # persistent: a block an SM walks the tiles
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
-            (cp.int32(1 if w_early else 0),)
+            (cp.int32(1 if w_early else 0), ptr(noise))
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
         raise ValueError(f"the {name} tile takes {smem:,} bytes of shared memory, more than a block may have")
     allow_smem(kernel, smem)
@@ -383,10 +384,13 @@ def new_array(name: str, shape: tuple, dtype) -> cp.ndarray:
 
 
 def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp.ndarray | None = None,
-                  values: cp.ndarray | None = None, take=new_array) -> tuple[cp.ndarray, cp.ndarray]:
+                  values: cp.ndarray | None = None, take=new_array, noise: cp.ndarray | None = None,
+                  temperature: float = 1.0, banned: int | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
     h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id. take(name,
-    shape, dtype): where the partial results and absent outputs go."""
+    shape, dtype): where the partial results and absent outputs go. With noise, the rows' step keys (M,)
+    uint32: a draw from softmax(logits / temperature) per row (token `banned` left out), by the Gumbel-max
+    trick, the value logit / temperature + its noise (numerics.gumbel_noise)."""
     m, k = h.shape
     n = w.shape[0]
     check_array("h", h, BF16)
@@ -399,8 +403,13 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
     blocks_n = -(-n // GEMM_TILES[tile]["BN"])
     part_val = take("argmax part_val", (m, blocks_n), F32)
     part_idx = take("argmax part_idx", (m, blocks_n), cp.int32)
+    sample = {}
+    if noise is not None:
+        check_array("noise", noise, cp.uint32, (m,))
+        inverse = float(inverse_temperature(temperature))  # the reference's float32
+        sample = {"SAMPLE": 1, "SAMPLE_INV_TEMP": f"{inverse.hex()}f", "SAMPLE_BANNED": -1 if banned is None else banned}
     if m:
-        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx)
+        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx, noise=noise, **sample)
     ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
     values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
@@ -459,6 +468,25 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
         stat, part_val, part_idx, lse, thresh, logprob, ids, cp.int32(m), cp.int32(parts)))
     return logprob, ids
+
+
+def logits_lse(h: cp.ndarray, w: cp.ndarray, take=new_array) -> cp.ndarray:
+    """Each row's log-sum-exp of h @ w.T, (M,) f32, without writing the logits: logits_topk's first pass (the
+    per-part statistics, then topk_threshold_kernel). take: as logits_argmax's."""
+    m, d = h.shape
+    n = w.shape[0]
+    check_array("h", h, BF16)
+    check_array("w", w, BF16, (n, d))
+    tile = "wg256" if wgmma_available() else "small"
+    parts = -(-n // GEMM_TILES[tile]["BN"])
+    lse = take("lse", (m,), F32)
+    if m:
+        stat = take("lse stat", (m, parts, 2), F32)
+        gemm_launch(tile, h, w, epilogue=EPILOGUE_STAT, part_stat=stat)
+        thresh, needed = take("lse thresh", (m,), F32), take("lse needed", (m, parts), cp.uint8)
+        function("gemm.cu", "topk_threshold_kernel", TOPK=1)((m,), (256,), (stat, lse, thresh, needed, cp.int32(parts),
+                                                                           cp.int32(1)))
+    return lse
 
 
 # ------------------------------------------------------------------------------------------------ the rest

@@ -46,3 +46,54 @@ def topk_desc(x, k: int):
 def to_host(a) -> np.ndarray:
     """A NumPy array as it is, a CuPy array copied to the host."""
     return a if isinstance(a, np.ndarray) else a.get()
+
+
+# Sampling's random numbers: counter-based, one per (sentence, step, token), so a sentence's draws depend on the
+# seed and its place in the input alone, never on its batch or on which engine draws them (gemm.cu's
+# gumbel_noise is this, operation for operation). murmur3's 32-bit finaliser mixes the counters.
+GOLDEN = 0x9E3779B9
+TOKEN_MULTIPLIER, TOKEN_OFFSET = 0x27D4EB2F, 0x165667B1
+
+
+def mix32(x, xp=np):
+    """murmur3's finaliser of uint32 values: every input bit moves every output bit."""
+    x = x ^ (x >> xp.uint32(16))
+    x = x * xp.uint32(0x85EBCA6B)
+    x = x ^ (x >> xp.uint32(13))
+    x = x * xp.uint32(0xC2B2AE35)
+    return x ^ (x >> xp.uint32(16))
+
+
+def sentence_key(seed: int, row: int, sentence: int, sample: int = 0) -> int:
+    """A sentence's random stream (uint32): the seed, its row's place in the input, its place in the row and,
+    for several samples of it, which one."""
+    key = np.zeros(1, np.uint32)
+    for part in (seed, seed >> 32, row, row >> 32, sentence, sample):
+        key = mix32(key + np.uint32((part * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))
+    return int(key[0])
+
+
+def sample_key(key: int, sample: int) -> int:
+    """The stream of a sentence's sample-th sample (the 0th: the sentence's own)."""
+    if not sample:
+        return key
+    return int(mix32(np.array([key], np.uint32) + np.uint32((sample * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))[0])
+
+
+def step_keys(keys, step: int, xp=np):
+    """The rows' stream keys (N,) uint32 at one decoder step: what gumbel_noise reads."""
+    return mix32(xp.asarray(keys, dtype=xp.uint32) + xp.uint32((step * GOLDEN) & 0xFFFFFFFF), xp)
+
+
+def inverse_temperature(temperature: float) -> np.float32:
+    """What logits are multiplied by for sampling at a temperature, in float32 (so on both engines)."""
+    return np.float32(1.0 / temperature)
+
+
+def gumbel_noise(row_keys, ids, xp=np):
+    """Gumbel(0, 1) draws (N, K) float32 for token ids (N, K) of rows whose step keys are row_keys (N,):
+    argmax(logits / temperature + noise) samples softmax(logits / temperature)."""
+    ids = ids.astype(xp.uint32)
+    h = mix32(row_keys[:, None] ^ (ids * xp.uint32(TOKEN_MULTIPLIER) + xp.uint32(TOKEN_OFFSET)), xp)
+    u = ((h >> xp.uint32(9)).astype(xp.float32) + xp.float32(0.5)) * xp.float32(2.0**-23)  # in (0, 1), exactly
+    return -xp.log(-xp.log(u))

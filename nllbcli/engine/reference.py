@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
-from .numerics import log_softmax, sinusoidal_positions, to_host, topk_desc
+from .numerics import gumbel_noise, inverse_temperature, log_softmax, sinusoidal_positions, to_host, topk_desc
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
@@ -264,6 +264,19 @@ class ReferenceEngine:
         if not log_probs:
             return OnHost(ids)
         return OnHost(ids, log_softmax(logits)[np.arange(len(ids)), ids])
+
+    def step_sample(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, row_keys: np.ndarray,
+                    temperature: float, banned: int | None = None, log_probs: bool = False):
+        """Sampling over the whole vocabulary: feed one token per row and draw each row's next token from
+        softmax(logits / temperature) (`banned` left out), by the Gumbel-max trick with the rows' step keys
+        (numerics.gumbel_noise); (ids (N,), their log-probs (N,) or None)."""
+        logits = self.step(encoded, state, tokens)
+        z = logits * inverse_temperature(temperature) + gumbel_noise(np.asarray(row_keys, np.uint32),
+                                                            np.broadcast_to(np.arange(logits.shape[1]), logits.shape))
+        if banned is not None:
+            z[:, banned] = -np.inf
+        ids = z.argmax(axis=-1)
+        return ids, (log_softmax(logits)[np.arange(len(ids)), ids] if log_probs else None)
 
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,

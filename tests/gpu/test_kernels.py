@@ -445,3 +445,40 @@ def test_step_prep_does_a_steps_bookkeeping():
     assert (new_rows.get() == slot_base + t).all()
     assert (self_len.get() == t + 1).all() and (d_row_t.get() == t + 1).all()
     assert (d_table.get() == want_table).all()
+
+
+@pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if not kernels.stores_only(t)])
+@pytest.mark.parametrize("temperature,banned", [(1.0, None), (0.7, 5), (1.6, None)])
+def test_logits_argmax_samples_as_the_reference(tile, temperature, banned):
+    """The SAMPLE epilogue: argmax of logits / temperature + numerics.gumbel_noise, the banned column left out,
+    as the reference engine draws; its value is the perturbed logit."""
+    from nllbcli.engine.numerics import gumbel_noise, inverse_temperature, step_keys
+
+    m, v, d = 70, 5000, 64
+    h = bf16(rng.normal(size=(m, d)).astype(np.float32) * 0.3)
+    w = bf16(rng.normal(size=(v, d)).astype(np.float32) * 0.3)
+    logits = (h.astype(np.float64) @ w.T.astype(np.float64)).astype(np.float32)
+    keys = step_keys(rng.integers(0, 2**32, m, dtype=np.uint64).astype(np.uint32), 7)
+    z = logits * inverse_temperature(temperature) + gumbel_noise(keys, np.broadcast_to(np.arange(v), (m, v)))
+    if banned is not None:
+        z[:, banned] = -np.inf
+    ids, values = kernels.logits_argmax(to_device_bf16(h), to_device_bf16(w), tile=tile, ids=poisoned((m,), cp.int32),
+                                        values=poisoned((m,), cp.float32), noise=cp.asarray(keys),
+                                        temperature=temperature, banned=banned)
+    ids, values = cp.asnumpy(ids), cp.asnumpy(values)
+    top2 = np.sort(np.partition(z, -2, axis=1)[:, -2:], axis=1)
+    clear = (top2[:, 1] - top2[:, 0]) > 1e-4 * np.abs(top2[:, 1])
+    assert clear.mean() > 0.9 and (ids[clear] == z.argmax(axis=1)[clear]).all()
+    np.testing.assert_allclose(values, z.max(axis=1), rtol=1e-4, atol=1e-4)
+    assert banned is None or not (ids == banned).any()
+
+
+def test_logits_lse_matches_reference():
+    m, v, d = 37, 3208, 256
+    h = bf16(rng.normal(size=(m, d)).astype(np.float32) * 0.2)
+    w = bf16(rng.normal(size=(v, d)).astype(np.float32) * 0.2)
+    logits = h.astype(np.float64) @ w.T.astype(np.float64)
+    top = logits.max(axis=1)
+    want = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+    got = cp.asnumpy(kernels.logits_lse(to_device_bf16(h), to_device_bf16(w)))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
