@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -110,18 +111,23 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
 
 
 def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
+    """... the scores and lists of --scores and --num-hypotheses too (the scores to float32's precision: the
+    batches differ)."""
     write_parquet(tmp_path / "a.parquet", 30)
     write_parquet(tmp_path / "b.parquet", 21, start=30)
-    code, said = run(tmp_path, [str(tmp_path / "*.parquet")], tmp_path / "out", "--chunk-rows", "6", "--on-error",
-                     "skip", "--status-field", "status")
+    options = ("--on-error", "skip", "--status-field", "status", "--scores", "--num-hypotheses", "2", "--beam-size", "2")
+    code, said = run(tmp_path, [str(tmp_path / "*.parquet")], tmp_path / "out", "--chunk-rows", "6", *options)
     assert code == 3, said
     assert said.count("Skipped: ") == 4 and "a.parquet: row 11: field 'text' is null, not a string." in said
     got = pa.concat_tables([pq.read_table(p) for p in parts(tmp_path / "out", ".parquet")])
-    expected = pa.concat_tables([pq.read_table(pa.BufferReader(cli_output(tmp_path, tmp_path / name, "--on-error", "skip",
-                                                                          "--status-field", "status")[0]))
+    expected = pa.concat_tables([pq.read_table(pa.BufferReader(cli_output(tmp_path, tmp_path / name, *options)[0]))
                                  for name in ("a.parquet", "b.parquet")])
     assert got.schema == expected.schema
-    assert got.to_pylist() == expected.to_pylist()  # every row once, the parts in name order in input order
+    assert got.schema.field("translation").type == pa.list_(pa.string())
+    scores = ("score", "log_prob")
+    assert got.drop_columns(list(scores)).to_pylist() == expected.drop_columns(list(scores)).to_pylist()  # every row once, the parts in name order in input order
+    for name in scores:
+        assert np.allclose(np.array(got.column(name).to_pylist()), np.array(expected.column(name).to_pylist()), atol=1e-5)
     assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
 
 

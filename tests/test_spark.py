@@ -180,3 +180,25 @@ def test_no_error_column_and_a_misspelt_option_are_refused_on_the_driver():
         nllbcli.spark.partition_translator(str(SAMPLE), error_field=None)
     with pytest.raises(ValueError, match="unexpected keyword argument 'status_feild'"):
         nllbcli.spark.partition_translator(str(SAMPLE), status_feild="status")
+
+
+def test_the_schema_has_the_score_and_list_columns_translate_table_adds():
+    """mapInArrow needs the output's schema before any batch: with scores and several hypotheses, the columns
+    translate_table adds, of its types, in its order."""
+    from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
+
+    from nllbcli.options import DecodeOptions
+    from nllbcli.spark import partition_translator
+
+    given = StructType([StructField("id", LongType()), StructField("text", StringType())])
+    decode = DecodeOptions(beam_size=2, num_hypotheses=2, scores=True)
+    schema = partition_translator("m", decode=decode, status_field="status", score_field="s").schema(given)
+    assert [(f.name, f.dataType) for f in schema.fields] == [
+        ("id", LongType()), ("text", StringType()), ("translation", ArrayType(StringType())), ("status", StringType()),
+        ("s", ArrayType(DoubleType())), ("log_prob", ArrayType(DoubleType())), ("error", StringType())]
+    plain = partition_translator("m").schema(given)
+    assert [f.name for f in plain.fields] == ["id", "text", "translation", "error"]
+    translator = nllbcli.load(str(Path(__file__).resolve().parent.parent / "data" / "samples" / "model"), "cpu")
+    out = nllbcli.translate_table(translator, pa.table({"text": ["Yes."]}), "eng_Latn", "fra_Latn", decode,
+                                  status_field="status", score_field="s", error_field="error")
+    assert out.column_names == ["text", "translation", "status", "s", "log_prob", "error"]
