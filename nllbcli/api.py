@@ -77,13 +77,13 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
-                    progress: bool = False) -> pa.Table:
+                    prefix_field: str | None = None, progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
     `decode.num_hypotheses` above 1): failed rows left out; with `error_field`, every row kept, a failed one with
     a null translation and its reason in that column (null for the others). A table whose schema the CLI refuses
     (no text column, one named twice, a column the translation would replace without `overwrite_field`) raises
-    NllbError."""
+    NllbError. `prefix_field`: --prefix-field's column."""
     from .langs import resolve_lang
 
     batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
@@ -97,7 +97,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
               tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
               overwrite_field=overwrite_field, max_input_length=max_input_length,
               score_field=score_field if decode.scores else None, log_prob_field=log_prob_field if decode.scores else None,
-              hypotheses=decode.num_hypotheses)
+              hypotheses=decode.num_hypotheses, prefix_field=prefix_field)
     check_fields(job)
     check_text_column(schema, "the table", field)
     check_added_columns(schema, job)

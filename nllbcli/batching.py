@@ -138,7 +138,8 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
             keys = None
             if decode.sampling and decode.seed is not None:  # each sentence's stream: the seed and its place
                 keys = [sentence_key(decode.seed, *sentences[i].place) for i in todo]
-            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode, keys)):
+            prefixes = [sentences[i].prefix for i in todo] if any(sentences[i].prefix for i in todo) else None
+            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode, keys, prefixes)):
                 outputs[i] = hypotheses
             break
         except SentenceError as error:

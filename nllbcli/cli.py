@@ -150,6 +150,7 @@ def cli():
 @click.option("--sampling-topp", type=click.FloatRange(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
 @click.option("--sampling-temperature", type=click.FloatRange(min=0, min_open=True), help="With sampling: draw from softmax(logits / T); below 1 sharper, above flatter. [default: 1]")
 @click.option("--seed", type=click.IntRange(min=0), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes. [default: a random seed]")
+@click.option("--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
 @click.option("--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
 @click.option("--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
 @click.option("--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
@@ -167,7 +168,7 @@ def cli():
 def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, sampling_topk, sampling_topp,
-              sampling_temperature, seed, scores, score_field, log_prob_field,
+              sampling_temperature, seed, prefix_field, scores, score_field, log_prob_field,
               max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
               progress, quiet):
     """
@@ -221,7 +222,8 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
                    tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,
                    max_input_length=max_input_length, score_field=(score_field or "score") if scores else None,
-                   log_prob_field=(log_prob_field or "log_prob") if scores else None, hypotheses=num_hypotheses)
+                   log_prob_field=(log_prob_field or "log_prob") if scores else None, hypotheses=num_hypotheses,
+                   prefix_field=prefix_field)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
     if on_ray:

@@ -167,6 +167,7 @@ class Job:
     score_field: str | None = None  # --scores: the field or column that gets each translation's score
     log_prob_field: str | None = None  # --scores: ... and the one that gets its sum of log-probabilities
     hypotheses: int = 1  # translations a row gets (--num-hypotheses): above 1, the added fields are lists
+    prefix_field: str | None = None  # the field or column whose text a row's translation starts with (--prefix-field)
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:

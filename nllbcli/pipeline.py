@@ -292,6 +292,7 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         **({"max_input_length": job.max_input_length} if job.max_input_length else {}),
         **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
         **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
+        **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
     }
 
 
@@ -364,6 +365,8 @@ def check_fields(job: Job) -> None:
     """Refuse, before any work, fields that clash: the translation written over the source text (unless
     --overwrite-field), the status or a score over either or each other, or a status or scores where the output
     (text) has no fields."""
+    if job.prefix_field is not None and job.input_format == "text":
+        raise NllbError("--prefix-field needs JSONL or Parquet input: a text input has no fields.")
     named = [("--field", job.field), *job.added.options]
     for n, (option, name) in enumerate(named[2:], 2):
         if job.output_format == "text":

@@ -166,7 +166,8 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
             "decode": decode.identity(), "chunk_rows": chunk_rows,
             "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter,
             **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
-            **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {})}
+            **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
+            **({"prefix_field": job.prefix_field} if job.prefix_field else {})}
 
 
 class Source(FileBasedDatasource):

@@ -33,6 +33,7 @@ class Sentence:
     ids: list[int]  # source ids, cut to the model's positions
     tgt: str  # target language
     place: tuple[int, int] = (0, 0)  # its row's number in the input and its own in the row: its random stream
+    prefix: list[int] = field(default_factory=list)  # target pieces its translation starts with (--prefix-field)
 
 @dataclass
 class Outcome:
@@ -100,6 +101,21 @@ def check_added_fields(record: Record, job: Job) -> None:
                             f"name another with {option}, or pass --overwrite-field to replace it.")
 
 
+def row_prefix(tokenizer, record: Record, field: str, tgt: str) -> list[int]:
+    """The target pieces of a row's prefix field (none where the row lacks it, or it is empty or null)."""
+    value = record.fields.get(field)
+    if value is None or value == "":
+        return []
+    if not isinstance(value, str):
+        raise NllbError(f"{record.where}: field {field!r} is {type(value).__name__}, not a string to start the "
+                        "translation with.")
+    try:
+        return tokenizer.encode(value, tgt)[1:-1]  # without the language token and </s>
+    except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
+        reason = next(iter(str(error).strip().splitlines()), type(error).__name__)
+        raise NllbError(f"{record.where}: the tokenizer cannot take field {field!r}: {reason}") from None
+
+
 def check_text(record: Record, field: str) -> None:
     """Refuse text that is not Unicode characters throughout, naming the first offender."""
     if (bad := SURROGATE.search(record.text)) is not None:
@@ -117,6 +133,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     outcomes = [Outcome() for _ in records]
     texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
     numbers: list[int] = []  # each sentence's number in its row
+    prefixes: dict[int, list[int]] = {}  # a row's prefix's pieces (--prefix-field), where it has one
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -132,6 +149,10 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 row_texts = [record.text] if record.text.strip() else []
             texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
             numbers += range(len(row_texts))
+            if job.prefix_field is not None:
+                prefix = row_prefix(tokenizer, record, job.prefix_field, tgt)
+                if prefix:
+                    prefixes[position] = prefix
         except NllbError as error:
             outcome.error = str(error)
     many = getattr(tokenizer, "encode_many", None)
@@ -154,7 +175,8 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
             continue
         outcome.cut |= len(ids) > limit
-        sentences.append(Sentence(position, cut_source(ids, limit), tgt, (records[position].index, number)))
+        prefix = prefixes.get(position, []) if number == 0 else []  # the row's translation starts with it
+        sentences.append(Sentence(position, cut_source(ids, limit), tgt, (records[position].index, number), prefix))
     if job.on_error == "fail":
         first = next((o.error for o in outcomes if o.error is not None), None)
         if first is not None:

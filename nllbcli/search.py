@@ -44,11 +44,15 @@ class Hypothesis:
 
 
 def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
-             options: DecodeOptions, keys: list[int] | None = None) -> list[list[Hypothesis]]:
+             options: DecodeOptions, keys: list[int] | None = None,
+             prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """The options.num_hypotheses best translations of each source, best first, in the order of `sources`.
     Sampling draws each source's tokens from its random stream, `keys` (numerics.sentence_key of the seed and the
     source's place in the input; None: streams of a random seed); several samples of a source, each from a
-    stream of its own, come best first by log-probability."""
+    stream of its own, come best first by log-probability. `prefixes`: tokens each translation starts with,
+    after the language token (CTranslate2's target_prefix), forced as transformers' prefix_allowed_tokens_fn
+    forces them: greedy search scores them 0 (its scores are those of the tokens it chose), beam search with
+    their log-probabilities."""
     if not sources:
         return []
     # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
@@ -65,14 +69,15 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
     if not len(todo):
         return results
     rows = np.repeat(todo, samples)  # a decoder row per sample of each source
+    forced = forced_tokens(prefixes, todo)
     encoded = engine.encode([sources[i] for i in todo])
     try:
         if options.beam_size == 1:
             row_keys = None if keys is None else keys.reshape(len(sources), samples)[todo].reshape(-1)
             found = greedy_search(engine, encoded, np.repeat(np.arange(len(todo)), samples), langs[rows], config,
-                                  options, limits[rows], row_keys)
+                                  options, limits[rows], row_keys, np.repeat(forced, samples, axis=0))
         else:
-            found = beam_search(engine, encoded, len(todo), langs[todo], config, options, limits[todo])
+            found = beam_search(engine, encoded, len(todo), langs[todo], config, options, limits[todo], forced)
     finally:
         engine.release_sources(encoded)
     results = list(results)
@@ -82,6 +87,17 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
             drawn.sort(key=lambda h: -h.log_prob)
         results[i] = drawn
     return results
+
+
+def forced_tokens(prefixes: list[list[int]] | None, todo: np.ndarray) -> np.ndarray:
+    """The prefixes of sentences `todo` as a matrix (N, longest), -1 past each one's end; (N, 0) for none."""
+    if prefixes is None:
+        return np.full((len(todo), 0), -1, dtype=np.int64)
+    chosen = [prefixes[i] for i in todo]
+    forced = np.full((len(todo), max(map(len, chosen), default=0)), -1, dtype=np.int64)
+    for row, prefix in enumerate(chosen):
+        forced[row, : len(prefix)] = prefix
+    return forced
 
 
 def generate_ids(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
@@ -156,10 +172,13 @@ AHEAD = ENV.ahead
 
 
 def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.ndarray, config: ModelConfig,
-                  options: DecodeOptions, limits: np.ndarray, keys: np.ndarray | None = None) -> list[list[Hypothesis]]:
+                  options: DecodeOptions, limits: np.ndarray, keys: np.ndarray | None = None,
+                  forced: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """Each decoder row's most likely token at every step (with options.sampling, a token drawn from the row's
-    random stream `keys`), until </s> or its limit (limits: generated tokens, the language token included). Row i
-    reads source source_rows[i] of `encoded`."""
+    random stream `keys`), until </s> or its limit (limits: generated tokens, the language token included); the
+    tokens of `forced` (N, P), -1 where none, in their place instead (scored 0). Row i reads source
+    source_rows[i] of `encoded`."""
+    forced = np.full((len(source_rows), 0), -1, dtype=np.int64) if forced is None else forced
     eos = config.eos_token_id
     batch = len(source_rows)
     room = limits - 1  # tokens each sentence may have after the language token
@@ -221,12 +240,22 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
             at = xp.arange(len(pick))
             return to_host(row_ids[at, pick]), to_host(row_lp[at, pick])
 
+        def forcing(t: int, tokens: np.ndarray, chosen: np.ndarray | None):
+            """Step t's tokens with the forced ones in their place (the rows' prefixes), scored 0."""
+            if t >= forced.shape[1]:
+                return tokens, chosen
+            here = forced[alive, t]
+            rows = here >= 0
+            tokens = np.where(rows, here, tokens)
+            return tokens, None if chosen is None else np.where(rows, 0.0, chosen)
+
         # Steps whose tokens the host takes before the next is queued: all of them with the logits processors
         # or sampling, else the first while </s> is banned; the rest run ahead (below).
         t, tokens = 0, langs.copy()  # tokens: the next step's input
-        waiting = steps if options.processes_scores or options.sampling else min(steps, options.min_length - 1)
+        waiting = steps if options.processes_scores or options.sampling else min(steps, max(options.min_length - 1,
+                                                                                            forced.shape[1]))
         while t < waiting:
-            tokens, chosen = choose(t, tokens)
+            tokens, chosen = forcing(t, *choose(t, tokens))
             going_on = record(t, tokens, chosen if scores else None)
             t += 1
             if going_on is not None:
@@ -262,9 +291,11 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
 
 
 def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
-                limits: np.ndarray) -> list[list[Hypothesis]]:
+                limits: np.ndarray, forced: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """transformers' beam search of each sentence within its limit (limits: generated tokens, the language token
-    included; all at least 2)."""
+    included; all at least 2), every beam taking the tokens of `forced` (N, P), -1 where none, in their place
+    (the only candidate of each beam there, with its log-probability)."""
+    forced = np.full((batch, 0), -1, dtype=np.int64) if forced is None else forced
     xp = engine.xp  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
     lp = options.length_penalty
@@ -289,11 +320,30 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
     n_best = options.num_hypotheses
 
     def candidates_of(tokens, cur_len: int):
-        """Each row's 2K best next tokens (N, 2K), </s> left out while the sentences are shorter than min_length."""
+        """Each row's 2K best next tokens (N, 2K), </s> left out while the sentences are shorter than min_length,
+        the forced token alone where a sentence has one."""
         if cur_len - 1 < options.min_length:
             row_lp, row_ids = engine.step_topk(encoded, state, tokens, width + 1)
-            return without_token(row_lp, row_ids, eos, width, xp)
-        return engine.step_topk(encoded, state, tokens, width)
+            row_lp, row_ids = without_token(row_lp, row_ids, eos, width, xp)
+        else:
+            row_lp, row_ids = engine.step_topk(encoded, state, tokens, width)
+        return forcing(row_lp, row_ids, cur_len, lambda ids: engine.last_log_probs(state, ids))
+
+    def forcing(row_lp, row_ids, cur_len: int, log_probs_of):
+        """The candidates with each forced row's replaced by its forced token (log_probs_of(ids): each row's
+        log-probability of ids (N,) at this step) and -inf."""
+        at = cur_len - 2  # the position after the language token
+        if at >= forced.shape[1]:
+            return row_lp, row_ids
+        here = np.repeat(forced[sentences, at], k)  # (n*K,)
+        if not (here >= 0).any():
+            return row_lp, row_ids
+        rows = xp.asarray(here >= 0)[:, None]
+        ids = xp.asarray(np.maximum(here, 0))
+        only_lp = xp.full(row_lp.shape, -xp.inf, dtype=row_lp.dtype)
+        only_lp[:, 0] = xp.asarray(log_probs_of(ids), dtype=row_lp.dtype)
+        only_ids = xp.broadcast_to(ids[:, None], row_ids.shape).astype(row_ids.dtype)
+        return xp.where(rows, only_lp, row_lp), xp.where(rows, only_ids, row_ids)
 
     # One step ahead (greedy search runs AHEAD steps ahead): the next step is queued on the device's beams before the host looks at
     # which sentences are done; a done sentence's beams ran that step for nothing and leave before the next.
@@ -311,6 +361,8 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
                 sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
                 processed = process_scores(log_probs, sequences, options, eos)
                 row_lp, row_ids = (xp.asarray(a) for a in topk_desc(processed, width))
+                row_lp, row_ids = forcing(row_lp, row_ids, cur_len,
+                                          lambda ids: processed[np.arange(len(processed)), to_host(ids)])
             else:
                 row_lp, row_ids = candidates_of(tokens, cur_len)  # (n*K, 2K) each, best first
             # candidates ordered as transformers' top-k over beam * V + token: by score, then beam, then token

@@ -58,10 +58,11 @@ class Translator:
         return [hypotheses[0].ids for hypotheses in self.generate_hypotheses(sources, tgt_lang, options)]
 
     def generate_hypotheses(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions,
-                            keys: list[int] | None = None) -> list[list[Hypothesis]]:
+                            keys: list[int] | None = None,
+                            prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """The options.num_hypotheses best translations of each source, best first, with their scores
-        (search.Hypothesis). Same order as `sources`. Sampling draws from the sources' random streams `keys`
-        (search.generate).
+        (search.Hypothesis). Same order as `sources`. Sampling draws from the sources' random streams `keys`;
+        each translation starts with its source's prefix, where given (search.generate).
 
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
@@ -84,22 +85,23 @@ class Translator:
             if len(source) > source_rows:
                 raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
             if part and ((len(part) + 1) * per_sentence > rows or tokens + len(source) > source_rows):
-                outputs += self.generate_part(part, langs, options, len(outputs), keys)
+                outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes)
                 part, tokens = [], 0
             part.append(source)
             tokens += len(source)
         if part:
-            outputs += self.generate_part(part, langs, options, len(outputs), keys)
+            outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes)
         return outputs
 
     def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int,
-                      keys: list[int] | None = None) -> list[list[Hypothesis]]:
+                      keys: list[int] | None = None, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
-        position of sources[0] in generate's batch (langs and keys hold the whole batch's), and names the
-        sentence in an error."""
+        position of sources[0] in generate's batch (langs, keys and prefixes hold the whole batch's), and names
+        the sentence in an error."""
+        end = first + len(sources)
         try:
-            return generate(self.engine, sources, langs[first : first + len(sources)], self.config, options,
-                            None if keys is None else keys[first : first + len(sources)])
+            return generate(self.engine, sources, langs[first:end], self.config, options,
+                            None if keys is None else keys[first:end], None if prefixes is None else prefixes[first:end])
         except out_of_memory_errors() if self.device.startswith("cuda") else ():
             release_free_memory()
             if len(sources) == 1:
@@ -107,8 +109,8 @@ class Translator:
                     f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
                     "lower --beam-size or --max-length", first) from None
         half = len(sources) // 2
-        return (self.generate_part(sources[:half], langs, options, first, keys)
-                + self.generate_part(sources[half:], langs, options, first + half, keys))
+        return (self.generate_part(sources[:half], langs, options, first, keys, prefixes)
+                + self.generate_part(sources[half:], langs, options, first + half, keys, prefixes))
 
     def translate_sentences(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few sentences as one batch, each text whole, as one sentence (FLORES-200 codes; errors

@@ -30,13 +30,15 @@ def translator(name):
 
 
 def case_id(case):
-    return f"{case['model']}-" + ",".join(f"{k}={v}" for k, v in case["settings"].items() if k != "scores")
+    return (f"{case['model']}-" + ",".join(f"{k}={v}" for k, v in case["settings"].items() if k != "scores")
+            + ("-prefixes" if case.get("prefixes") else ""))
 
 
 def hypotheses_of(case):
     tr = translator(case["model"])
     options = DecodeOptions(**case["settings"])
-    return generate(tr.engine, case["input_ids"], tr.tokenizer.lang_id(case["tgt_lang"]), tr.config, options), options
+    return generate(tr.engine, case["input_ids"], tr.tokenizer.lang_id(case["tgt_lang"]), tr.config, options,
+                    prefixes=case.get("prefixes")), options
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -58,6 +60,10 @@ def test_the_cases_exercise_what_they_test():
     short = min(len(hs[0]["ids"]) for c in CASES if not c["settings"].get("min_length") for hs in c["hypotheses"])
     assert short + 2 < max(c["settings"].get("min_length", 0) for c in CASES)
     assert any(len({tuple(h["ids"]) for h in hs}) == len(hs) > 1 for c in CASES for hs in c["hypotheses"])
+    prefixed = [c for c in CASES if c.get("prefixes")]
+    assert prefixed and all(h["ids"][: len(p)] == p for c in prefixed for p, hs in zip(c["prefixes"], c["hypotheses"])
+                            for h in hs)
+    assert any(len(p) > 1 for c in prefixed for p in c["prefixes"]) and any(not p for c in prefixed for p in c["prefixes"])
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])

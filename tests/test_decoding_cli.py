@@ -166,3 +166,30 @@ def test_an_older_jobs_decoding_options_still_resume():
     assert set(DecodeOptions().identity()) == {"beam_size", "max_length", "length_penalty", "no_repeat_ngram_size",
                                                "repetition_penalty"}
     assert DecodeOptions(min_length=3).identity()["min_length"] == 3
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_prefix_field_starts_the_rows_translation(tmp_path, sample, beam_size):
+    rows = [{"text": "The meeting is on the twentieth. Yes.", "p": "Ils ont vendu"}, {"text": "Yes.", "p": None},
+            {"text": "Yes."}, {"text": "Hello!", "p": ""}, {"text": "Yes.", "p": 7}]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--beam-size", str(beam_size), "--on-error", "skip", str(tmp_path / "in.jsonl"), "-"]
+    result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p"] + args)
+    plain = CliRunner().invoke(cli, TRANSLATE + args)
+    assert result.exit_code == 3 and result.stderr.count("\n") == 1
+    assert "in.jsonl:5: field 'p' is int, not a string to start the translation with." in result.stderr
+    got, want = [json.loads(x) for x in result.stdout.splitlines()], [json.loads(x) for x in plain.stdout.splitlines()]
+    assert got[0]["translation"].startswith("Ils ont vendu") and not want[0]["translation"].startswith("Ils ont vendu")
+    sentences = [sample.tokenizer.encode(s, "eng_Latn") for s in ("The meeting is on the twentieth.", "Yes.")]
+    prefix = sample.tokenizer.encode("Ils ont vendu", "fra_Latn")[1:-1]
+    options = DecodeOptions(beam_size=beam_size, max_length=24)
+    first, second = [h[0].ids for h in sample.generate_hypotheses(sentences, "fra_Latn", options, None, [prefix, []])]
+    assert first[: len(prefix)] == prefix
+    assert got[0]["translation"] == sample.tokenizer.decode(first) + " " + sample.tokenizer.decode(second)
+    assert [r["translation"] for r in got[1:]] == [r["translation"] for r in want[1:4]]  # the others as without
+
+
+def test_a_prefix_field_needs_fields(tmp_path):
+    (tmp_path / "in.txt").write_text("Yes.\n")
+    result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p", str(tmp_path / "in.txt"), "-"])
+    assert result.exit_code == 2 and "--prefix-field needs JSONL or Parquet input" in result.output

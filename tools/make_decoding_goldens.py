@@ -4,7 +4,8 @@ and the sample model.
 
 Each case holds the settings as nllb's DecodeOptions names them, the source ids, and each sentence's
 hypotheses best first: ids after the language token up to </s>, the sum of their log-probabilities and the
-score the search ranked them by. Greedy search: the log-softmax of each step's processed scores at the chosen token
+score the search ranked them by; where a case has prefixes, each sentence's translation is forced to start
+with its prefix's pieces (nllb's --prefix-field) through prefix_allowed_tokens_fn. Greedy search: the log-softmax of each step's processed scores at the chosen token
 (compute_transition_scores(normalize_logits=True)), summed up to </s> (both). Beam search: sequences_scores (the score) and that times length ** length_penalty (the sum; length
 counts the generated tokens, language token and </s> included). A limit of a * source tokens + b generated
 tokens (nllb's --max-length-a/b) is max_new_tokens for each sentence alone.
@@ -43,7 +44,10 @@ SETTINGS = [  # DecodeOptions' names; max_length is max_new_tokens
     {"beam_size": 4, "max_length": 24, "scores": True, "min_length": 8, "num_hypotheses": 2},
     {"beam_size": 1, "max_length": 40, "scores": True, "max_length_a": 0.5, "max_length_b": 2},
     {"beam_size": 4, "max_length": 12, "scores": True, "max_length_a": 1.2, "max_length_b": 1, "num_hypotheses": 4},
+    {"beam_size": 1, "max_length": 24, "scores": True, "prefix": True},
+    {"beam_size": 4, "max_length": 24, "scores": True, "num_hypotheses": 2, "prefix": True},
 ]
+PREFIXES = ["La réunion", "", "Nous", "Ils ont trouvé", "Le", "Je suis"]  # sentence i's: PREFIXES[i % 6]
 
 
 def limit(settings: dict, source_tokens: int) -> int:
@@ -54,8 +58,10 @@ def limit(settings: dict, source_tokens: int) -> int:
     return max(1, min(settings["max_length"], int((a or 0.0) * source_tokens + (b or 0))))
 
 
-def run(model, tok, batch: dict, settings: dict, tgt_id: int, max_new_tokens: int) -> list[list[dict]]:
-    """Each sentence's hypotheses, best first, from one call of generate."""
+def run(model, tok, batch: dict, settings: dict, tgt_id: int, max_new_tokens: int,
+        prefixes: list[list[int]] | None = None) -> list[list[dict]]:
+    """Each sentence's hypotheses, best first, from one call of generate; each starting with its prefix (after
+    the language token) where given, as prefix_allowed_tokens_fn forces it."""
     beams = settings["beam_size"]
     n_best = settings.get("num_hypotheses", 1)
     lp = settings.get("length_penalty", 1.0)
@@ -66,8 +72,15 @@ def run(model, tok, batch: dict, settings: dict, tgt_id: int, max_new_tokens: in
         no_repeat_ngram_size=settings.get("no_repeat_ngram_size", 0), forced_bos_token_id=tgt_id,
         bos_token_id=0, pad_token_id=1, eos_token_id=EOS, decoder_start_token_id=EOS,
         output_scores=True, return_dict_in_generate=True)
+    every = list(range(model.config.vocab_size))
+
+    def allowed(sentence: int, so_far) -> list[int]:
+        at = len(so_far) - 2  # the position after the decoder start and the language token
+        prefix = prefixes[sentence] if prefixes else []
+        return [prefix[at]] if 0 <= at < len(prefix) else every
+
     with torch.no_grad():
-        out = model.generate(**batch, generation_config=gen)
+        out = model.generate(**batch, generation_config=gen, prefix_allowed_tokens_fn=allowed if prefixes else None)
     sequences = out.sequences.tolist()
     if beams == 1:  # compute_transition_scores(normalize_logits=True), in float64: its float32 one strays by 1e-4
         logs = torch.stack([torch.log_softmax(s.double(), dim=-1) for s in out.scores], dim=1)  # (B, T, V)
@@ -96,14 +109,18 @@ def cases_of(name: str, model, tok, directions: list[tuple[str, str, list[str]]]
             batch = tok(texts, padding=True, return_tensors="pt")
             inputs = unpadded_ids(batch)
             tgt_id = tok.convert_tokens_to_ids(tgt)
+            prefixes = None
+            if settings.get("prefix"):
+                prefixes = [tok.convert_tokens_to_ids(tok.tokenize(PREFIXES[i % len(PREFIXES)])) for i in range(len(texts))]
             if "max_length_a" in settings or "max_length_b" in settings:  # each sentence alone, its own max_new_tokens
                 hypotheses = []
                 for ids in inputs:
                     one = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
                     hypotheses += run(model, tok, one, settings, tgt_id, limit(settings, len(ids)))
             else:
-                hypotheses = run(model, tok, batch, settings, tgt_id, settings["max_length"])
-            cases.append({"model": name, "settings": settings, "src_lang": src, "tgt_lang": tgt, "input_ids": inputs,
+                hypotheses = run(model, tok, batch, settings, tgt_id, settings["max_length"], prefixes)
+            cases.append({"model": name, "settings": {k: v for k, v in settings.items() if k != "prefix"},
+                          "src_lang": src, "tgt_lang": tgt, "input_ids": inputs, "prefixes": prefixes,
                           "hypotheses": hypotheses})
     return cases
 

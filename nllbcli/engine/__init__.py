@@ -95,6 +95,9 @@ class Engine(Protocol):
         (`banned` left out) with the rows' step keys (numerics.gumbel_noise): (ids, their log-probs or None),
         (N,) each on the host."""
 
+    def last_log_probs(self, state: RowPositions, ids: Any) -> Any:
+        """Each row's log-probability of the token ids[row] (N,) at the state's last step_topk."""
+
     def fetch_later(self, array: Any) -> PendingArray:
         """An array of `xp` on its way to the host."""
 

@@ -500,6 +500,15 @@ class CudaEngine:
         n, take = state.n, state.ws.take
         return take("topk logprob", (n, k), F32).copy(), take("topk ids", (n, k), cp.int32).astype(cp.int64)
 
+    def last_log_probs(self, state: CudaState, ids) -> cp.ndarray:
+        """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device: the token's
+        logit (the row's final hidden state against its embedding row, in float32) less the row's log-sum-exp
+        (the top-k's first pass left it)."""
+        n, d, ws = state.n, self.config.d_model, state.ws
+        final = ws.take("final", (n, d), BF16).astype(F32)
+        logits = (final * self.lm_head[cp.asarray(ids)].astype(F32)).sum(axis=1)
+        return logits - ws.take("topk lse", (n,), F32)
+
     def step_sample(self, encoded: CudaEncoded, state: CudaState, tokens, row_keys: np.ndarray, temperature: float,
                     banned: int | None = None, log_probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         """Sampling over the whole vocabulary in the output projection: each row's token drawn from

@@ -281,7 +281,13 @@ class ReferenceEngine:
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,
         best first (ties: lower id), as (log-probs (N, k) float32, ids (N, k))."""
-        return topk_desc(log_softmax(self.step(encoded, state, tokens)), k)
+        self.last_log_probs_of = log_softmax(self.step(encoded, state, tokens))
+        return topk_desc(self.last_log_probs_of, k)
+
+    def last_log_probs(self, state: DecoderState, ids) -> np.ndarray:
+        """Each row's log-probability of ids[row] (N,) at the last step_topk."""
+        ids = to_host(ids)
+        return self.last_log_probs_of[np.arange(len(ids)), ids]
 
     def fetch_later(self, a: np.ndarray) -> OnHost:
         """An array the search will want on the host: it is there already."""

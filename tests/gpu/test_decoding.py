@@ -109,3 +109,23 @@ def test_sampling_draws_what_the_cpu_draws(name):
         for a, b in zip(gpu, cpu):
             if a[0].ids == b[0].ids:
                 assert abs(a[0].log_prob - b[0].log_prob) < SCORE_TOLERANCE
+
+
+@pytest.mark.parametrize("options", [DecodeOptions(beam_size=1, max_length=64, scores=True),
+                                     DecodeOptions(beam_size=4, max_length=64, scores=True, num_hypotheses=2)],
+                         ids=["greedy", "beam 4"])
+def test_prefixes_agree_with_the_cpu(options):
+    """Forced prefixes (--prefix-field): beam search scores them with the GPU's log-probabilities of them
+    (engine.last_log_probs), greedy search with 0."""
+    tr = sample("cpu")
+    batch = [list(s) for s in sources("eng_Latn")]
+    texts = ["Ils ont", "", "La réunion est", "Je"]
+    prefixes = [tr.tokenizer.encode(texts[n % 4], "fra_Latn")[1:-1] if texts[n % 4] else [] for n in range(len(batch))]
+    gpu = sample("cuda").generate_hypotheses(batch, "fra_Latn", options, None, prefixes)
+    cpu = tr.generate_hypotheses(batch, "fra_Latn", options, None, prefixes)
+    assert all(h.ids[: len(p)] == p for hs, p in zip(gpu, prefixes) for h in hs)
+    same = [a[0].ids == b[0].ids for a, b in zip(gpu, cpu)]
+    assert sum(same) >= 0.99 * len(batch), [n for n, s in enumerate(same) if not s][:10]
+    for a, b in zip(gpu, cpu):
+        if a[0].ids == b[0].ids:
+            assert abs(a[0].log_prob - b[0].log_prob) < SCORE_TOLERANCE
