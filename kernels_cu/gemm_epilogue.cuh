@@ -14,6 +14,8 @@
 //                   Compiled with SAMPLE (sampling over the whole vocabulary), the value of column n is
 //                   logit * SAMPLE_INV_TEMP + gumbel_noise(noise[m], n), and -inf at column SAMPLE_BANNED (-1:
 //                   none): by the Gumbel-max trick, the largest is a draw from softmax(logits / temperature).
+//                   (A column whose scaled logit is below the best so far by GUMBEL_MAX, which no draw reaches,
+//                   is skipped: it cannot win.)
 //   EPILOGUE_STAT   the logits are never written either: per row and part of PART columns (PART divides BN;
 //                   less than BN only where WARPS_N == 1), the max and the sum of exp(logit - max) over the
 //                   part go to part_stat[m, p, 0..1], p = column / PART of ceil(N / PART) parts. The same
@@ -58,9 +60,11 @@ __device__ __forceinline__ unsigned mix32(unsigned x) {
 
 __device__ __forceinline__ float gumbel_noise(unsigned row_key, int n) {
     const unsigned h = mix32(row_key ^ ((unsigned)n * 0x27D4EB2Fu + 0x165667B1u));
-    const float u = ((float)(h >> 9) + 0.5f) * 1.1920928955078125e-07f;  // (0, 1): 23 bits and a half, times 2^-23
-    return -logf(-logf(u));
+    const float v = ((float)(h >> 9) + 0.5f) * 1.1920928955078125e-07f;  // (0, 1): 23 bits and a half, times 2^-23
+    const float e = v < 0.00390625f ? v * (1.f + v * 0.5f) : -logf(1.f - v);  // Exp(1): -log(1 - v), precise at 0
+    return -logf(e);
 }
+#define GUMBEL_MAX 16.7f  // above every gumbel_noise: a logit this far below the best so far cannot win
 #endif
 
 // Is (v, i) a better maximum than (best, at)? Ties go to the lower index, as torch.argmax and numpy.
@@ -300,9 +304,10 @@ __device__ __forceinline__ void gemm_epilogue(
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int n = block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e;
-#ifdef SAMPLE
-                    const float v = n == SAMPLE_BANNED ? NEG_INF
-                                                       : acc[i][j][half * 2 + e] * SAMPLE_INV_TEMP + gumbel_noise(row_key, n);
+#ifdef SAMPLE  // the noise only where it could win: a logit below the best so far by GUMBEL_MAX cannot
+                    const float scaled = acc[i][j][half * 2 + e] * SAMPLE_INV_TEMP;
+                    const float v = n == SAMPLE_BANNED || scaled + GUMBEL_MAX < best ? NEG_INF
+                                                                                     : scaled + gumbel_noise(row_key, n);
 #else
                     const float v = acc[i][j][half * 2 + e];
 #endif

@@ -23,3 +23,20 @@ extern "C" __global__ void step_prep_kernel(const int* __restrict__ tokens, int*
     self_len[i] = t + 1;
     row_t[i] = t + 1;
 }
+
+// sample_keys_kernel: each row's random stream key at this step, for sampling's noise (gemm_epilogue.cuh's
+// gumbel_noise): noise[i] = mix32(key[i] + (self_len[i] - 2) * 0x9E3779B9), the step being the token's index
+// after the language token (self_len, step_prep_kernel's, counts the decoder start and the language token).
+// nllbcli/engine/numerics.py's step_keys. key, self_len, noise (N,) 32-bit. Launch: grid (ceil(N / 256)),
+// block 256 threads.
+extern "C" __global__ void sample_keys_kernel(const unsigned* __restrict__ key, const int* __restrict__ self_len,
+                                              unsigned* __restrict__ noise, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned x = key[i] + (unsigned)(self_len[i] - 2) * 0x9E3779B9u;
+    x ^= x >> 16;
+    x *= 0x85EBCA6Bu;
+    x ^= x >> 13;
+    x *= 0xC2B2AE35u;
+    noise[i] = x ^ (x >> 16);
+}

@@ -92,6 +92,12 @@ class Commands(click.Group):
     line and exit 1 (failure; usage errors are click's, exit 2), a reader of stdout gone away 141, a Ctrl-C 130,
     never a traceback (click's own handling of Ctrl-C says "Aborted!" and exits 1)."""
 
+    def make_context(self, *args, **kwargs):
+        try:  # the options are parsed before invoke: a Ctrl-C then is 130 too, not click's "Aborted!" and 1
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            sys.exit(130)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)

@@ -70,14 +70,17 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
         return results
     rows = np.repeat(todo, samples)  # a decoder row per sample of each source
     forced = forced_tokens(prefixes, todo)
-    encoded = engine.encode([sources[i] for i in todo])
+    # the encoder once per distinct source: a sentence translated into several languages (or repeated) shares it
+    distinct: dict[tuple, int] = {}
+    source_of = np.array([distinct.setdefault(tuple(sources[i]), len(distinct)) for i in todo], dtype=np.int64)
+    encoded = engine.encode([list(source) for source in distinct])
     try:
         if options.beam_size == 1:
             row_keys = None if keys is None else keys.reshape(len(sources), samples)[todo].reshape(-1)
-            found = greedy_search(engine, encoded, np.repeat(np.arange(len(todo)), samples), langs[rows], config,
+            found = greedy_search(engine, encoded, np.repeat(source_of, samples), langs[rows], config,
                                   options, limits[rows], row_keys, np.repeat(forced, samples, axis=0))
         else:
-            found = beam_search(engine, encoded, len(todo), langs[todo], config, options, limits[todo], forced)
+            found = beam_search(engine, encoded, source_of, langs[todo], config, options, limits[todo], forced)
     finally:
         engine.release_sources(encoded)
     results = list(results)
@@ -227,8 +230,9 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
                 pick = sample_among(row_lp, row_ids, step_keys(keys[alive], t), options, np)
                 return row_ids[rows, pick], row_lp[rows, pick]
             if options.sampling and not options.candidates:  # the whole vocabulary: drawn where the logits are made
-                return engine.step_sample(encoded, state, tokens, step_keys(keys[alive], t),
-                                          options.sampling_temperature, eos if banned else None, bool(scores))
+                step = engine.step_sample(encoded, state, tokens, options.sampling_temperature, eos if banned else None,
+                                          bool(scores))
+                return step.fetch(), step.log_probs() if scores else None
             # the top candidates: sampling's, or greedy search's two best while </s> is banned (the first that
             # is not </s>)
             k = options.candidates if options.sampling else 1
@@ -250,10 +254,14 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
             return tokens, None if chosen is None else np.where(rows, 0.0, chosen)
 
         # Steps whose tokens the host takes before the next is queued: all of them with the logits processors
-        # or sampling, else the first while </s> is banned; the rest run ahead (below).
+        # or sampling among candidates, else the first while </s> is banned or a token forced; the rest run
+        # ahead (below): greedy search's argmax, or a draw over the whole vocabulary from the rows' streams.
         t, tokens = 0, langs.copy()  # tokens: the next step's input
-        waiting = steps if options.processes_scores or options.sampling else min(steps, max(options.min_length - 1,
-                                                                                            forced.shape[1]))
+        whole = options.sampling and not options.candidates
+        if whole:
+            engine.set_keys(state, keys)
+        ahead = not options.processes_scores and (whole or not options.sampling)
+        waiting = min(steps, max(options.min_length - 1, forced.shape[1])) if ahead else steps
         while t < waiting:
             tokens, chosen = forcing(t, *choose(t, tokens))
             going_on = record(t, tokens, chosen if scores else None)
@@ -262,7 +270,7 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
                 if not len(going_on):
                     break
                 tokens = tokens[going_on]
-        if t < waiting or options.processes_scores or options.sampling:
+        if t < waiting or not ahead:
             steps = t  # all rows ended, or every step was taken above
         # Steps ahead: steps t + 1 .. t + AHEAD are queued, each on the ids the one before left on the device,
         # while step t's are on their way to the host, so the GPU never waits for the host to look at them (nor
@@ -273,8 +281,13 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
         for t in range(t, steps):
             while len(pending) <= AHEAD and t + len(pending) < steps:
                 feed = pending[-1].device if pending else tokens
-                pending.append(engine.step_argmax_ahead(encoded, state, feed, log_probs=True) if scores
-                               else engine.step_argmax_ahead(encoded, state, feed))
+                if whole:
+                    pending.append(engine.step_sample(encoded, state, feed, options.sampling_temperature, None,
+                                                      bool(scores)))
+                elif scores:
+                    pending.append(engine.step_argmax_ahead(encoded, state, feed, log_probs=True))
+                else:
+                    pending.append(engine.step_argmax_ahead(encoded, state, feed))
             step = pending.popleft()
             tokens = step.fetch()
             going_on = record(t, tokens, step.log_probs() if scores else None)
@@ -290,11 +303,13 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
     return results
 
 
-def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: ModelConfig, options: DecodeOptions,
-                limits: np.ndarray, forced: np.ndarray | None = None) -> list[list[Hypothesis]]:
+def beam_search(engine: Engine, encoded, source_of: np.ndarray, langs: np.ndarray, config: ModelConfig,
+                options: DecodeOptions, limits: np.ndarray, forced: np.ndarray | None = None) -> list[list[Hypothesis]]:
     """transformers' beam search of each sentence within its limit (limits: generated tokens, the language token
     included; all at least 2), every beam taking the tokens of `forced` (N, P), -1 where none, in their place
-    (the only candidate of each beam there, with its log-probability)."""
+    (the only candidate of each beam there, with its log-probability). Sentence i reads source source_of[i] of
+    `encoded`."""
+    batch = len(source_of)
     forced = np.full((batch, 0), -1, dtype=np.int64) if forced is None else forced
     xp = engine.xp  # the beam arrays live where the engine's top-k lands: no copies per step
     k, eos = options.beam_size, config.eos_token_id
@@ -347,7 +362,7 @@ def beam_search(engine: Engine, encoded, batch: int, langs: np.ndarray, config: 
 
     # One step ahead (greedy search runs AHEAD steps ahead): the next step is queued on the device's beams before the host looks at
     # which sentences are done; a done sentence's beams ran that step for nothing and leave before the next.
-    with decoder(engine, encoded, np.repeat(np.arange(batch), k), max_len) as state:
+    with decoder(engine, encoded, np.repeat(source_of, k), max_len) as state:
         engine.step(encoded, state, np.full(batch * k, config.decoder_start_token_id), want_logits=False)
         tokens = np.repeat(langs, k)
         cur_len = 2

@@ -76,7 +76,7 @@ class Translator:
         if per_sentence > rows:
             raise ValueError(
                 f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
-                f"{per_sentence} beams or samples: lower --beam-size, --num-hypotheses or --max-length"
+                f"{per_sentence} beams or samples: lower --beam-size or --max-length (or --num-hypotheses)"
             )
         outputs: list[list[Hypothesis]] = []
         part: list[list[int]] = []

@@ -564,3 +564,23 @@ def test_the_nllb_command_starts_through_the_quiet_entry_point():
 
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "nllb"]
     assert script.value == "nllbcli.__main__:main"
+
+
+@pytest.mark.parametrize("where", ["the command's", "its subcommand's"])
+def test_ctrl_c_while_the_options_are_parsed_is_130(monkeypatch, where):
+    """The window between the imports and the subcommand: click parses `nllb`'s own options, then the
+    subcommand's (converting --device, say), and a Ctrl-C there is 130 like one later, not click's "Aborted!"
+    and exit 1."""
+    from click.testing import CliRunner
+
+    from nllbcli import cli as cli_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if where == "the command's":
+        monkeypatch.setattr(cli_module.Commands, "parse_args", interrupted)
+    else:
+        monkeypatch.setattr(cli_module.Device, "convert", interrupted)
+    result = CliRunner().invoke(cli_module.cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "-"], input="")
+    assert result.exit_code == 130 and "Aborted" not in result.output, result.output

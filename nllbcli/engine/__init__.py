@@ -89,11 +89,14 @@ class Engine(Protocol):
     def step_topk(self, encoded: Any, state: RowPositions, tokens: Any, k: int) -> tuple[Any, Any]:
         """... and each row's k best next tokens by log-probability, best first: (log-probs, ids), (N, k) each."""
 
-    def step_sample(self, encoded: Any, state: RowPositions, tokens: Any, row_keys: np.ndarray, temperature: float,
-                    banned: int | None = None, log_probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def set_keys(self, state: RowPositions, keys: np.ndarray) -> None:
+        """Each row's random stream (N,) uint32 (numerics.sentence_key), for step_sample."""
+
+    def step_sample(self, encoded: Any, state: RowPositions, tokens: Any, temperature: float,
+                    banned: int | None = None, log_probs: bool = False) -> PendingStep:
         """... and each row's next token drawn from softmax(logits / temperature) over the whole vocabulary
-        (`banned` left out) with the rows' step keys (numerics.gumbel_noise): (ids, their log-probs or None),
-        (N,) each on the host."""
+        (`banned` left out) with the noise of the row's stream at this step (numerics.gumbel_noise), as
+        step_argmax_ahead gives its ids (with their log-probs, where asked)."""
 
     def last_log_probs(self, state: RowPositions, ids: Any) -> Any:
         """Each row's log-probability of the token ids[row] (N,) at the state's last step_topk."""

@@ -14,6 +14,8 @@ Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabu
 from __future__ import annotations
 
 import itertools
+import threading
+from collections import deque
 from dataclasses import dataclass
 
 import cupy as cp
@@ -137,6 +139,7 @@ class CudaState(RowPositions):
     graphs: bool
     cross_keys: int  # the longest source's length: picks the cross-attention kernel
     t: np.ndarray | None = None  # (N,) positions filled, per row (None: all 0)
+    keys: np.ndarray | None = None  # (N,) uint32 each row's random stream, for sampling (set_keys)
 
     def __post_init__(self) -> None:
         if self.t is None:
@@ -152,14 +155,29 @@ def no_allocation(size: int):
     raise RuntimeError("a decoder step captured in a CUDA graph allocated device memory")
 
 
+# Copies to the host that may not have landed, with their pinned buffers: a buffer goes back to CuPy's pinned
+# pool only once its copy is done. A copy whose fetch() nobody calls (the steps greedy search queued ahead, when
+# every row has ended) would otherwise free its buffer at once, and the pool could hand it to CuPy's staging of
+# an upload (cp.asarray of a NumPy array fills a pinned buffer, then copies it to the device behind the queued
+# work): the late copy would land in the staged bytes before they go up, and the device would get another
+# array's values (ids, rows, positions out of range: an illegal memory access, or wrong translations).
+IN_FLIGHT: deque = deque()
+IN_FLIGHT_LOCK = threading.Lock()
+
+
 def copy_to_host_later(a: cp.ndarray):
     """Start copying a contiguous device array to pinned host memory; the returned fetch() waits for that copy
-    alone (not for the work queued after it) and gives the NumPy array."""
+    alone (not for the work queued after it) and gives the NumPy array. The pinned buffer outlives the copy
+    (IN_FLIGHT), whether or not fetch() is called."""
     host = cupyx.empty_pinned(a.shape, a.dtype)
     cp.cuda.runtime.memcpyAsync(host.ctypes.data, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
                                 cp.cuda.get_current_stream().ptr)
     copied = cp.cuda.Event(disable_timing=True)
     copied.record()
+    with IN_FLIGHT_LOCK:
+        while IN_FLIGHT and IN_FLIGHT[0][0].done:  # copies land in the order they were queued
+            IN_FLIGHT.popleft()
+        IN_FLIGHT.append((copied, host))
 
     def fetch() -> np.ndarray:
         copied.synchronize()
@@ -454,10 +472,12 @@ class CudaEngine:
         elif head == "argmax log-prob":  # the same ids as the best of a top-1, which gives their log-probs too
             kernels.logits_topk(final, self.lm_head, 1, logprob=take("chosen logprob", (b, 1), F32),
                                 ids=tokens.reshape(b, 1), take=take)
-        elif head == "sample":  # a draw per row, by the Gumbel-max trick, with the step keys in "noise"
+        elif head == "sample":  # a draw per row, by the Gumbel-max trick, with the rows' stream keys at this step
             temperature, banned, lse = sample
+            noise = take("noise", (b,), cp.uint32)
+            kernels.sample_keys(take("sample key", (b,), cp.uint32), self_len, noise)
             kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("sample value", (b,), F32), take=take,
-                                  noise=take("noise", (b,), cp.uint32), temperature=temperature, banned=banned)
+                                  noise=noise, temperature=temperature, banned=banned)
             if lse:
                 kernels.logits_lse(final, self.lm_head, take=take)
         elif head == "topk":  # into the workspace's "topk logprob" and "topk ids" (step_topk reads them there)
@@ -509,23 +529,28 @@ class CudaEngine:
         logits = (final * self.lm_head[cp.asarray(ids)].astype(F32)).sum(axis=1)
         return logits - ws.take("topk lse", (n,), F32)
 
-    def step_sample(self, encoded: CudaEncoded, state: CudaState, tokens, row_keys: np.ndarray, temperature: float,
-                    banned: int | None = None, log_probs: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    def set_keys(self, state: CudaState, keys: np.ndarray) -> None:
+        """Each row's random stream (N,) uint32, for step_sample: kept with the state (select keeps its rows')
+        and copied to the workspace's "sample key", where the step makes each row's key at that step."""
+        state.keys = np.asarray(keys, dtype=np.uint32)
+        state.ws.take("sample key", (state.n,), cp.uint32)[:] = cp.asarray(state.keys)
+
+    def step_sample(self, encoded: CudaEncoded, state: CudaState, tokens, temperature: float,
+                    banned: int | None = None, log_probs: bool = False) -> PendingIds:
         """Sampling over the whole vocabulary in the output projection: each row's token drawn from
-        softmax(logits / temperature) (`banned` left out) by the Gumbel-max trick with the rows' step keys,
-        the logits never written (kernels.logits_argmax); with log_probs, a second pass gives each row's
-        log-sum-exp, and the token's log-probability is its logit (its value less its noise, times the
-        temperature) less that. (ids (N,), log-probs (N,) or None) on the host."""
-        n, ws = state.n, state.ws
-        ws.take("noise", (n,), cp.uint32)[:] = cp.asarray(row_keys, dtype=cp.uint32)
+        softmax(logits / temperature) (`banned` left out) by the Gumbel-max trick with the noise of its stream at
+        this step (set_keys; the step keys made on the device, step.cu), the logits never written
+        (kernels.logits_argmax). Like step_argmax_ahead, the ids stay on the device for the next step while they
+        are copied to the host. With log_probs, a second pass gives each row's log-sum-exp, and the token's
+        log-probability is its logit (its value less its noise, times the temperature) less that."""
         self.run_step(state, tokens, "sample", sample=(float(temperature), banned, bool(log_probs)))
-        ids = ws.rows("tokens", n).get().astype(np.int64)
+        n, ws = state.n, state.ws
+        ids = ws.rows("tokens", n)
         if not log_probs:
-            return ids, None
-        values, lse = ws.take("sample value", (n,), F32).get(), ws.take("lse", (n,), F32).get()
-        noise = gumbel_noise(np.asarray(row_keys, np.uint32), ids[:, None])[:, 0]
-        logits = (values.astype(np.float64) - noise) / float(inverse_temperature(temperature))
-        return ids, logits - lse
+            return PendingIds(ids)
+        noise = gumbel_noise(ws.take("noise", (n,), cp.uint32), ids[:, None], cp)[:, 0]
+        logits = (ws.take("sample value", (n,), F32) - noise) / inverse_temperature(temperature)
+        return PendingIds(ids, log_probs=logits - ws.take("lse", (n,), F32))
 
     def fetch_later(self, a: cp.ndarray) -> Later:
         """A device array copied to the host behind the work queued so far: .fetch() waits for it alone."""
@@ -549,6 +574,8 @@ class CudaEngine:
         state.ws.pad_rows(len(rows), n)
         state.slots = state.slots[rows]
         state.t = state.t[rows]
+        if state.keys is not None:
+            self.set_keys(state, state.keys[rows])
 
     def release(self, state: CudaState) -> None:
         self.pool.slots.release(state.slots)

@@ -612,6 +612,18 @@ def copy_rows(src: cp.ndarray, src_rows: cp.ndarray, dst: cp.ndarray, dst_rows: 
         ))
 
 
+def sample_keys(key: cp.ndarray, self_len: cp.ndarray, noise: cp.ndarray) -> None:
+    """Each row's stream key at this step (numerics.step_keys of its key and step, the step being self_len - 2,
+    step_prep's key count less the decoder start and the language token): key, noise (N,) uint32, self_len
+    (N,) int32."""
+    (n,) = key.shape
+    check_array("key", key, cp.uint32, (n,))
+    check_array("self_len", self_len, cp.int32, (n,))
+    check_array("noise", noise, cp.uint32, (n,))
+    if n:
+        function("step.cu", "sample_keys_kernel")((-(-n // 256),), (256,), (key, self_len, noise, cp.int32(n)))
+
+
 def step_prep(tokens: cp.ndarray, row_t: cp.ndarray, slot_base: cp.ndarray, table: cp.ndarray, pos: cp.ndarray,
               new_rows: cp.ndarray, self_len: cp.ndarray, pad: int) -> None:
     """A decoder step's per-row bookkeeping on the device (step.cu): each row's embedding position, the cache

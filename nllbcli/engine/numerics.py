@@ -80,9 +80,11 @@ def sample_key(key: int, sample: int) -> int:
     return int(mix32(np.array([key], np.uint32) + np.uint32((sample * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))[0])
 
 
-def step_keys(keys, step: int, xp=np):
-    """The rows' stream keys (N,) uint32 at one decoder step: what gumbel_noise reads."""
-    return mix32(xp.asarray(keys, dtype=xp.uint32) + xp.uint32((step * GOLDEN) & 0xFFFFFFFF), xp)
+def step_keys(keys, step, xp=np):
+    """The rows' stream keys (N,) uint32 at a decoder step (one for all, or each row's): what gumbel_noise reads.
+    The step is the index of the token drawn after the language token (step.cu's sample_keys_kernel)."""
+    steps = (xp.asarray(step, dtype=xp.uint64) * xp.uint64(GOLDEN)) & xp.uint64(0xFFFFFFFF)
+    return mix32(xp.asarray(keys, dtype=xp.uint32) + steps.astype(xp.uint32), xp)
 
 
 def inverse_temperature(temperature: float) -> np.float32:
@@ -92,8 +94,18 @@ def inverse_temperature(temperature: float) -> np.float32:
 
 def gumbel_noise(row_keys, ids, xp=np):
     """Gumbel(0, 1) draws (N, K) float32 for token ids (N, K) of rows whose step keys are row_keys (N,):
-    argmax(logits / temperature + noise) samples softmax(logits / temperature)."""
+    argmax(logits / temperature + noise) samples softmax(logits / temperature). -log(E) of an Exp(1) draw E =
+    -log(1 - v), v uniform in (0, 1): E from its series where v is small, so that the largest draws (those that
+    win) keep their precision where a fast log (the GPU's) would lose it near 1."""
     ids = ids.astype(xp.uint32)
     h = mix32(row_keys[:, None] ^ (ids * xp.uint32(TOKEN_MULTIPLIER) + xp.uint32(TOKEN_OFFSET)), xp)
-    u = ((h >> xp.uint32(9)).astype(xp.float32) + xp.float32(0.5)) * xp.float32(2.0**-23)  # in (0, 1), exactly
-    return -xp.log(-xp.log(u))
+    v = ((h >> xp.uint32(9)).astype(xp.float32) + xp.float32(0.5)) * xp.float32(2.0**-23)  # in (0, 1), exactly
+    small = v < xp.float32(SERIES_BELOW)
+    series = v * (xp.float32(1) + v * xp.float32(0.5))
+    e = xp.where(small, series, -xp.log(xp.where(small, xp.float32(0.5), xp.float32(1) - v)))
+    return -xp.log(e)
+
+
+SERIES_BELOW = 2.0**-8  # -log(1 - v) = v + v^2/2 + v^3/3 + ...: below this, v + v^2/2 is within 1e-8 of it
+GUMBEL_MAX = 16.7  # above every draw of gumbel_noise: -log(E) of the least E, 2^-24 (the GPU skips the noise of a
+#                    token whose logit / temperature is below the row's best so far by more)

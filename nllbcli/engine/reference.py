@@ -15,7 +15,7 @@ import numpy as np
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
-from .numerics import gumbel_noise, inverse_temperature, log_softmax, sinusoidal_positions, to_host, topk_desc
+from .numerics import gumbel_noise, inverse_temperature, log_softmax, sinusoidal_positions, step_keys, to_host, topk_desc
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
@@ -110,6 +110,7 @@ class DecoderState(RowPositions):
     src_mask: np.ndarray  # (N, S)
     t: np.ndarray  # (N,) positions filled, per row
     max_positions: int  # the most positions a row may fill: the cache never grows past it
+    keys: np.ndarray | None = None  # (N,) uint32 each row's random stream, for sampling (set_keys)
 
     @property
     def room(self) -> int:
@@ -265,18 +266,23 @@ class ReferenceEngine:
             return OnHost(ids)
         return OnHost(ids, log_softmax(logits)[np.arange(len(ids)), ids])
 
-    def step_sample(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, row_keys: np.ndarray,
-                    temperature: float, banned: int | None = None, log_probs: bool = False):
+    def set_keys(self, state: DecoderState, keys: np.ndarray) -> None:
+        """Each row's random stream (N,) uint32, for step_sample; the rows' keys follow them through select."""
+        state.keys = np.asarray(keys, dtype=np.uint32)
+
+    def step_sample(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, temperature: float,
+                    banned: int | None = None, log_probs: bool = False) -> OnHost:
         """Sampling over the whole vocabulary: feed one token per row and draw each row's next token from
-        softmax(logits / temperature) (`banned` left out), by the Gumbel-max trick with the rows' step keys
-        (numerics.gumbel_noise); (ids (N,), their log-probs (N,) or None)."""
+        softmax(logits / temperature) (`banned` left out), by the Gumbel-max trick with the noise of the rows'
+        streams at this step (numerics.gumbel_noise); with log_probs, the tokens' log-probabilities too."""
+        keys = step_keys(state.keys, state.t - 1)  # the step: the index of the token drawn after the language token
         logits = self.step(encoded, state, tokens)
-        z = logits * inverse_temperature(temperature) + gumbel_noise(np.asarray(row_keys, np.uint32),
-                                                            np.broadcast_to(np.arange(logits.shape[1]), logits.shape))
+        z = logits * inverse_temperature(temperature) + gumbel_noise(keys, np.broadcast_to(np.arange(logits.shape[1]),
+                                                                                           logits.shape))
         if banned is not None:
             z[:, banned] = -np.inf
         ids = z.argmax(axis=-1)
-        return ids, (log_softmax(logits)[np.arange(len(ids)), ids] if log_probs else None)
+        return OnHost(ids, log_softmax(logits)[np.arange(len(ids)), ids] if log_probs else None)
 
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,
@@ -310,6 +316,8 @@ class ReferenceEngine:
             for i, old in enumerate(cache):  # layer by layer: one layer's old and new arrays alive at once
                 cache[i] = gather_rows(old, rows, state.length)
         state.t = state.t[rows]
+        if state.keys is not None:
+            state.keys = state.keys[rows]
 
 
 def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:

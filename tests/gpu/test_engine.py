@@ -194,3 +194,18 @@ def test_bf16_bits_load_the_same_engine():
     assert same(a.cross_b, b.cross_b) and all(same(x, y) for x, y in zip(a.enc_ln + a.dec_ln, b.enc_ln + b.dec_ln))
     for la, lb in zip(a.encoder + a.decoder, b.encoder + b.decoder):
         assert la.keys() == lb.keys() and all(same(la[k], lb[k]) for k in la)
+
+
+def test_a_copy_to_the_host_dropped_before_it_lands_spoils_no_upload():
+    """Ids on their way to the host whose fetch nobody calls (greedy search's steps ahead, once every row has
+    ended) keep their pinned buffer until the copy lands: CuPy's staging of a later upload (cp.asarray of a
+    NumPy array) must not be given it meanwhile, or the late copy lands in the staged values."""
+    from nllbcli.engine.cuda import copy_to_host_later
+
+    big = cp.ones((4096, 4096), dtype=cp.float32)
+    for trial in range(40):
+        for _ in range(4):  # keep the stream busy, so that the copy below lands late
+            big = big @ big / 4096
+        copy_to_host_later(cp.full((256,), 7 + trial, dtype=cp.int32))  # fetch() never called
+        upload = np.arange(256, dtype=np.int32)
+        assert (cp.asarray(upload).get() == upload).all(), trial
