@@ -268,7 +268,7 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
                     raise
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
-    sys.exit(1 if 1 in codes else max(codes))
+    command_done(1 if 1 in codes else max(codes))
 
 
 def decode_options(model: str, **given) -> DecodeOptions:
@@ -341,7 +341,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
             seconds = time.monotonic() - started
             click.echo(f"Translated {outcomes.translated:,} of {outcomes.rows:,} rows ({outcomes.failed:,} failed) "
                        f"into {output} in {seconds:.1f} s, on {', '.join(outcomes.workers) or 'no actor this run'}.", err=True)
-    sys.exit(3 if outcomes.failed else 0)
+    command_done(3 if outcomes.failed else 0)
 
 
 def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int):
@@ -630,20 +630,40 @@ def reopen_closed_streams() -> set[int]:
     return closed
 
 
+AS_COMMAND = False  # main() sets it: this process is the nllb command, and may ignore signals once it is done
+
+
+def ignore_signals() -> None:
+    """SIGINT and SIGTERM ignored from now on: the command has ended (finished, failed or stopped) and says so
+    with its exit code, which a signal while click closes its contexts, or while the interpreter shuts down,
+    would turn into a KeyboardInterrupt ("Aborted!", exit 1, or a death by the signal)."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def command_done(code: int) -> None:
+    """End a finished command with `code`, which a signal can no longer change (nothing is left to stop). As the
+    nllb command only: a test's process, running the command through click, keeps its own handlers."""
+    if AS_COMMAND:
+        ignore_signals()
+    sys.exit(code)
+
+
 def main(handlers: dict | None = None) -> None:
     """`handlers`: the signal handlers to go back to once the imports are done (__main__ sets its own for them)."""
     import signal
 
+    global AS_COMMAND
+    AS_COMMAND = True
     for signum, handler in (handlers or {}).items():
         signal.signal(signum, handler)
     CLOSED_STREAMS.update(reopen_closed_streams())
     try:
         cli(prog_name="nllb")
     finally:
-        # the command has ended (finished, failed or stopped) and says so with its exit code: a signal while the
-        # interpreter shuts down would turn that into a KeyboardInterrupt death
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, signal.SIG_IGN)
+        ignore_signals()
 
 
 if __name__ == "__main__":

@@ -584,3 +584,26 @@ def test_ctrl_c_while_the_options_are_parsed_is_130(monkeypatch, where):
         monkeypatch.setattr(cli_module.Device, "convert", interrupted)
     result = CliRunner().invoke(cli_module.cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "-"], input="")
     assert result.exit_code == 130 and "Aborted" not in result.output, result.output
+
+
+def test_a_signal_once_the_job_has_finished_does_not_change_its_exit(tmp_path):
+    """A Ctrl-C that lands as the finished command exits (here: in sys.exit itself) leaves exit 0 and the
+    finished output; it once went on as a KeyboardInterrupt to click's "Aborted!" and 1, or killed the
+    process as the interpreter shut down."""
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    script = "\n".join([
+        "import os, signal, sys",
+        "real_exit = sys.exit",
+        "def interrupted(code=0):",
+        "    os.kill(os.getpid(), signal.SIGINT)",
+        "    real_exit(code)",
+        "sys.exit = interrupted",
+        "from nllbcli.cli import main",
+        "sys.argv = ['nllb'] + sys.argv[1:]",
+        "main()",
+    ])
+    args = nllb("in.txt", "out.txt")[3:]  # the command's arguments, after python -m nllbcli
+    result = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=120)
+    assert result.returncode == 0 and "Aborted" not in result.stderr, result.stderr
+    assert (tmp_path / "out.txt").read_text().count("\n") == 1
