@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class DecodeOptions:
     def identity(self) -> dict:
         """The options as a resumed job compares them: each field, those added since jobs first saved them left
         out while they are at their defaults, so that such a job still resumes."""
-        return {name: value for name, value in vars(self).items() if LATER_DEFAULTS.get(name, NOT_LATER) != value}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name not in ADDED_LATER or getattr(self, f.name) != f.default}
 
     def length_limit(self, source_tokens: int) -> int:
         """The generated tokens a sentence of this many source tokens (language token and </s> included) may have:
@@ -94,9 +95,8 @@ class DecodeOptions:
                              f"{self.num_hypotheses}: raise --beam-size for more, or sample them")
 
 SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the whole vocabulary (the GPU's top-k lists)
-NOT_LATER = object()
-LATER_DEFAULTS = {"num_hypotheses": 1, "scores": False, "min_length": 0, "max_length_a": None, "max_length_b": None,
-                  "sampling_topk": 1, "sampling_topp": 1.0, "sampling_temperature": 1.0, "seed": None}
+ADDED_LATER = frozenset({"num_hypotheses", "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk",
+                         "sampling_topp", "sampling_temperature", "seed"})  # DecodeOptions.identity
 
 
 @dataclass(frozen=True)

@@ -112,8 +112,12 @@ def row_prefix(tokenizer, record: Record, field: str, tgt: str) -> list[int]:
     try:
         return tokenizer.encode(value, tgt)[1:-1]  # without the language token and </s>
     except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
-        reason = next(iter(str(error).strip().splitlines()), type(error).__name__)
-        raise NllbError(f"{record.where}: the tokenizer cannot take field {field!r}: {reason}") from None
+        raise NllbError(f"{record.where}: the tokenizer cannot take field {field!r}: {tokenizer_reason(error)}") from None
+
+
+def tokenizer_reason(error: Exception) -> str:
+    """Why the tokenizer refused a text: its error's first line (pybind11's go on for many), else its kind."""
+    return next(iter(str(error).strip().splitlines()), type(error).__name__)
 
 
 def check_text(record: Record, field: str) -> None:
@@ -171,8 +175,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
         if outcome.error is not None:
             continue
         if isinstance(ids, Exception):
-            reason = next(iter(str(ids).strip().splitlines()), type(ids).__name__)  # its first line: pybind11's go on for many
-            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {reason}"
+            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {tokenizer_reason(ids)}"
             continue
         outcome.cut |= len(ids) > limit
         prefix = prefixes.get(position, []) if number == 0 else []  # the row's translation starts with it

@@ -1,4 +1,4 @@
-"""Greedy and beam search with the semantics of transformers' `generate`.
+"""Greedy search, beam search and sampling with the semantics of transformers' `generate`.
 
 The decoder starts from `[decoder_start, tgt_lang]`: the language token is forced, never chosen, and counts
 as the first of at most `max_length` generated tokens (transformers' `max_new_tokens`). Beam search follows
@@ -7,8 +7,8 @@ sentence, finished hypotheses scored `sum(log p) / length ** length_penalty` (le
 tokens, the language token included), and the same stop heuristic. Sentences are independent: one that is
 done (its finished beams can no longer change) leaves the batch, which changes nothing for the others.
 
-The search talks to the engine through the calls of engine.Engine (encode, start, step_argmax_ahead or
-step_topk, reorder, select), so it does not know whether the engine runs on NumPy or CuPy. Beam search needs
+The search talks to the engine through the calls of engine.Engine (encode, start, step_argmax_ahead,
+step_topk or step_sample, reorder, select), so it does not know whether the engine runs on NumPy or CuPy. Beam search needs
 only each beam's 2K best next tokens: the 2K best continuations of a sentence over all its beams are among
 them, because a beam's score is added to every token of that beam alike. So the engine can choose them where
 the logits are made.
@@ -186,7 +186,8 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
     batch = len(source_rows)
     room = limits - 1  # tokens each sentence may have after the language token
     steps = int(room.max())
-    scores = options.scores or None  # log-probabilities of the chosen tokens, where scores are wanted
+    # log-probabilities of the chosen tokens, where scores are wanted or several samples are put best first
+    scores = options.scores or (options.sampling and options.num_hypotheses > 1) or None
     xp = engine.xp
     with decoder(engine, encoded, source_rows, int(limits.max()) + 1) as state:
         engine.step(encoded, state, np.full(batch, config.decoder_start_token_id), want_logits=False)

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.engine.numerics import gumbel_noise, log_softmax, sentence_key, step_keys
+from nllbcli.engine.numerics import GUMBEL_MAX, gumbel_noise, log_softmax, sentence_key, step_keys
 from nllbcli.options import DecodeOptions
 from nllbcli.search import sample_among
 
@@ -59,6 +59,8 @@ def test_the_noise_is_gumbel_and_independent():
     later = gumbel_noise(step_keys(np.array([sentence_key(9, 0, 0)], np.uint32), 1), np.arange(100000)[None])
     assert abs(np.corrcoef(g[0], later[0])[0, 1]) < 0.02  # the next step
     assert sentence_key(9, 0, 1) != sentence_key(9, 1, 0) != sentence_key(10, 1, 0)
+    least = np.float32(0.5 * 2.0**-23)  # the least v a hash gives: the largest draw, which the GPU's skip bounds
+    assert -np.log(least * (1 + least / 2)) < GUMBEL_MAX
 
 
 @pytest.mark.parametrize("options", [
@@ -115,6 +117,8 @@ def test_samples_of_a_sentence_come_best_first_with_its_own_draw_among_them():
         assert len(samples) == 4 and drawn.ids in [h.ids for h in samples]
         assert [h.log_prob for h in samples] == sorted((h.log_prob for h in samples), reverse=True)
     assert any(len({tuple(h.ids) for h in samples}) > 1 for samples in many)
+    unscored = tr.generate_hypotheses(sources, "fra_Latn", replace(one, num_hypotheses=4, scores=False), keys)
+    assert [[h.ids for h in hs] for hs in unscored] == [[h.ids for h in hs] for hs in many]  # best first all the same
 
 
 @pytest.mark.parametrize("topk", [0, 6])

@@ -188,3 +188,29 @@ def test_greedy_gives_the_goldens_however_far_ahead_it_queues(ahead, monkeypatch
                 langs = [tr.tokenizer.lang_id(case["tgt_lang"])] * len(case["input_ids"])
                 options = DecodeOptions(beam_size=1, max_length=case["max_length"])
                 assert generate_ids(AheadEngine(tr.engine), case["input_ids"], langs, tr.config, options) == case["output_ids"]
+
+
+def test_a_source_twice_in_a_batch_is_encoded_once():
+    """A sentence repeated in a batch (or one sentence into several target languages) goes through the encoder
+    once; each copy is still translated as it is alone."""
+    tr = translator("tiny-a")
+    seen = []
+    encode = tr.engine.encode
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tr.engine, name)
+
+        def encode(self, sources):
+            seen.append([list(s) for s in sources])
+            return encode(sources)
+
+    a, b = (tr.tokenizer.encode(t, "eng_Latn") for t in ("Hello!", "The quick brown fox."))
+    fra, deu = tr.tokenizer.lang_id("fra_Latn"), tr.tokenizer.lang_id("deu_Latn")
+    for beam_size in (1, 3):
+        options = DecodeOptions(beam_size=beam_size, max_length=8)
+        seen.clear()
+        together = generate_ids(Counting(), [a, b, a, a], [fra, fra, deu, fra], tr.config, options)
+        assert seen == [[a, b]]
+        assert together == [generate_ids(tr.engine, [s], lang, tr.config, options)[0]
+                            for s, lang in ((a, fra), (b, fra), (a, deu), (a, fra))]

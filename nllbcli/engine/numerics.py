@@ -49,7 +49,7 @@ def to_host(a) -> np.ndarray:
 
 
 # Sampling's random numbers: counter-based, one per (sentence, step, token), so a sentence's draws depend on the
-# seed and its place in the input alone, never on its batch or on which engine draws them (gemm.cu's
+# seed and its place in the input alone, never on its batch or on which engine draws them (gemm_epilogue.cuh's
 # gumbel_noise is this, operation for operation). murmur3's 32-bit finaliser mixes the counters.
 GOLDEN = 0x9E3779B9
 TOKEN_MULTIPLIER, TOKEN_OFFSET = 0x27D4EB2F, 0x165667B1
@@ -64,20 +64,23 @@ def mix32(x, xp=np):
     return x ^ (x >> xp.uint32(16))
 
 
-def sentence_key(seed: int, row: int, sentence: int, sample: int = 0) -> int:
-    """A sentence's random stream (uint32): the seed, its row's place in the input, its place in the row and,
-    for several samples of it, which one."""
+def fold(key: np.ndarray, part: int) -> np.ndarray:
+    """A key (1,) uint32 with a counter's low 32 bits mixed in."""
+    return mix32(key + np.uint32((part * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))
+
+
+def sentence_key(seed: int, row: int, sentence: int) -> int:
+    """A sentence's random stream (uint32): the seed, its row's place in the input and its place in the row (and
+    a last 0, the counter sample_key folds in for the other samples of it)."""
     key = np.zeros(1, np.uint32)
-    for part in (seed, seed >> 32, row, row >> 32, sentence, sample):
-        key = mix32(key + np.uint32((part * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))
+    for part in (seed, seed >> 32, row, row >> 32, sentence, 0):
+        key = fold(key, part)
     return int(key[0])
 
 
 def sample_key(key: int, sample: int) -> int:
     """The stream of a sentence's sample-th sample (the 0th: the sentence's own)."""
-    if not sample:
-        return key
-    return int(mix32(np.array([key], np.uint32) + np.uint32((sample * GOLDEN + 0x632BE5AB) & 0xFFFFFFFF))[0])
+    return int(fold(np.array([key], np.uint32), sample)[0]) if sample else key
 
 
 def step_keys(keys, step, xp=np):
