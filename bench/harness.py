@@ -14,7 +14,9 @@ before it is timed. Tokens/s counts generated tokens; peak memory is the largest
 allocator held during that configuration.
 
 A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
-sample, sample-scores, topk10, topp0.9), to time it against the plain search in the same run:
+sample, sample-scores, topk10, topp0.9; tgt3: each source translated into three target languages in one batch,
+as --tgt a,b,c does, its encoder run once for the three, so tokens/s above the plain search's is the encoder
+shared), to time it against the plain search in the same run:
 
     python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
 """
@@ -54,7 +56,9 @@ VARIANTS = {
     "sample-scores": {"sampling_topk": 0, "seed": 1, "scores": True},
     "topk10": {"sampling_topk": 10, "seed": 1},
     "topp0.9": {"sampling_topk": 0, "sampling_topp": 0.9, "seed": 1},
+    "tgt3": {},  # each source into three target languages in one batch (--tgt a,b,c): the encoder once for them
 }
+COPIES = {"tgt3": 3}  # a variant's sentences per source
 
 
 def parse(runs: str) -> list[tuple[int, int, str]]:
@@ -119,16 +123,25 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
     for batch, beams, variant in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
         rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence)
+        copies = COPIES.get(variant, 1)
+        run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
+        langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
+
+        def parts(start: int, end: int):
+            for part in in_parts(run_sources[start:end], options.rows_per_sentence, rows, source_rows):
+                yield part, langs[start : start + len(part)]
+                start += len(part)
+
         pool = cp.get_default_memory_pool()
-        for part in in_parts(sources[:batch], options.rows_per_sentence, rows, source_rows):  # warm-up at this size
-            generate_ids(engine, part, preset.tgt_lang_id, config, options)
+        for part, part_langs in parts(0, batch):  # warm-up at this size
+            generate_ids(engine, part, part_langs, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
         tokens = 0
-        for i in range(0, len(sources), batch):
-            for part in in_parts(sources[i : i + batch], options.rows_per_sentence, rows, source_rows):
-                outputs = generate_ids(engine, part, preset.tgt_lang_id, config, options)
+        for i in range(0, len(run_sources), batch):
+            for part, part_langs in parts(i, i + batch):
+                outputs = generate_ids(engine, part, part_langs, config, options)
                 tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
             pool_peak = max(pool_peak, pool.total_bytes())
         cp.cuda.Device().synchronize()

@@ -29,7 +29,7 @@ from .options import BatchOptions, DecodeOptions, Job
 from .overlap import read_chunks
 from .pipeline import check_added_columns, check_fields
 from .progress import Reporter
-from .rows import added_values, status_of
+from .rows import status_of, written_rows
 from .translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -62,6 +62,8 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
     from .langs import resolve_lang
 
     known = translator.tokenizer.lang_codes
+    if not isinstance(tgt, str) or "," in tgt:
+        raise NllbError(f"translate takes one target language, not {tgt!r}: translate_table takes several.")
     job = Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
               output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
     records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
@@ -72,18 +74,22 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
 
 
 def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
-                    src: str | None = None, tgt: str | None = None, decode: DecodeOptions | None = None, *,
+                    src: str | None = None, tgt: str | Sequence[str] | None = None,
+                    decode: DecodeOptions | None = None, *,
                     field: str = "text", output_field: str = "translation", status_field: str | None = None,
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
-                    prefix_field: str | None = None, progress: bool = False) -> pa.Table:
+                    prefix_field: str | None = None, targets_as: str = "columns", progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
     `decode.num_hypotheses` above 1): failed rows left out; with `error_field`, every row kept, a failed one with
     a null translation and its reason in that column (null for the others). A table whose schema the CLI refuses
     (no text column, one named twice, a column the translation would replace without `overwrite_field`) raises
-    NllbError. `prefix_field`: --prefix-field's column."""
+    NllbError. `prefix_field`: --prefix-field's column. `tgt` may be several languages (a list, or codes with
+    commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
+    (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
+    `tgt_field`)."""
     from .langs import resolve_lang
 
     batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
@@ -92,7 +98,9 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
         raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
     known = translator.tokenizer.lang_codes
     decode = decode or model_decode(translator)
-    job = Job(src=src and resolve_lang(src, known), tgt=tgt and resolve_lang(tgt, known), input_format="parquet",
+    targets = target_languages(tgt, known)
+    job = Job(src=src and resolve_lang(src, known), tgt=targets[0] if len(targets) == 1 else None,
+              targets=targets if len(targets) > 1 else (), targets_as=targets_as, input_format="parquet",
               output_format="parquet", field=field, output_field=output_field, src_field=src_field,
               tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
               overwrite_field=overwrite_field, max_input_length=max_input_length,
@@ -108,11 +116,16 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     records = [record for batch in batches for record in batch_records(batch, "the table", field, position)]
     done = run_records(translator, records, job, decode, batching, progress)
     kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
-    names, columns = list(schema.names), rows_of(schema, [r for r, _ in kept])
-    rows = [added_values(added, o) or {} for _, o in kept]  # a failed row's added columns are null
+    outcome_of = {id(r): o for r, o in kept}
+    records, rows = written_rows([r for r, _ in kept], [o for _, o in kept], added)  # each row once per target, as rows
+    names, columns = list(schema.names), rows_of(schema, records)
+    rows = [row or {} for row in rows]  # a failed row's added columns are null ...
+    if added.target is not None:  # ... but for its target language, as rows
+        for n, row in enumerate(rows):
+            row.setdefault(added.target, job.targets[n % len(job.targets)])
     values = {name: ([row.get(name) for row in rows], kind) for name, kind in added.types.items()}
     if error_field is not None:
-        values[error_field] = ([o.error for _, o in kept], pa.string())
+        values[error_field] = ([outcome_of[id(r)].error for r in records], pa.string())
     for name, (column, kind) in values.items():  # in place where the input has the column (overwrite_field), else last
         if name in names:
             columns[names.index(name)] = pa.array(column, kind)
@@ -120,6 +133,23 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
             names.append(name)
             columns.append(pa.array(column, kind))
     return pa.Table.from_arrays(columns, names=names)
+
+
+def target_languages(tgt: str | Sequence[str] | None, known) -> tuple[str, ...]:
+    """translate_table's `tgt` as the model's codes: none, one, or several (a list, or codes with commas between),
+    each once."""
+    from .langs import resolve_lang
+
+    if tgt is None:
+        return ()
+    given = [code.strip() for code in tgt.split(",")] if isinstance(tgt, str) else list(tgt)
+    codes: dict[str, str] = {}
+    for value in given:
+        code = resolve_lang(value, known)
+        if code in codes:
+            raise NllbError(f"tgt names {code} twice ({codes[code]} and {value}): name each target language once.")
+        codes[code] = value
+    return tuple(codes)
 
 
 def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:

@@ -13,7 +13,7 @@ from .engine.numerics import sentence_key
 from .errors import NllbError
 from .io import Record
 from .options import DecodeOptions, Job
-from .rows import Outcome, Sentence, join_outcomes, prepare_records
+from .rows import Outcome, Sentence, each_target, gather_targets, join_outcomes, prepare_records
 
 if TYPE_CHECKING:
     from .overlap import Finisher
@@ -32,12 +32,15 @@ def translate_records(
     advance: Advance = lambda rows, tokens: None,
     max_batch_sentences: int | None = None,
 ) -> list[Outcome]:
-    """What became of each row of a chunk, in the rows' order. Empty texts stay empty, without the model.
+    """What became of each row of a chunk, in the rows' order (with several target languages, each row's
+    Outcome holds its targets': rows.gather_targets). Empty texts stay empty, without the model.
 
     With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
-    outcomes, sentences = prepare_records(translator, records, job)
-    return translate_prepared(translator, records, outcomes, sentences, job, decode, max_batch_tokens, advance,
-                              max_batch_sentences=max_batch_sentences)
+    copies = each_target(records, job)
+    outcomes, sentences = prepare_records(translator, copies, job)
+    translate_prepared(translator, copies, outcomes, sentences, job, decode, max_batch_tokens, advance,
+                       max_batch_sentences=max_batch_sentences)
+    return gather_targets(outcomes, job)
 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
@@ -45,15 +48,17 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
                        advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
                        batches: list[Batch] | None = None, generated: list[Generated] | None = None,
                        max_batch_sentences: int | None = None) -> list[Outcome]:
-    """The prepared chunk through the model: its sentences in length-sorted batches (plan_chunk's, made here
+    """The prepared chunk (`records`: its rows as rows.each_target gives them, `outcomes` theirs) through the
+    model: its sentences in length-sorted batches (plan_chunk's, made here
     unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
     each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
     complete once the finisher has run them). `generated`: each batch's generate_batch_hypotheses, made already (by a
     --devices worker, devices.py), instead of the translator's."""
     tokenizer = translator.tokenizer
-    pending = [0] * len(records)
+    copies = max(1, len(job.targets))  # `records` holds each row's copies, one per target (rows.each_target)
+    pending = [0] * (len(records) // copies)  # each row's sentences not translated yet, its copies' together
     for sentence in sentences:
-        pending[sentence.row] += 1
+        pending[sentence.row // copies] += 1
     done_rows = [p == 0 for p in pending]
     advance(sum(done_rows), 0)
 
@@ -75,8 +80,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
                 tokens += len(best)
                 if len(best) >= decode.length_limit(len(sentences[n].ids)) - 1:
                     outcomes[row].max_length = True
-            pending[row] -= 1
-            finished += pending[row] == 0
+            pending[row // copies] -= 1
+            finished += pending[row // copies] == 0
         advance(finished, tokens)
 
     run = finisher.submit if finisher is not None else lambda task: task()
@@ -102,10 +107,14 @@ class Batch:
 
 
 def plan_chunk(sentences: list[Sentence], max_batch_tokens: int, max_batch_sentences: int | None = None) -> list[Batch]:
-    """plan_batches over a chunk's sentences, each batch with what translator.generate takes."""
+    """plan_batches over a chunk's sentences, each batch with what translator.generate takes. Sentences of the
+    same ids (a row's copies for several target languages, a sentence repeated) are kept in one batch where the
+    limits allow: search.generate runs the encoder once for them."""
     batches = []
     lengths = {n: len(s.ids) for n, s in enumerate(sentences)}
-    for positions in plan_batches(lengths, max_batch_tokens, max_batch_sentences):
+    first: dict[tuple, int] = {}  # each distinct source's first sentence: its group
+    groups = {n: first.setdefault(tuple(s.ids), n) for n, s in enumerate(sentences)}
+    for positions in plan_batches(lengths, max_batch_tokens, max_batch_sentences, groups):
         batch = [sentences[n] for n in positions]
         batches.append(Batch(positions, batch, [s.ids for s in batch], [s.tgt for s in batch]))
     return batches
@@ -164,18 +173,33 @@ def record_failures(generated: Generated, batch: Batch, records: list[Record], o
     return outputs
 
 
-def plan_batches(lengths: dict[int, int], max_batch_tokens: int, max_batch_sentences: int | None = None) -> list[list[int]]:
+def plan_batches(lengths: dict[int, int], max_batch_tokens: int, max_batch_sentences: int | None = None,
+                 groups: dict[int, int] | None = None) -> list[list[int]]:
     """Group positions longest first, each batch within rows x longest row <= max_batch_tokens and within
-    max_batch_sentences rows (None: any number).
+    max_batch_sentences rows (None: any number). Positions of one group (`groups`: position -> group) come
+    together, and a batch that would end inside a group leaves the group's positions it holds to the next batch
+    where they fit there and are not the whole batch.
 
     A row longer than the budget goes alone. Longest first, so a batch too large for memory fails early.
     """
+    group = groups.__getitem__ if groups is not None else lambda position: position
+
+    def full(batch: list[int]) -> bool:  # no room for another position of the batch's longest length
+        return (len(batch) + 1) * lengths[batch[0]] > max_batch_tokens or len(batch) == max_batch_sentences
+
     batches: list[list[int]] = []
     batch: list[int] = []
-    for position in sorted(lengths, key=lengths.__getitem__, reverse=True):
-        if batch and ((len(batch) + 1) * lengths[batch[0]] > max_batch_tokens or len(batch) == max_batch_sentences):
-            batches.append(batch)
-            batch = []
+    for position in sorted(lengths, key=lambda p: (-lengths[p], group(p))):
+        if batch and full(batch):
+            run = len(batch)  # where the batch's last positions of this position's group begin
+            while run > 0 and group(batch[run - 1]) == group(position):
+                run -= 1
+            if 0 < run < len(batch) and not full(batch[run:]):
+                batches.append(batch[:run])
+                batch = batch[run:]
+            else:
+                batches.append(batch)
+                batch = []
         batch.append(position)
     if batch:
         batches.append(batch)

@@ -14,7 +14,7 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .langs import resolve_lang
-from .options import GPU_BATCHING, SAMPLING_TOPP_TOKENS, BatchOptions, DecodeOptions, cpu_threads
+from .options import GPU_BATCHING, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -127,7 +127,8 @@ def cli():
 @click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
 @click.option("--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
 @click.option("--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
-@click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it.")
+@click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it. Several, with commas between (fra_Latn,deu_Latn), translate each row into each: see --targets-as.")
+@click.option("--targets-as", type=click.Choice(TARGETS_AS), help="With several --tgt languages: the translation (and status, scores) once per target in fields named FIELD_CODE (translation_fra_Latn), or each row once per target, its language in --tgt-lang-field; rows' own target fields are not read. Each sentence goes through the encoder once. [default: columns; rows for text output, a line per target]")
 @model_option
 @click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
@@ -171,7 +172,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
+def translate(paths, output_option, force, src, tgt, targets_as, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, sampling_topk, sampling_topp,
               sampling_temperature, seed, prefix_field, scores, score_field, log_prob_field,
@@ -218,13 +219,19 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
             raise InvalidUsage(f"{option} goes with sampling: --sampling-topk 0 (the whole vocabulary) or above 1.")
     if sampling and beam_size is None:
         beam_size = 1
+    targets = tuple(code.strip() for code in tgt.split(",")) if tgt and "," in tgt else ()
+    if targets and not all(targets):
+        raise InvalidUsage(f"Invalid value for '--tgt': {tgt!r} has an empty language code: name them with commas "
+                           "between, as fra_Latn,deu_Latn.")
+    if targets_as is not None and not targets:
+        raise InvalidUsage("--targets-as goes with several target languages: --tgt fra_Latn,deu_Latn.")
     try:
         decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
                                 no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
                                 min_length=min_length, max_length_a=max_length_a, max_length_b=max_length_b,
                                 num_hypotheses=num_hypotheses, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
                                 sampling_temperature=sampling_temperature, seed=seed, scores=scores or None)
-        base = Job(src=src, tgt=tgt, field=field, output_field=output_field, src_field=src_lang_field,
+        base = Job(src=src, tgt=None if targets else tgt, targets=targets, targets_as=targets_as or "columns", field=field, output_field=output_field, src_field=src_lang_field,
                    tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
                    errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,
                    max_input_length=max_input_length, score_field=(score_field or "score") if scores else None,
@@ -243,12 +250,20 @@ def translate(paths, output_option, force, src, tgt, model, device, devices, on_
     if len(pairs) > 1 and errors_file:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
                            "record their failed rows, or use --on-error skip.")
-    jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume)
+    jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume, targets_as)
             for input, output in pairs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
-    languages = resolved_languages(model, src, tgt)
+    languages = resolved_languages(model, base.src, base.tgt, base.targets)
     jobs = [replace(job, **languages) for job in jobs]
+    if base.targets:  # their fields are named by the codes, known now
+        from .pipeline import check_fields
+
+        try:
+            for job in jobs:
+                check_fields(job)
+        except NllbError as error:
+            raise InvalidUsage(str(error)) from None
     with ExitStack() as stack:
         pool = None
         if devices is None:
@@ -283,15 +298,27 @@ def decode_options(model: str, **given) -> DecodeOptions:
     return for_model(model_dir, **given)
 
 
-def resolved_languages(model: str, src: str | None, tgt: str | None) -> dict[str, str | None]:
-    """--src and --tgt as the model's codes (None where not given), resolved before the weights load."""
+def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tuple[str, ...] = ()) -> dict:
+    """--src and --tgt (or --tgt's several targets) as the model's codes (None where not given), resolved before
+    the weights load."""
     known = load_tokenizer(model).lang_codes
-    resolved = {}
+    resolved: dict = {}
     for option, value in (("--src", src), ("--tgt", tgt)):
         try:
             resolved[option.removeprefix("--")] = None if value is None else resolve_lang(value, known)
         except NllbError as error:
             raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
+    codes: dict[str, str] = {}
+    for value in targets:
+        try:
+            code = resolve_lang(value, known)
+        except NllbError as error:
+            raise InvalidUsage(f"Invalid value for '--tgt': {error}") from None
+        if code in codes:
+            raise InvalidUsage(f"Invalid value for '--tgt': {codes[code]} and {value} are both {code}: name each "
+                               "target language once.")
+        codes[code] = value
+    resolved["targets"] = tuple(codes)
     return resolved
 
 
@@ -319,7 +346,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
     except ImportError as error:
         raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
                                    "'nllbcli[ray]'.") from None
-    job = replace(base, **resolved_languages(model, base.src, base.tgt))
+    job = replace(base, **resolved_languages(model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model).resolve())
     options = raydata.RayOptions(address, actors, device, threads)
     started = time.monotonic()
@@ -399,8 +426,9 @@ def output_name(path: str, output_format: str | None) -> str:
     return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 
-def checked_job(job, input_format: str | None, output_format: str | None, resume: bool):
-    """The job with its formats, checked before any model loads: every usage error of the job's paths."""
+def checked_job(job, input_format: str | None, output_format: str | None, resume: bool, targets_as: str | None = None):
+    """The job with its formats, checked before any model loads: every usage error of the job's paths. Several
+    targets go to a text output as rows unless `targets_as` (--targets-as) says otherwise."""
     from dataclasses import replace
 
     from .io.streams import compression_of, writes_to_terminal
@@ -421,8 +449,8 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     for path, stream, what in ((input, 0, "input"), (output, 1, "output")):
         if path == "-" and stream in CLOSED_STREAMS:
             raise InvalidUsage(f"standard {what} is closed: name an {what.upper()} file instead of -.")
-    for option, value in (("--src", job.src), ("--tgt", job.tgt)):
-        if value is None and in_format == "text":
+    for option, value in (("--src", job.src), ("--tgt", job.tgt or job.targets)):
+        if not value and in_format == "text":
             raise click.UsageError(f"Missing option '{option}' (text rows cannot name their own languages).")
     if resume and output == "-":
         raise InvalidUsage("--resume needs an OUTPUT file: what went to stdout cannot be continued.")
@@ -431,7 +459,8 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
             raise InvalidUsage(f"--resume needs {option} to be a file: {path} is a stream (a FIFO or a device), and "
                                "what went to it cannot be taken back.")
     job = replace(job, input_format=in_format, output_format=out_format,
-                  output_compression=None if output == "-" else compression_of(output))
+                  output_compression=None if output == "-" else compression_of(output),
+                  targets_as=targets_as or ("rows" if out_format == "text" and job.targets else job.targets_as))
     try:
         check_paths(job)
         check_fields(job)

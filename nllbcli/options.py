@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -139,6 +139,7 @@ def cpu_threads() -> int:
 
 
 ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
+TARGETS_AS = ("columns", "rows")  # what --targets-as takes
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,9 @@ class Job:
     log_prob_field: str | None = None  # --scores: ... and the one that gets its sum of log-probabilities
     hypotheses: int = 1  # translations a row gets (--num-hypotheses): above 1, the added fields are lists
     prefix_field: str | None = None  # the field or column whose text a row's translation starts with (--prefix-field)
+    targets: tuple[str, ...] = ()  # several target languages (--tgt a,b,...): each row into each; tgt is then None
+    targets_as: str = "columns"  # with several targets: the added fields once per target (columns, named
+    #                              io.target_column), or each row once per target, its language in tgt_field (rows)
 
     def __post_init__(self) -> None:
         if self.on_error not in ON_ERROR:
@@ -176,6 +180,8 @@ class Job:
             raise ValueError("--on-error record needs --errors FILE to record the failed rows in.")
         if self.errors and self.on_error != "record":
             raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
+        if self.targets_as not in TARGETS_AS:
+            raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
         if self.max_input_length is not None and self.max_input_length < 3:
             raise ValueError("--max-input-length must leave room for the language token, a piece and </s>: 3 or "
                              f"more, not {self.max_input_length}.")
@@ -186,4 +192,9 @@ class Job:
         for."""
         from .io import Added
 
-        return Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses)
+        added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses)
+        if not self.targets:
+            return added
+        if self.targets_as == "columns":
+            return replace(added, targets=self.targets)
+        return replace(added, target=self.tgt_field)

@@ -35,7 +35,7 @@ from .progress import Counters, Reporter
 from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, file_stamp,
                      is_stream, open_job_files, partial_paths, save_record, save_state,
                      written_by_nllb)
-from .rows import Outcome, added_values, prepare_records
+from .rows import Outcome, each_target, gather_targets, prepare_records, written_rows
 from .signals import Stopped, critical, job_finished
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ def translate_file(
 def job_label(job: Job) -> str:
     """What the progress bar names the job by: the input's file name and the direction."""
     name = "stdin" if job.input == "-" else os.path.basename(job.input)
-    src, tgt = job.src or f"each row's {job.src_field}", job.tgt or f"each row's {job.tgt_field}"
+    src, tgt = job.src or f"each row's {job.src_field}", job.tgt or ", ".join(job.targets) or f"each row's {job.tgt_field}"
     return f"{name}: {src} → {tgt}"
 
 
@@ -198,18 +198,20 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         end = source.position
         if not (saved and saved.done):
             def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
-                outcomes, sentences = prepare_records(translator, chunk, job)
-                return outcomes, sentences, plan_chunk(sentences, batching.max_batch_tokens, batching.max_batch_sentences)
+                copies = each_target(chunk, job)
+                outcomes, sentences = prepare_records(translator, copies, job)
+                return (copies, outcomes, sentences,
+                        plan_chunk(sentences, batching.max_batch_tokens, batching.max_batch_sentences))
 
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \
                     (Finisher() if FINISHER else Inline()) as finisher:
                 def finish(chunk, position, prepared, generated=None) -> None:
-                    outcomes, sentences, batches = prepared
+                    copies, outcomes, sentences, batches = prepared
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
-                    translate_prepared(translator, chunk, outcomes, sentences, job, decode, batching.max_batch_tokens,
+                    translate_prepared(translator, copies, outcomes, sentences, job, decode, batching.max_batch_tokens,
                                        reporter.advance, finisher, batches, generated)
-                    finisher.submit(lambda: commit(chunk, outcomes, position), chunk_end=True)
+                    finisher.submit(lambda: commit(chunk, gather_targets(outcomes, job), position), chunk_end=True)
 
                 if pool is None:
                     for chunk, position, prepared in reader:
@@ -293,6 +295,7 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
         **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
         **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
+        **({"targets": list(job.targets), "targets_as": job.targets_as} if job.targets else {}),
     }
 
 
@@ -305,7 +308,7 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
     """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
     counters = reporter.counters
     added = job.added
-    for record, error in sink.write(chunk, [added_values(added, o) for o in outcomes]):
+    for record, error in sink.write(*written_rows(chunk, outcomes, added)):
         if job.on_error == "fail":
             raise NllbError(error)
         outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
@@ -367,17 +370,27 @@ def check_fields(job: Job) -> None:
     (text) has no fields."""
     if job.prefix_field is not None and job.input_format == "text":
         raise NllbError("--prefix-field needs JSONL or Parquet input: a text input has no fields.")
-    named = [("--field", job.field), *job.added.options]
-    for n, (option, name) in enumerate(named[2:], 2):
-        if job.output_format == "text":
+    if job.targets and job.output_format == "text" and job.targets_as != "rows":
+        raise NllbError("Several target languages as columns need JSONL or Parquet output: a text output has no "
+                        "columns. Pass --targets-as rows for a line per target language.")
+    if job.targets and job.targets_as == "rows" and job.output_format != "text" and not job.tgt_field:
+        raise NllbError("--targets-as rows names each row's target language in --tgt-lang-field: give it a name.")
+    named = [("--field", job.field), *((o, n) for o, n in job.added.options
+                                       if not (o == "--tgt-lang-field" and job.output_format == "text"))]
+    for n, (option, name) in enumerate(named[1:], 1):
+        if job.output_format == "text" and option != "--output-field":
             what = "--scores" if option in ("--score-field", "--log-prob-field") else option
             raise NllbError(f"{what} needs JSONL or Parquet output: a text output has one translation a line and no "
                             "fields.")
-        clash = next((other for other, taken in named[:n] if taken == name), None)
+        # a translation over the source text is --overwrite-field's to allow, below
+        clash = next((other for other, taken in named[:n]
+                      if taken == name and (option, other) != ("--output-field", "--field")), None)
         if clash is not None:
             raise NllbError(f"{option} {name} is {clash}'s field too: name another.")
-    if job.output_field == job.field and job.output_format != "text" and not job.overwrite_field:
-        raise NllbError(f"--output-field {job.output_field} is the field being translated (--field), and the "
+    translations = [name for option, name in named if option == "--output-field"]
+    if job.field in translations and job.output_format != "text" and not job.overwrite_field:
+        what = job.output_field if job.output_field == job.field else f"{job.output_field} writes {job.field}, which"
+        raise NllbError(f"--output-field {what} is the field being translated (--field), and the "
                         "translation would replace the source text: name another with --output-field, or pass "
                         "--overwrite-field to replace it.")
 

@@ -53,7 +53,7 @@ from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
 from .resume import create_private, sync_directory
-from .rows import Outcome, added_values, prepare_records
+from .rows import Outcome, added_values, each_target, gather_targets, prepare_records
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
@@ -167,7 +167,8 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
             "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter,
             **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
             **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
-            **({"prefix_field": job.prefix_field} if job.prefix_field else {})}
+            **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
+            **({"targets": list(job.targets)} if job.targets else {})}
 
 
 class Source(FileBasedDatasource):
@@ -240,12 +241,13 @@ class Translating:
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
         translator, decode = self.translator, self.decode
-        outcomes, sentences = prepare_records(translator, records, self.job)
+        copies = each_target(records, self.job)
+        outcomes, sentences = prepare_records(translator, copies, self.job)
         batches = plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences)
         generated = self.engine.submit(lambda: [generate_batch_hypotheses(translator, b, decode, False) for b in batches]).result()
-        translate_prepared(translator, records, outcomes, sentences, self.job, decode, self.batching.max_batch_tokens,
+        translate_prepared(translator, copies, outcomes, sentences, self.job, decode, self.batching.max_batch_tokens,
                            batches=batches, generated=generated)
-        return self.output(block, records, outcomes, ids)
+        return self.output(block, records, gather_targets(outcomes, self.job), ids)
 
     def records(self, block: pa.Table, ids: list[int]) -> list[Record]:
         if self.job.input_format == "jsonl":
@@ -369,6 +371,9 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     if output_format is not None and output_format != fmt:
         raise NllbError(f"--ray writes the inputs' format ({fmt}), not {output_format}.")
     job = replace(job, input_format=fmt, output_format=fmt)
+    if job.targets and job.targets_as == "rows":
+        raise NllbError("--ray writes a row for each input row: several target languages go to columns there "
+                        "(--targets-as columns), not rows.")
     check_fields(job)
     schema = check_parquet_inputs(files, job.field) if fmt == "parquet" else None
     check_output(output, files, job, force)

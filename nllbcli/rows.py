@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from .errors import NllbError
 from .io import Added, Record
+from .io.records import target_column
 from .langs import resolve_lang
 from .options import DecodeOptions, Job
 from .split import join_sentences, split_text
@@ -49,6 +50,7 @@ class Outcome:
     score: float | list[float] | None = None
     gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
     tgt: str = ""
+    targets: list[Outcome] | None = None  # several target languages (each_target): each one's, in the job's order
 
 
 def status_of(outcome: Outcome) -> str:
@@ -63,6 +65,10 @@ def added_values(added: Added, outcome: Outcome) -> dict | None:
     """A row's added fields (Added) by name, as its writer takes them; None where the row failed."""
     if outcome.translation is None:
         return None
+    if added.targets:
+        single = added.single  # field by field, each the targets' (Added.options' order)
+        each = [(copy.tgt, added_values(single, copy)) for copy in outcome.targets]
+        return {target_column(name, code): values[name] for name in single.names for code, values in each}
     values = {added.translation: outcome.hypotheses if added.hypotheses > 1 else outcome.translation}
     if added.status is not None:
         values[added.status] = status_of(outcome)
@@ -73,10 +79,52 @@ def added_values(added: Added, outcome: Outcome) -> dict | None:
     return values
 
 
+def each_target(records: list[Record], job: Job) -> list[Record]:
+    """The rows as the model translates them: with several target languages (--tgt a,b), each row once per
+    target, in the job's order (a row's copies together), each copy given its target; else the rows."""
+    if not job.targets:
+        return records
+    return [replace(record, tgt=code) for record in records for code in job.targets]
+
+
+def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
+    """Each row's Outcome from those of its copies (each_target): the row fails with its first copy that failed
+    (a row is written whole or not at all), its flags are any copy's, and `targets` holds the copies'."""
+    if not job.targets:
+        return outcomes
+    count = len(job.targets)
+    rows = []
+    for start in range(0, len(outcomes), count):
+        copies = outcomes[start:start + count]
+        error = next((o.error for o in copies if o.error is not None), None)
+        rows.append(Outcome(None if error else copies[0].translation, error, any(o.cut for o in copies),
+                            any(o.max_length for o in copies), [part for o in copies for part in o.parts],
+                            targets=copies))
+    return rows
+
+
+def written_rows(records: list[Record], outcomes: list[Outcome], added: Added) -> tuple[list[Record], list[dict | None]]:
+    """The rows a writer gets (each row, or with several targets as rows each row once per target) and their
+    added fields (added_values; None for a failed row)."""
+    if added.target is None:
+        return records, [added_values(added, o) for o in outcomes]
+    rows, values = [], []
+    single = added.single
+    for record, outcome in zip(records, outcomes):
+        for copy in outcome.targets:
+            rows.append(record)
+            values.append(None if outcome.error is not None else {added.target: copy.tgt, **added_values(single, copy)})
+    return rows, values
+
+
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
-    """The row's source and target language: its own fields where it has them, else --src and --tgt."""
+    """The row's source and target language: its own fields where it has them, else --src and --tgt; the target
+    the job gives a copy of the row (each_target) over both."""
     languages = []
     for name, default, option in ((job.src_field, job.src, "--src"), (job.tgt_field, job.tgt, "--tgt")):
+        if option == "--tgt" and record.tgt is not None:
+            languages.append(record.tgt)
+            continue
         value = record.fields.get(name) if name else None
         if value is None:
             if default is None:

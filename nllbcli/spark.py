@@ -54,6 +54,18 @@ class PartitionTranslator:
         added = Added(options.get("output_field", "translation"), options.get("status_field"),
                       options.get("score_field", "score") if decode.scores else None,
                       options.get("log_prob_field", "log_prob") if decode.scores else None, decode.num_hypotheses)
+        tgt = options.get("tgt")
+        if tgt is not None and (not isinstance(tgt, str) or "," in tgt):  # several targets: their columns or rows
+            from dataclasses import replace
+
+            from .api import DEFAULT_MODEL, target_languages
+            from .environment import ENV
+            from .translator import load_tokenizer
+
+            targets = target_languages(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
+            if len(targets) > 1:
+                added = (replace(added, targets=targets) if options.get("targets_as", "columns") == "columns"
+                         else replace(added, target=options.get("tgt_field", "tgt_lang")))
         scalar = {"string": StringType(), "double": DoubleType()}
         kinds = {name: ArrayType(scalar[str(kind.value_type)]) if hasattr(kind, "value_type") else scalar[str(kind)]
                  for name, kind in added.types.items()}

@@ -84,9 +84,14 @@ class Translator:
         for position, source in enumerate(sources):
             if len(source) > source_rows:
                 raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
-            if part and ((len(part) + 1) * per_sentence > rows or tokens + len(source) > source_rows):
-                outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes)
-                part, tokens = [], 0
+            while part and ((len(part) + 1) * per_sentence > rows or tokens + len(source) > source_rows):
+                run = len(part)  # copies of this source at the part's end (several targets) go on with it
+                while run > 0 and part[run - 1] == source:
+                    run -= 1
+                run = run or len(part)
+                outputs += self.generate_part(part[:run], langs, options, len(outputs), keys, prefixes)
+                part = part[run:]
+                tokens = sum(map(len, part))
             part.append(source)
             tokens += len(source)
         if part:

@@ -29,6 +29,7 @@ class Record:
     batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
     row: int = 0
     raw: str | None = None  # a line that could not be read as a row (not JSON, not UTF-8), as text, for --errors
+    tgt: str | None = None  # the target language the job gives this copy of the row (one of several: --tgt a,b)
 
 
 @dataclass
@@ -76,25 +77,42 @@ def raw_text(raw: bytes) -> str:
     return raw.decode("utf-8", "backslashreplace").rstrip("\r\n")
 
 
+def target_column(name: str, code: str) -> str:
+    """The field (column) of one target language's value when a job translates into several as columns."""
+    return f"{name}_{code}"
+
+
 @dataclass(frozen=True)
 class Added:
     """The fields (JSONL) or columns (Parquet) a job adds to each row: the translation, and where named its
     status, its score and its log-probability (--scores). Each replaces the input's own field of that name, in
     place. With `hypotheses` above 1 (--num-hypotheses) the translation, score and log-probability are lists
-    of that many, best first."""
+    of that many, best first. With several target languages, either each of these fields comes once per
+    target, named target_column(name, code), field by field (`targets`), or each row comes once per target
+    with its target language in the field `target` (--targets-as rows)."""
 
     translation: str
     status: str | None = None
     score: str | None = None
     log_prob: str | None = None
     hypotheses: int = 1
+    targets: tuple[str, ...] = ()  # the target languages, as columns
+    target: str | None = None  # the field naming each row's target language, as rows
+
+    @property
+    def single(self) -> Added:
+        """The fields of one target language's translation."""
+        return Added(self.translation, self.status, self.score, self.log_prob, self.hypotheses)
 
     @property
     def options(self) -> tuple[tuple[str, str], ...]:
         """(option, name) of each added field, for messages."""
         named = (("--output-field", self.translation), ("--status-field", self.status), ("--score-field", self.score),
                  ("--log-prob-field", self.log_prob))
-        return tuple((option, name) for option, name in named if name is not None)
+        named = tuple((option, name) for option, name in named if name is not None)
+        if self.targets:
+            return tuple((option, target_column(name, code)) for option, name in named for code in self.targets)
+        return ((("--tgt-lang-field", self.target),) if self.target is not None else ()) + named
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -108,6 +126,10 @@ class Added:
         many = self.hypotheses > 1
         text, number = (pa.list_(pa.string()), pa.list_(pa.float64())) if many else (pa.string(), pa.float64())
         kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number}
+        if self.targets:
+            return {target_column(name, code): kinds[name] for name in self.single.names for code in self.targets}
+        if self.target is not None:
+            kinds = {self.target: pa.string(), **kinds}
         return {name: kinds[name] for name in self.names}
 
     def lines(self, values: dict | None) -> list[str]:
