@@ -127,11 +127,14 @@ gemm_kernel(const __nv_bfloat16* __restrict__ A, const __nv_bfloat16* __restrict
                   part_val, part_idx, part_stat, thresh, noise, M, N, relu, epilogue, out_f32);
 }
 
-// argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m].
+// argmax_reduce_kernel: per row m, the best of `parts` (value, index) partials -> values[m], ids[m]. With part_sum
+// (the ARGMAX_LSE epilogue's: each part's sum of exp(logit - its max)), also logprob[m] = the chosen id's
+// log-probability, -log(sum_p part_sum * exp(part max - best)) (its logit less the row's log-sum-exp).
 // Launch: grid (M), block 128 threads.
 extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_val, const int* __restrict__ part_idx,
-                                                float* __restrict__ values, int* __restrict__ ids, int parts) {
-    __shared__ float sv[32];
+                                                float* __restrict__ values, int* __restrict__ ids, int parts,
+                                                const float* __restrict__ part_sum, float* __restrict__ logprob) {
+    __shared__ float sv[32], top;
     __shared__ int si[32];
     const int m = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float best = NEG_INF;
@@ -153,7 +156,15 @@ extern "C" __global__ void argmax_reduce_kernel(const float* __restrict__ part_v
             if (beats(sv[w], si[w], best, at)) { best = sv[w]; at = si[w]; }
         values[m] = best;
         ids[m] = at;
+        top = best;
     }
+    if (!part_sum) return;
+    __syncthreads();  // top, the row's best, seen by every thread
+    float total = 0.f;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x)
+        total += part_sum[(size_t)m * parts + p] * __expf(part_val[(size_t)m * parts + p] - top);
+    total = block_sum(total, sv);
+    if (threadIdx.x == 0) logprob[m] = -__logf(total);
 }
 
 // Beam search's top-k in two passes over the output projection (kernels.logits_topk): EPILOGUE_STAT gives each

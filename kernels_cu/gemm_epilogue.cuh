@@ -15,7 +15,10 @@
 //                   logit * SAMPLE_INV_TEMP + gumbel_noise(noise[m], n), and -inf at column SAMPLE_BANNED (-1:
 //                   none): by the Gumbel-max trick, the largest is a draw from softmax(logits / temperature).
 //                   (A column whose scaled logit is below the best so far by GUMBEL_MAX, which no draw reaches,
-//                   is skipped: it cannot win.)
+//                   is skipped: it cannot win.) Compiled with ARGMAX_LSE instead, also the sum of exp(logit -
+//                   that largest value) over the block's columns to part_stat[m, part] (one exp a logit, from the
+//                   registers where WARPS_N == 1), from which argmax_reduce_kernel makes each row's log-sum-exp and
+//                   the chosen id's log-probability.
 //   EPILOGUE_STAT   the logits are never written either: per row and part of PART columns (PART divides BN;
 //                   less than BN only where WARPS_N == 1), the max and the sum of exp(logit - max) over the
 //                   part go to part_stat[m, p, 0..1], p = column / PART of ceil(N / PART) parts. The same
@@ -285,9 +288,14 @@ __device__ __forceinline__ void gemm_epilogue(
 
     // EPILOGUE_ARGMAX: best column per row within the thread, then the 4 lanes of a row, then the warps (where a
     // warp holds whole rows of the tile, the quad's answer is the tile's: no shared memory, no barrier).
+    // ARGMAX_LSE: each lane's sum of exp(logit - the quad's best), summed over the quad; across warps, each
+    // warp's sum rescaled to the tile's best.
 #if WARPS_N > 1
     __shared__ float red_val[WARPS_N][BM];
     __shared__ int red_idx[WARPS_N][BM];
+#ifdef ARGMAX_LSE
+    __shared__ float red_sum[WARPS_N][BM];
+#endif
 #endif
 #pragma unroll
     for (int i = 0; i < MT; ++i)
@@ -319,16 +327,32 @@ __device__ __forceinline__ void gemm_epilogue(
                 const int n = __shfl_xor_sync(0xffffffff, at, offset);
                 if (beats(v, n, best, at)) { best = v; at = n; }
             }
+#ifdef ARGMAX_LSE
+            float sum = 0.f;  // no term where the warp holds no column of the row below N (best -inf)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (block_n + warp_n * WN + j * 8 + (lane & 3) * 2 + e < N) sum += __expf(acc[i][j][half * 2 + e] - best);
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            sum += __shfl_xor_sync(0xffffffff, sum, 2);
+#endif
             const int row = warp_m * WM + i * 16 + (lane >> 2) + half * 8;
 #if WARPS_N == 1
             if ((lane & 3) == 0 && block_m + row < M) {
                 part_val[(size_t)(block_m + row) * parts + part] = best;
                 part_idx[(size_t)(block_m + row) * parts + part] = at;
+#ifdef ARGMAX_LSE
+                part_stat[(size_t)(block_m + row) * parts + part] = sum;
+#endif
             }
 #else
             if ((lane & 3) == 0) {
                 red_val[warp_n][row] = best;
                 red_idx[warp_n][row] = at;
+#ifdef ARGMAX_LSE
+                red_sum[warp_n][row] = sum;
+#endif
             }
 #endif
         }
@@ -343,7 +367,13 @@ __device__ __forceinline__ void gemm_epilogue(
             if (beats(red_val[w][row], red_idx[w][row], best, at)) { best = red_val[w][row]; at = red_idx[w][row]; }
         part_val[(size_t)m * parts + part] = best;
         part_idx[(size_t)m * parts + part] = at;
+#ifdef ARGMAX_LSE
+        float sum = 0.f;
+        for (int w = 0; w < WARPS_N; ++w)
+            if (red_val[w][row] != NEG_INF) sum += red_sum[w][row] * __expf(red_val[w][row] - best);
+        part_stat[(size_t)m * parts + part] = sum;
+#endif
     }
-    EPI_SYNC();  // red_val and red_idx are free for the next tile
+    EPI_SYNC();  // red_val, red_idx (and red_sum) are free for the next tile
 #endif
 }

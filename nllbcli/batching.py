@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from .engine.numerics import sentence_key
+import numpy as np
+
+from .engine.numerics import sentence_keys
 from .errors import NllbError
 from .io import Record
 from .options import DecodeOptions, Job
@@ -146,7 +148,8 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
         try:
             keys = None
             if decode.sampling and decode.seed is not None:  # each sentence's stream: the seed and its place
-                keys = [sentence_key(decode.seed, *sentences[i].place) for i in todo]
+                places = np.array([sentences[i].place for i in todo], dtype=np.int64).reshape(-1, 2)
+                keys = sentence_keys(decode.seed, places[:, 0], places[:, 1])
             prefixes = [sentences[i].prefix for i in todo] if any(sentences[i].prefix for i in todo) else None
             for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode, keys, prefixes)):
                 outputs[i] = hypotheses

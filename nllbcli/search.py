@@ -24,7 +24,7 @@ import numpy as np
 
 from .checkpoint import ModelConfig
 from .engine import Engine
-from .engine.numerics import gumbel_noise, inverse_temperature, log_softmax, sample_key, sentence_key, step_keys, to_host, topk_desc
+from .engine.numerics import gumbel_noise, inverse_temperature, log_softmax, sample_keys, sentence_keys, step_keys, to_host, topk_desc
 from .environment import ENV
 from .options import DecodeOptions
 
@@ -62,8 +62,8 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
     if options.sampling:
         if keys is None:
             seed = int(np.random.default_rng().integers(1 << 63))
-            keys = [sentence_key(seed, n, 0) for n in range(len(sources))]
-        keys = np.array([sample_key(key, j) for key in keys for j in range(samples)], dtype=np.uint32)
+            keys = sentence_keys(seed, np.arange(len(sources)), np.zeros(len(sources)))
+        keys = sample_keys(keys, samples)
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * options.num_hypotheses] * len(sources)
     todo = np.flatnonzero(limits > 1)  # the others may have the language token alone
     if not len(todo):

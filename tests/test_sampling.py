@@ -159,3 +159,16 @@ def test_sampling_options_that_cannot_be_are_one_line(tmp_path, args, message):
     write_jsonl(tmp_path / "in.jsonl", ["Yes."])
     result = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "in.jsonl"), "-"])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_a_batchs_stream_keys_are_each_sentences_made_at_once():
+    """sentence_keys and sample_keys make a batch's keys with array operations, the keys of jobs before them
+    (pinned: a resumed job draws what it drew), whatever the row's size."""
+    from nllbcli.engine.numerics import sample_keys, sentence_keys
+
+    assert [sentence_key(0, 0, 0), sentence_key(0, 0, 3), sentence_key(0, 1, 0)] == [806602113, 741185853, 2402222962]
+    assert sentence_key(2**40 + 5, 2**33 + 9, 3) == 2795040748
+    rows, sentences = np.array([0, 1, 2**33 + 9, 77]), np.array([0, 3, 3, 1])
+    assert sentence_keys(7, rows, sentences).tolist() == [sentence_key(7, int(r), int(s)) for r, s in zip(rows, sentences)]
+    assert sample_keys([806602113, 741185853], 3).tolist() == [806602113, 1884906946, 656945550, 741185853,
+                                                              1659245671, 2232971480]

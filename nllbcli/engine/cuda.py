@@ -469,9 +469,8 @@ class CudaEngine:
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
-        elif head == "argmax log-prob":  # the same ids as the best of a top-1, which gives their log-probs too
-            kernels.logits_topk(final, self.lm_head, 1, logprob=take("chosen logprob", (b, 1), F32),
-                                ids=tokens.reshape(b, 1), take=take)
+        elif head == "argmax log-prob":  # the same ids, and their log-probs from the same pass
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, logprob=take("chosen logprob", (b,), F32), take=take)
         elif head == "sample":  # a draw per row, by the Gumbel-max trick, with the rows' stream keys at this step
             temperature, banned, lse = sample
             noise = take("noise", (b,), cp.uint32)
@@ -510,7 +509,7 @@ class CudaEngine:
             return PendingIds(state.ws.rows("tokens", state.n))
         self.run_step(state, tokens, "argmax log-prob")
         n = state.n
-        return PendingIds(state.ws.rows("tokens", n), log_probs=state.ws.take("chosen logprob", (n, 1), F32).reshape(n))
+        return PendingIds(state.ws.rows("tokens", n), log_probs=state.ws.take("chosen logprob", (n,), F32))
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
         """Each row's k best next tokens by log-probability, best first, on the device: the output

@@ -385,12 +385,15 @@ def new_array(name: str, shape: tuple, dtype) -> cp.ndarray:
 
 def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp.ndarray | None = None,
                   values: cp.ndarray | None = None, take=new_array, noise: cp.ndarray | None = None,
-                  temperature: float = 1.0, banned: int | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+                  temperature: float = 1.0, banned: int | None = None,
+                  logprob: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
     h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id. take(name,
     shape, dtype): where the partial results and absent outputs go. With noise, the rows' step keys (M,)
     uint32: a draw from softmax(logits / temperature) per row (token `banned` left out), by the Gumbel-max
-    trick, the value logit / temperature + its noise (numerics.gumbel_noise)."""
+    trick, the value logit / temperature + its noise (numerics.gumbel_noise). Without noise, and with logprob
+    (M,) f32, also each id's log-probability (log_softmax of the row's logits at the id), in the same pass over
+    w (the ARGMAX_LSE epilogue: one exponential a logit)."""
     m, k = h.shape
     n = w.shape[0]
     check_array("h", h, BF16)
@@ -408,14 +411,22 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
         check_array("noise", noise, cp.uint32, (m,))
         inverse = float(inverse_temperature(temperature))  # the reference's float32
         sample = {"SAMPLE": 1, "SAMPLE_INV_TEMP": f"{inverse.hex()}f", "SAMPLE_BANNED": -1 if banned is None else banned}
+    part_sum = None
+    if logprob is not None:
+        check(noise is None, "a draw's log-probability is not its value's: logits_lse gives the log-sum-exp")
+        check_array("logprob", logprob, F32, (m,))
+        part_sum, sample = take("argmax part_sum", (m, blocks_n), F32), {"ARGMAX_LSE": 1}
     if m:
-        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx, noise=noise, **sample)
+        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx, part_stat=part_sum,
+                    noise=noise, **sample)
     ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
     values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
     check_array("values", values, F32, (m,))
     if m:
-        function("gemm.cu", "argmax_reduce_kernel")((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n)))
+        function("gemm.cu", "argmax_reduce_kernel")((m,), (128,), (part_val, part_idx, values, ids, cp.int32(blocks_n),
+                                                                    NULL if part_sum is None else part_sum,
+                                                                    NULL if logprob is None else logprob))
     return ids, values
 
 

@@ -447,6 +447,40 @@ def test_step_prep_does_a_steps_bookkeeping():
     assert (d_table.get() == want_table).all()
 
 
+# the engine's argmax tiles: wgmma's two, mma.sync's two (kernels.logits_argmax, kernels.gemm_tile)
+ARGMAX_TILES = ["small", "large"] + (["wg64w", "wg256"] if kernels.wgmma_available() else [])
+
+
+@pytest.mark.parametrize("tile", ARGMAX_TILES)
+@pytest.mark.parametrize("m,v,d", [(1, 606, 64), (7, 5000, 96), (130, 2051, 128), (300, 30001, 64)])
+def test_logits_argmax_log_probs_match_reference(tile, m, v, d):
+    """The ARGMAX_LSE epilogue: the plain argmax's ids and values, bit for bit, and each id's log_softmax."""
+    h = to_device_bf16(rng.normal(size=(m, d)).astype(np.float32) * 0.5)
+    w = to_device_bf16(rng.normal(size=(v, d)).astype(np.float32) * 0.5)
+    logits = cp.asnumpy(kernels.gemm(h, w, out_dtype=cp.float32, tile="small")).astype(np.float64)  # the GEMM's bits
+    plain_ids, plain_values = kernels.logits_argmax(h, w, tile=tile)
+    ids, values = kernels.logits_argmax(h, w, tile=tile, ids=poisoned((m,), cp.int32), values=poisoned((m,), cp.float32),
+                                        logprob=(logprob := poisoned((m,), cp.float32)))
+    ids, values, logprob = cp.asnumpy(ids), cp.asnumpy(values), cp.asnumpy(logprob)
+    np.testing.assert_array_equal(ids, cp.asnumpy(plain_ids))
+    np.testing.assert_array_equal(values, cp.asnumpy(plain_values))
+    np.testing.assert_array_equal(ids, np.lexsort((np.broadcast_to(np.arange(v), logits.shape), -logits), axis=1)[:, 0])
+    top = logits.max(axis=1, keepdims=True)
+    want = (logits - top - np.log(np.exp(logits - top).sum(axis=1, keepdims=True)))[np.arange(m), ids]
+    assert not np.isnan(logprob).any()
+    np.testing.assert_allclose(logprob, want, rtol=1e-4, atol=1e-4)
+
+
+def test_logits_argmax_log_probs_of_equal_logits():
+    """Every logit equal: the lowest id, each with log-probability -log(V)."""
+    h = to_device_bf16(rng.normal(size=(5, 64)).astype(np.float32))
+    for tile in ARGMAX_TILES:
+        ids, _ = kernels.logits_argmax(h, to_device_bf16(np.zeros((3000, 64), np.float32)), tile=tile,
+                                       logprob=(logprob := poisoned((5,), cp.float32)))
+        assert cp.asnumpy(ids).tolist() == [0] * 5
+        np.testing.assert_allclose(cp.asnumpy(logprob), -np.log(3000), rtol=1e-5)
+
+
 @pytest.mark.parametrize("tile", [t for t in kernels.available_tiles() if not kernels.stores_only(t)])
 @pytest.mark.parametrize("temperature,banned", [(1.0, None), (0.7, 5), (1.6, None)])
 def test_logits_argmax_samples_as_the_reference(tile, temperature, banned):
