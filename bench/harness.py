@@ -101,11 +101,12 @@ def in_parts(sources, beams: int, rows: int, source_rows: int):
     """Sub-batches the KV pool holds at once (what Translator.generate does for the CLI)."""
     part, tokens = [], 0
     for s in sources:
-        if part and ((len(part) + 1) * beams > rows or tokens + len(s) > source_rows):
+        if part and ((len(part) + 1) * beams > rows or (s != part[-1] and tokens + len(s) > source_rows)):
             yield part
             part, tokens = [], 0
+        if not part or s != part[-1]:  # a source's copies (tgt3) share its cross K/V rows
+            tokens += len(s)
         part.append(s)
-        tokens += len(s)
     if part:
         yield part
 

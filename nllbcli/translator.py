@@ -84,16 +84,18 @@ class Translator:
         for position, source in enumerate(sources):
             if len(source) > source_rows:
                 raise SentenceError(f"a source of {len(source)} tokens does not fit the GPU's KV pool ({source_rows} source tokens)", position)
-            while part and ((len(part) + 1) * per_sentence > rows or tokens + len(source) > source_rows):
+            while part and ((len(part) + 1) * per_sentence > rows or
+                            (source != part[-1] and tokens + len(source) > source_rows)):
                 run = len(part)  # copies of this source at the part's end (several targets) go on with it
                 while run > 0 and part[run - 1] == source:
                     run -= 1
                 run = run or len(part)
                 outputs += self.generate_part(part[:run], langs, options, len(outputs), keys, prefixes)
                 part = part[run:]
-                tokens = sum(map(len, part))
+                tokens = len(part[0]) if part else 0
+            if not part or source != part[-1]:  # a source's copies share its cross K/V rows (search.generate)
+                tokens += len(source)
             part.append(source)
-            tokens += len(source)
         if part:
             outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes)
         return outputs

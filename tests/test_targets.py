@@ -273,3 +273,17 @@ def test_a_killed_job_of_several_targets_resumes_to_the_same_bytes(tmp_path, how
 def test_translate_takes_one_target(sample):
     with pytest.raises(NllbError, match="translate takes one target language, not 'fr,de': translate_table takes several."):
         nllbcli.translate(sample, ["Yes."], "en", "fr,de")
+
+
+def test_a_sources_copies_take_its_cross_rows_once_in_the_kv_pool(sample, monkeypatch):
+    """The copies of a source share its cross K/V rows: a part counts the source's tokens once, so copies that
+    fit together as one source are not cut into parts (each encoding the source again)."""
+    from dataclasses import replace
+
+    yes = sample.tokenizer.encode("Yes.", "eng_Latn")
+    counting = CountingEngine(sample.engine)
+    monkeypatch.setattr(counting, "capacity", lambda max_length, per_sentence: (100, 2 * len(yes)), raising=False)
+    decode = DecodeOptions(beam_size=1, max_length=8)
+    found = replace(sample, engine=counting).generate([yes] * 3, TARGETS, decode)
+    assert counting.encoded == [tuple(yes)]
+    assert found == sample.generate([yes] * 3, TARGETS, decode)
