@@ -131,6 +131,17 @@ def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
     assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
 
 
+def test_several_targets_come_as_the_commands_columns(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", 23)
+    options = ("--tgt", "fr,de", "--status-field", "status")
+    code, said = run(tmp_path, [str(tmp_path / "a.jsonl")], tmp_path / "out", "--chunk-rows", "5", *options)
+    assert code == 0, said
+    got = b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl"))
+    assert got == cli_output(tmp_path, tmp_path / "a.jsonl", *options)[0]
+    assert list(json.loads(got.splitlines()[0])) == ["id", "text", "translation_fra_Latn", "translation_deu_Latn",
+                                                     "status_fra_Latn", "status_deu_Latn"]
+
+
 def test_the_actors_are_given_blocks_of_chunk_rows_rows(tmp_path):
     # a block smaller than --chunk-rows is an actor call with too little for the GPU while the next is prepared:
     # one file's rows come in blocks of exactly 8 but the last, whatever blocks the read gave
