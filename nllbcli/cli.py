@@ -246,6 +246,8 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
     for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
         if given is not None:
             raise InvalidUsage(f"{option} goes with --ray.")
+    if base.targets:  # the added fields are named by the model's codes: known before the fields are checked
+        base = replace(base, targets=resolved_languages(model, None, None, base.targets)["targets"])
     pairs = input_output_pairs(paths, output_option, output_format)
     if len(pairs) > 1 and errors_file:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
@@ -256,14 +258,6 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
     languages = resolved_languages(model, base.src, base.tgt, base.targets)
     jobs = [replace(job, **languages) for job in jobs]
-    if base.targets:  # their fields are named by the codes, known now
-        from .pipeline import check_fields
-
-        try:
-            for job in jobs:
-                check_fields(job)
-        except NllbError as error:
-            raise InvalidUsage(str(error)) from None
     with ExitStack() as stack:
         pool = None
         if devices is None:

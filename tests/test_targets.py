@@ -178,6 +178,8 @@ def test_devices_give_one_devices_rows(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--tgt", "fr,fra_Latn"], "Invalid value for '--tgt': fr and fra_Latn are both fra_Latn: name each target "
                                "language once."),
+    (["--tgt", "fr,fr"], "Invalid value for '--tgt': fr and fr are both fra_Latn: name each target language once."),
+    (["--tgt", "fr,de", "--field", "translation_de"], None),  # it would clash with translation_de, not translation_deu_Latn
     (["--tgt", "fr,"], "Invalid value for '--tgt': 'fr,' has an empty language code: name them with commas between, as "
                        "fra_Latn,deu_Latn."),
     (["--tgt", "fr,xx_Yyyy"], "Invalid value for '--tgt': "),
@@ -195,6 +197,9 @@ def test_devices_give_one_devices_rows(tmp_path):
 def test_several_targets_that_cannot_be_are_one_line(tmp_path, args, message):
     write_jsonl(tmp_path / "in.jsonl", ["Yes."])
     result = CliRunner().invoke(cli, BASE + args + [str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")])
+    if message is None:
+        assert result.exit_code == 1 and "no field 'translation_de'" in result.output  # checked on the codes
+        return
     assert result.exit_code == 2, result.output
     assert message in result.output and result.output.count("\n") == 1 and "Traceback" not in result.output
 
