@@ -501,7 +501,7 @@ def recorded_rows(partial: str, committed: int) -> int:
 def changed_since(saved: Saved, job: dict) -> str:
     """How a finished job's record differs from this job: why its output is made anew."""
     if saved.job != job:
-        return f"was finished by a job with another {', '.join(changed_keys(saved.job, job)[:3])}"
+        return f"was finished by a job that differs in {', '.join(changed_keys(saved.job, job)[:3])}"
     return "has changed since its job finished"
 
 

@@ -215,7 +215,7 @@ def test_resume_of_a_finished_job_with_failed_rows_does_nothing(fake, here):
 
 
 @pytest.mark.parametrize("change, said", [
-    (lambda: write_rows("a.txt", ["a new day"]), "was finished by a job with another input"),
+    (lambda: write_rows("a.txt", ["a new day"]), "was finished by a job that differs in input"),
     (lambda: Path("out.txt").unlink(), None),
 ])
 def test_resume_after_the_input_or_the_output_changed_runs_again(fake, here, change, said):
@@ -237,4 +237,4 @@ def test_resume_with_other_options_after_a_finished_job_runs_again(fake, here):
     fake.batches.clear()
     result = invoke("--resume", "--beam-size", "2", "a.txt", "out.txt")
     assert result.exit_code == 0 and fake.batches
-    assert "was finished by a job with another decode" in result.stderr
+    assert "was finished by a job that differs in decode" in result.stderr
