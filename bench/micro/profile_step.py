@@ -1,7 +1,8 @@
 """Where a decode step's time goes: GPU time per kernel family (CUDA events around each launcher) against
-the step's wall time, on NLLB-600M shapes with random weights.
+the step's wall time, on a published shape (nllbcli/shapes.py; default NLLB-600M) with random weights.
 
-    python -m bench.micro.profile_step [--batches 1024,4096] [--steps 8] [--generate 4096x1,2048x4]
+    python -m bench.micro.profile_step [--preset nllb-200-3.3B] [--pool-gib 40] [--batches 1024,4096] [--steps 8]
+                                       [--generate 4096x1,2048x4]
 
 Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
 --generate BATCHxBEAMS: whole `generate` calls (the harness's workload, </s> out of reach) with the same
@@ -26,7 +27,7 @@ import numpy as np
 from bench.harness import normal_weights
 from bench.micro.engine_bench import timed
 from bench.harness import NEW_TOKENS, workload
-from nllbcli.shapes import DEFAULT, NLLB_600M, PRESETS
+from nllbcli.shapes import DEFAULT, PRESETS
 from nllbcli.engine import kernels
 from nllbcli.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
@@ -74,15 +75,20 @@ def main() -> int:
     parser.add_argument("--batches", default="1024,4096")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--generate", default="", help="BATCHxBEAMS,...: profile whole generate calls instead")
+    parser.add_argument("--preset", default=DEFAULT, choices=sorted(PRESETS))
+    parser.add_argument("--pool-gib", type=int, default=40, help="the KV pool (40: 4,096 sources at once at 600M)")
     args = parser.parse_args()
-    config = dataclasses.replace(NLLB_600M, eos_token_id=256205)
-    engine = CudaEngine(config, normal_weights(config), pool_bytes=40 << 30)  # room for 4,096 sources at once
+    preset = PRESETS[args.preset]
+    # </s> moved out of reach, as the harness does
+    config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
+    d, vocab = config.d_model, config.vocab_size
+    engine = CudaEngine(config, normal_weights(config), pool_bytes=args.pool_gib << 30)
     engine.capacity(40)
     engine.use_graphs = False  # the timer's events wrap each launcher: nothing to wrap inside a graph's replay
     timer = Timer()
-    sources = workload(4096, PRESETS[DEFAULT])
+    sources = workload(4096, preset)
     if args.generate:
-        return profile_generate(engine, config, sources, timer, args.generate)
+        return profile_generate(engine, config, sources, timer, args.generate, preset.tgt_lang_id)
     for batch in map(int, args.batches.split(",")):
         chunk = sources[:batch]
         for attempt in ("warm-up", "measured"):
@@ -94,7 +100,7 @@ def main() -> int:
             encode_gpu = timer.collect()
             state = engine.start(encoded, np.arange(batch), 41)
             engine.step(encoded, state, np.full(batch, 2), want_logits=False)
-            tokens = np.full(batch, 256057)
+            tokens = np.full(batch, preset.tgt_lang_id)
             timer.collect()
             t = time.perf_counter()
             for _ in range(args.steps):
@@ -109,18 +115,18 @@ def main() -> int:
             "step_wall_ms": step_wall * 1e3, "step_gpu_ms": step_gpu, "step_gpu_total_ms": sum(v for k, v in step_gpu.items() if k in FAMILIES),
             "tokens_per_s_decode_only": batch / step_wall,
         }), flush=True)
-        h = cp.random.default_rng(0).standard_normal((batch, 1024), dtype=cp.float32).astype("bfloat16")
+        h = cp.random.default_rng(0).standard_normal((batch, d), dtype=cp.float32).astype("bfloat16")
         for tile in [t for t in kernels.available_tiles() if t in ("small", "large", "wg128", "wg256", "wg64w")]:
             ms = timed(lambda: timer.originals["logits_argmax"](h, engine.lm_head, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_argmax_tile": tile, "ms": ms,
-                              "tflops": 2 * batch * 1024 * 256206 / ms / 1e9}), flush=True)
+                              "tflops": 2 * batch * d * vocab / ms / 1e9}), flush=True)
         for tile in [t for t in kernels.available_tiles() if t in ("small", "wg128", "wg256")]:
             ms = timed(lambda: timer.originals["logits_topk"](h, engine.lm_head, 8, tile=tile), repeat=5) * 1e3
             print(json.dumps({"batch": batch, "logits_topk8_tile": tile, "ms": ms}), flush=True)
         for rows in (batch, 2 * batch):  # the top-k's first pass alone, and both with each second-pass tile
             hr = cp.concatenate([h] * (rows // batch))
             tile = "wg128" if kernels.wgmma_available() else "small"
-            stat = cp.empty((rows, -(-256206 // kernels.GEMM_TILES[tile]["BN"]), 2), dtype=cp.float32)
+            stat = cp.empty((rows, -(-vocab // kernels.GEMM_TILES[tile]["BN"]), 2), dtype=cp.float32)
             first = timed(lambda: kernels.gemm_launch(tile, hr, engine.lm_head, epilogue=kernels.EPILOGUE_STAT,
                                                       part_stat=stat, TOPK=8), repeat=5) * 1e3
             row = {"rows": rows, "topk_first_pass_ms": first}
@@ -132,7 +138,7 @@ def main() -> int:
     return 0
 
 
-def profile_generate(engine, config, sources, timer, runs: str) -> int:
+def profile_generate(engine, config, sources, timer, runs: str, tgt_lang_id: int) -> int:
     for run in runs.split(","):
         batch, beams = map(int, run.split("x"))
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS)
@@ -141,7 +147,7 @@ def profile_generate(engine, config, sources, timer, runs: str) -> int:
             cp.cuda.Device().synchronize()
             timer.collect()
             t = time.perf_counter()
-            generate_ids(engine, sources[:batch], PRESETS[DEFAULT].tgt_lang_id, config, options)
+            generate_ids(engine, sources[:batch], tgt_lang_id, config, options)
             cp.cuda.Device().synchronize()
             wall = time.perf_counter() - t
             gpu = timer.collect()
