@@ -29,6 +29,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -61,6 +62,8 @@ INTERNAL = (ID, ROW, LINE, ERROR, ERROR_LINE, WORKER)
 FILE_BITS = 40  # an id is file number << 40 | line (JSONL, from 1) or row (Parquet, from 0)
 ROW_MASK = (1 << FILE_BITS) - 1
 READ_ROWS = 8192  # rows a read task yields at a time
+WRITING = "writing"  # the staging's folder of the write tasks writing parts now (writing, wait_for_writes)
+WRITES_END_S = 60.0  # how long a failed or resumed job waits for write tasks still writing
 PART = re.compile(r"-(\d{5})-(\d{12})(\.errors\.jsonl|\.jsonl|\.parquet)$")  # a written part: file, first row
 FINAL = re.compile(r"^part-\d{5}-\d{12}(\.errors\.jsonl|\.jsonl|\.parquet)$")
 SUCCESS = "_SUCCESS"
@@ -320,27 +323,57 @@ class Sink(BlockBasedFileDatasink):
         # the names start with the one Ray's checkpoint knows the task by, so that an uncommitted part is found
         task = _split_base_and_ext(self.filename_provider.get_filename_for_task(ctx.kwargs[WRITE_UUID_KWARG_NAME],
                                                                                ctx.task_idx))[0]
-        for start, end in runs(table.column(ID).to_pylist(), table.column(ROW).to_pylist()):
-            run = table.slice(start, end - start)
-            first = run.column(ID)[0].as_py()
-            name = f"{self.path}/{task}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
-            failed = run.column(ERROR).is_valid()
-            kept, lost = run.filter(pa.compute.invert(failed)), run.filter(failed)
-            if kept.num_rows:
-                with self.open_output_stream(f"{name}.{self.fmt}") as stream:
-                    if self.fmt == "jsonl":
-                        stream.write(b"".join(kept.column(LINE).to_pylist()))
-                    else:
-                        pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
-            if lost.num_rows:
-                with self.open_output_stream(f"{name}.errors.jsonl") as stream:
-                    stream.write(b"".join(lost.column(ERROR_LINE).to_pylist()))
+        with writing(os.path.dirname(self.path), task):
+            for start, end in runs(table.column(ID).to_pylist(), table.column(ROW).to_pylist()):
+                run = table.slice(start, end - start)
+                first = run.column(ID)[0].as_py()
+                name = f"{self.path}/{task}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
+                failed = run.column(ERROR).is_valid()
+                kept, lost = run.filter(pa.compute.invert(failed)), run.filter(failed)
+                if kept.num_rows:
+                    with self.open_output_stream(f"{name}.{self.fmt}") as stream:
+                        if self.fmt == "jsonl":
+                            stream.write(b"".join(kept.column(LINE).to_pylist()))
+                        else:
+                            pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
+                if lost.num_rows:
+                    with self.open_output_stream(f"{name}.errors.jsonl") as stream:
+                        stream.write(b"".join(lost.column(ERROR_LINE).to_pylist()))
         return {"rows": table.num_rows, "failed": table.num_rows - errors.null_count,
                 "workers": sorted(set(table.column(WORKER).to_pylist()))}
 
     def on_write_complete(self, write_result) -> None:
         self.returns = [r for r in write_result.write_returns if r]
         super().on_write_complete(write_result)
+
+
+@contextlib.contextmanager
+def writing(staging: str, task: str):
+    """A file in the staging's WRITING folder while a write task writes its parts (wait_for_writes)."""
+    marker = os.path.join(staging, WRITING, task)
+    os.makedirs(os.path.dirname(marker), exist_ok=True)
+    open(marker, "wb").close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)
+
+
+def wait_for_writes(staging: str, timeout: float = WRITES_END_S) -> None:
+    """Return once no write task is writing parts into the staging (none holds a file in WRITING), or after
+    `timeout` seconds. Ray reports a failed job while its other write tasks may still be writing; a part one of
+    them wrote after a resume had cleaned up the uncommitted parts would hold rows the resume writes again (two
+    parts starting at the same row). A task killed while it wrote leaves its file: the timeout ends the wait."""
+    folder = os.path.join(staging, WRITING)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not os.listdir(folder):
+                return
+        except FileNotFoundError:
+            return
+        time.sleep(0.05)
 
 
 def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
@@ -447,6 +480,8 @@ def prepare_staging(staging: str, identity: dict, resume: bool, warn: Callable[[
         except (OSError, ValueError):
             stored = None
         if resume and stored == identity:
+            wait_for_writes(staging)  # the interrupted job's tasks that are still writing, on a cluster
+            remove_path(os.path.join(staging, WRITING))  # files of tasks killed while they wrote
             return
         if resume and stored is not None:
             raise NllbError(f"--resume: the interrupted job in {staging} had other inputs or options; run without "
@@ -599,6 +634,7 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
         # GPUs, until they are collected: a job run next in this process would wait for them
         del dataset, sink
         gc.collect()
+        wait_for_writes(staging)  # nothing of this job lands after it has ended: a resume may start at once
         raise NllbError(f"{failure} (the rows written so far are kept: run the same command with --resume to "
                         "continue)")
     return tuple(sorted({w for r in getattr(sink, "returns", []) for w in r.get("workers", [])}))

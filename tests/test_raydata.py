@@ -258,12 +258,34 @@ def test_a_failed_job_is_not_promoted_and_resumes_to_the_same_bytes(tmp_path):
     assert not output.exists()
     staged = [p.name for p in (tmp_path / ".out.nllb-staging" / "data").iterdir()]
     assert staged and not any(name.endswith(".errors.jsonl") for name in staged)
+    assert not os.listdir(tmp_path / ".out.nllb-staging" / raydata.WRITING)  # every write task had ended
     outcomes = translate(tmp_path, [str(tmp_path / "in.jsonl")], output, chunk_rows=4, on_error="skip", resume=True)
     assert (outcomes.rows, outcomes.failed) == (48, 1)
     assert b"".join(p.read_bytes() for p in parts(output, ".jsonl")) == cli_output(
         tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
     again = translate(tmp_path, [str(tmp_path / "in.jsonl")], output, chunk_rows=4, on_error="skip", resume=True)
     assert again.already
+
+
+def test_a_resume_waits_for_the_interrupted_jobs_writes_still_in_flight(tmp_path):
+    """A write task of the interrupted job still writing (its file in the staging's WRITING folder) when the
+    resume starts: the resume waits for it, so that the part it writes is there before the uncommitted parts are
+    cleaned up, not after."""
+    staging, identity = str(tmp_path / ".out.nllb-staging"), {"job": 1}
+    raydata.prepare_staging(staging, identity, False, print)
+    with raydata.writing(staging, "task-0"):
+        assert os.listdir(os.path.join(staging, raydata.WRITING)) == ["task-0"]
+        threading.Timer(0.5, lambda: os.unlink(os.path.join(staging, raydata.WRITING, "task-0"))).start()
+        started = time.monotonic()
+        raydata.prepare_staging(staging, identity, True, print)
+        assert time.monotonic() - started >= 0.4
+    assert not os.path.exists(os.path.join(staging, raydata.WRITING))
+    open(os.path.join(staging, "data", "part-a-00000-000000000000.jsonl"), "w").close()
+    os.makedirs(os.path.join(staging, raydata.WRITING))
+    open(os.path.join(staging, raydata.WRITING, "task-1"), "w").close()  # a task killed while it wrote
+    started = time.monotonic()
+    raydata.wait_for_writes(staging, timeout=0.3)
+    assert 0.3 <= time.monotonic() - started < 5
 
 
 def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
