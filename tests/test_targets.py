@@ -250,7 +250,7 @@ def test_ray_takes_several_targets_as_columns_only(tmp_path):
         raydata.translate_with_ray([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), job, model=SAMPLE)
 
 
-@pytest.mark.parametrize("how, extension", [("rows", "parquet"), ("columns", "jsonl")])
+@pytest.mark.parametrize("how, extension", [("rows", "parquet")])  # a row per target: more rows out than in
 def test_a_killed_job_of_several_targets_resumes_to_the_same_bytes(tmp_path, how, extension):
     texts = [f"Hello {n}. The weather is nice." if n % 4 else "" for n in range(240)]
     source = tmp_path / f"in.{extension}"
