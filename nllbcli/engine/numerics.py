@@ -124,3 +124,48 @@ def gumbel_noise(row_keys, ids, xp=np):
 SERIES_BELOW = 2.0**-8  # -log(1 - v) = v + v^2/2 + v^3/3 + ...: below this, v + v^2/2 is within 1e-8 of it
 GUMBEL_MAX = 16.7  # above every draw of gumbel_noise: -log(E) of the least E, 2^-24 (the GPU skips the noise of a
 #                    token whose logit / temperature is below the row's best so far by more)
+
+
+# FP8 E4M3 (OCP's E4M3FN, CUDA's __nv_fp8_e4m3): a sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinity,
+# NaN at S.1111.111; the largest finite value 448, the least 2^-9 (a subnormal). The NumPy model of the rounding
+# that FP8 matrix products (--compute-type float8) are checked against.
+E4M3_MAX = 448.0
+
+
+def e4m3_values() -> np.ndarray:
+    """The value of each E4M3 code 0..255 (256,) float32: NaN at 0x7F and 0xFF, -0 at 0x80."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 0xF, codes & 7
+    magnitude = np.where(exponent == 0, mantissa * 2.0**-9, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    magnitude = np.where((exponent == 15) & (mantissa == 7), np.nan, magnitude)
+    return np.where(codes & 0x80, -magnitude, magnitude).astype(np.float32)
+
+
+def e4m3_bits(x) -> np.ndarray:
+    """x as E4M3 codes (uint8), as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) makes them: the
+    nearest value (a tie to the even code), beyond 448 in size 448, NaN as 0x7F."""
+    x = np.asarray(x, dtype=np.float32)
+    size = np.minimum(np.abs(x).astype(np.float64), E4M3_MAX)
+    grid = e4m3_values()[:127].astype(np.float64)  # codes 0..126: every finite size, increasing
+    above = np.clip(np.searchsorted(grid, size), 0, 126)  # the first code whose size is at least x's
+    below = np.maximum(above - 1, 0)
+    to_below, to_above = size - grid[below], grid[above] - size
+    nearest = np.where(to_below < to_above, below, np.where(to_above < to_below, above,
+                                                            np.where(below % 2 == 0, below, above)))
+    codes = (nearest | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7F), codes)
+
+
+def quantize_e4m3(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+    """x (..., K) scaled to E4M3 along `axis` by its largest size: (codes uint8, scales float32 with `axis` of
+    size 1), x ~ e4m3_values()[codes] * scales. A weight's per output channel (each row of (N, K)), an
+    activation's per row, both with the axis of K; an all-zero slice has scale 1."""
+    x = np.asarray(x, dtype=np.float32)
+    top = np.max(np.abs(x), axis=axis, keepdims=True)
+    scales = np.where(top > 0, top / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+    return e4m3_bits(x / scales), scales
+
+
+def dequantize_e4m3(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """quantize_e4m3's inverse, float32."""
+    return e4m3_values()[codes] * scales

@@ -1,0 +1,44 @@
+"""The NumPy model of FP8 E4M3 rounding (numerics.e4m3_*), what FP8 matrix products are checked against: every code
+decodes to its value and rounds back to itself, halfway values go to the even code, sizes past 448 saturate, and
+a per-channel quantization keeps each value within half a step of its channel's grid."""
+
+import numpy as np
+import pytest
+
+from nllbcli.engine.numerics import E4M3_MAX, dequantize_e4m3, e4m3_bits, e4m3_values, quantize_e4m3
+
+
+def test_every_code_is_its_own_rounding():
+    values = e4m3_values()
+    finite = [c for c in range(256) if c not in (0x7F, 0xFF)]
+    assert np.isnan(values[[0x7F, 0xFF]]).all()
+    assert e4m3_bits(values[finite]).tolist() == finite  # -0 (0x80) included
+    assert values[0x7E] == E4M3_MAX and values[0x01] == 2.0**-9 and values[0x38] == 1.0 and values[0x08] == 2.0**-6
+    assert (np.diff(values[:127]) > 0).all() and (values[0x80:0xFF] == -values[:0x7F]).all()
+
+
+@pytest.mark.parametrize("x, code", [(1.0625, 0x38), (1.1875, 0x3A), (0.5 * 2.0**-9, 0x00), (1.5 * 2.0**-9, 0x02),
+                                     (0.75 * 2.0**-9, 0x01), (1.06, 0x38), (1.07, 0x39), (-1.1875, 0xBA),
+                                     (448.0, 0x7E), (464.0, 0x7E), (1e30, 0x7E), (-1e30, 0xFE), (np.inf, 0x7E)])
+def test_rounding_is_to_the_nearest_ties_to_even_and_saturates(x, code):
+    assert int(e4m3_bits(np.float32(x))) == code
+
+
+def test_every_halfway_value_goes_to_the_even_code():
+    values = e4m3_values()[:127].astype(np.float64)
+    halfway = ((values[:-1] + values[1:]) / 2).astype(np.float32)  # exact in float32
+    codes = e4m3_bits(halfway)
+    assert (codes % 2 == 0).all() and (np.abs(codes.astype(int) - np.arange(126) - 0.5) == 0.5).all()
+    assert int(e4m3_bits(np.float32(np.nan))) == 0x7F
+
+
+def test_quantization_keeps_each_value_within_half_a_step_of_its_channel():
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(32, 300)).astype(np.float32) * rng.uniform(1e-3, 10, size=(32, 1)).astype(np.float32)
+    w[3] = 0
+    codes, scales = quantize_e4m3(w)
+    assert codes.dtype == np.uint8 and scales.shape == (32, 1) and scales[3, 0] == 1
+    back = dequantize_e4m3(codes, scales)
+    assert np.abs(back).max(axis=1).tolist() == pytest.approx(np.abs(w).max(axis=1).tolist(), rel=1e-6)  # 448 x scale
+    step = np.maximum(2.0 ** (np.floor(np.log2(np.maximum(np.abs(w / scales), 2.0**-6))) - 3), 2.0**-9) * scales
+    assert (np.abs(back - w) <= step / 2 * (1 + 1e-6)).all()
