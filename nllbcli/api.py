@@ -90,7 +90,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
     (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
     `tgt_field`)."""
-    from .langs import resolve_lang
+    from .langs import resolve_lang, resolve_targets
 
     batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
     schema = table.schema if isinstance(table, (pa.Table, pa.RecordBatch)) else batches[0].schema if batches else None
@@ -98,7 +98,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
         raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
     known = translator.tokenizer.lang_codes
     decode = decode or model_decode(translator)
-    targets = target_languages(tgt, known)
+    targets = () if tgt is None else resolve_targets(tgt, known)
     job = Job(src=src and resolve_lang(src, known), tgt=targets[0] if len(targets) == 1 else None,
               targets=targets if len(targets) > 1 else (), targets_as=targets_as, input_format="parquet",
               output_format="parquet", field=field, output_field=output_field, src_field=src_field,
@@ -133,23 +133,6 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
             names.append(name)
             columns.append(pa.array(column, kind))
     return pa.Table.from_arrays(columns, names=names)
-
-
-def target_languages(tgt: str | Sequence[str] | None, known) -> tuple[str, ...]:
-    """translate_table's `tgt` as the model's codes: none, one, or several (a list, or codes with commas between),
-    each once."""
-    from .langs import resolve_lang
-
-    if tgt is None:
-        return ()
-    given = [code.strip() for code in tgt.split(",")] if isinstance(tgt, str) else list(tgt)
-    codes: dict[str, str] = {}
-    for value in given:
-        code = resolve_lang(value, known)
-        if code in codes:
-            raise NllbError(f"tgt names {code} twice ({codes[code]} and {value}): name each target language once.")
-        codes[code] = value
-    return tuple(codes)
 
 
 def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:

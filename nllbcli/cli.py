@@ -13,7 +13,7 @@ import click
 
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
-from .langs import resolve_lang
+from .langs import resolve_lang, resolve_targets
 from .options import GPU_BATCHING, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
 
@@ -302,17 +302,10 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
             resolved[option.removeprefix("--")] = None if value is None else resolve_lang(value, known)
         except NllbError as error:
             raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
-    codes: dict[str, str] = {}
-    for value in targets:
-        try:
-            code = resolve_lang(value, known)
-        except NllbError as error:
-            raise InvalidUsage(f"Invalid value for '--tgt': {error}") from None
-        if code in codes:
-            raise InvalidUsage(f"Invalid value for '--tgt': {codes[code]} and {value} are both {code}: name each "
-                               "target language once.")
-        codes[code] = value
-    resolved["targets"] = tuple(codes)
+    try:
+        resolved["targets"] = resolve_targets(targets, known)
+    except NllbError as error:
+        raise InvalidUsage(f"Invalid value for '--tgt': {error}") from None
     return resolved
 
 

@@ -160,6 +160,19 @@ def resolve_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
     return _resolve(code.strip(), tuple(known))
 
 
+def resolve_targets(codes, known: list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Several target languages (a sequence, or codes with commas between) as the model's codes, in order.
+    Raises NllbError for an unknown code, or for two that are one language (fr and fra_Latn)."""
+    given = [code.strip() for code in codes.split(",")] if isinstance(codes, str) else list(codes)
+    resolved: dict[str, str] = {}
+    for value in given:
+        code = resolve_lang(value, known)
+        if code in resolved:
+            raise NllbError(f"{resolved[code]} and {value} are both {code}: name each target language once.")
+        resolved[code] = value
+    return tuple(resolved)
+
+
 @lru_cache(maxsize=4096)
 def _resolve(code: str, known: tuple[str, ...]) -> str:
     if code in known:

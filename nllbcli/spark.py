@@ -58,11 +58,12 @@ class PartitionTranslator:
         if tgt is not None and (not isinstance(tgt, str) or "," in tgt):  # several targets: their columns or rows
             from dataclasses import replace
 
-            from .api import DEFAULT_MODEL, target_languages
+            from .api import DEFAULT_MODEL
             from .environment import ENV
+            from .langs import resolve_targets
             from .translator import load_tokenizer
 
-            targets = target_languages(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
+            targets = resolve_targets(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
             if len(targets) > 1:
                 added = (replace(added, targets=targets) if options.get("targets_as", "columns") == "columns"
                          else replace(added, target=options.get("tgt_field", "tgt_lang")))

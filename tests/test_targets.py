@@ -236,6 +236,8 @@ def test_the_table_api_and_sparks_schema_take_several_targets(sample):
         {"id": 0, "tgt_lang": "fra_Latn"}, {"id": 0, "tgt_lang": "deu_Latn"},
         {"id": 1, "tgt_lang": "fra_Latn"}, {"id": 1, "tgt_lang": "deu_Latn"}]
     assert rows.column("error").null_count == 2
+    with pytest.raises(NllbError, match="fr and fra_Latn are both fra_Latn: name each target language once."):
+        nllbcli.translate_table(sample, table, "eng_Latn", "fr,fra_Latn")
     given = StructType([StructField("id", LongType()), StructField("text", StringType())])
     for out, options in ((columns, {"status_field": "status"}), (rows, {"targets_as": "rows"})):
         schema = partition_translator(SAMPLE, src="eng_Latn", tgt="fr,de", **options).schema(given)
