@@ -11,7 +11,8 @@ tokens each (the target-language token included, as transformers' max_new_tokens
 gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of the vocabulary for nllbcli,
 one random weights never pick, so both generate exactly 40); every batch size is warmed up with one batch
 before it is timed. Tokens/s counts generated tokens; peak memory is the largest that PyTorch's or CuPy's
-allocator held during that configuration.
+allocator held during that configuration (ours: the weights, the KV pool sized for the job's largest batch, and
+the arrays of a batch).
 
 A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
 sample, sample-scores, topk10, topp0.9; tgt3: each source translated into three target languages in one batch,
@@ -123,9 +124,12 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
     engine = CudaEngine(config, normal_weights(config))
     for batch, beams, variant in runs:
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
-        rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence)
         copies = COPIES.get(variant, 1)
         run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
+        engine.drop_pool()  # each configuration's peak memory its own
+        # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
+        most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
+        rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
         langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
 
         def parts(start: int, end: int):

@@ -3,7 +3,7 @@ headers (the safetensors JSON header, the pickle of a pytorch_model.bin): no wei
 
 GPU memory is counted as engine/cuda.py lays the weights out: every matrix in bf16 (the tied embedding once),
 biases and LayerNorm parameters in float32, and the float32 sinusoidal position table. The KV pool comes on top:
-the CUDA engine sizes it at start from the memory left free (POOL_FRACTION of it, at most MAX_POOL_BYTES).
+the CUDA engine sizes it for each batch, within the memory left free (engine/kvpool.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from .engine.kvpool import row_bytes
 from .checkpoint import TIED, read_config, resolve_model_dir, select_weights, stored_tensors, weight_files
 
-# engine/cuda.py's DEFAULT_POOL_FRACTION and MAX_POOL_BYTES (that module needs CuPy to import; a test keeps
-# these equal to its values)
-POOL_FRACTION = 0.5
-MAX_POOL_BYTES = 24 << 30
 BF16_BYTES, F32_BYTES = 2, 4
 
 # The published checkpoints by shape: (family, d_model, encoder layers, decoder layers, FFN, vocab) -> names
@@ -82,8 +79,8 @@ def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
         model_dir=str(model_dir), family=family, languages=languages, config=asdict(config),
         files=[p.name for p in files], file_bytes=sum(p.stat().st_size for p in files),
         dtypes=sorted({dtype for _, dtype in tensors.values()}), parameters=parameters, gpu_weight_bytes=gpu,
-        kv_bytes_per_sequence=c.decoder_layers * 2 * (max_length + 1) * c.d_model * BF16_BYTES,
-        cross_bytes_per_source_token=c.decoder_layers * 2 * c.d_model * BF16_BYTES,
+        kv_bytes_per_sequence=(max_length + 1) * row_bytes(c.decoder_layers, c.d_model),
+        cross_bytes_per_source_token=row_bytes(c.decoder_layers, c.d_model),
         max_length=max_length, known_as=known, notes=notes,
     )
 
@@ -112,8 +109,8 @@ def describe(info: ModelInfo) -> str:
         f"Parameters:  {info.parameters:,} ({info.parameters / 1e6:,.1f}M)",
         f"GPU memory:  {human_bytes(info.gpu_weight_bytes)} for the weights (matrices in bf16, biases and norms in float32),"
         " plus the CUDA context",
-        f"KV pool:     on top of the weights, sized at start to {POOL_FRACTION:.0%} of the GPU memory left free "
-        f"(at most {human_bytes(MAX_POOL_BYTES)}); each sequence (each beam) of --max-length {info.max_length} takes "
+        "KV pool:     on top of the weights, sized for each batch (its sentences, the tokens they can reach, their "
+        f"source tokens) within the GPU memory left free; each sequence (each beam) of --max-length {info.max_length} takes "
         f"{human_bytes(info.kv_bytes_per_sequence)}, each source token {human_bytes(info.cross_bytes_per_source_token)}",
         f"CPU memory:  {human_bytes(info.parameters * F32_BYTES)} while loading (the weights are read as float32)",
     ]

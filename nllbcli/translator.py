@@ -72,10 +72,14 @@ class Translator:
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
         per_sentence = options.rows_per_sentence
-        rows, source_rows = self.engine.capacity(options.max_length, per_sentence)
+        # the pool sized for the batch: its sentences, the tokens they can reach, its sources (a source's copies
+        # side by side, several targets, share its cross rows)
+        reach = max((options.length_limit(len(source)) for source in sources), default=1)
+        distinct = sum(len(source) for n, source in enumerate(sources) if n == 0 or source != sources[n - 1])
+        rows, source_rows = self.engine.capacity(reach, per_sentence, sentences=len(sources), source_tokens=distinct)
         if per_sentence > rows:
             raise ValueError(
-                f"the GPU's KV pool holds {rows} sequences of {options.max_length} tokens, fewer than one sentence's "
+                f"the GPU's KV pool holds {rows} sequences of {reach} tokens, fewer than one sentence's "
                 f"{per_sentence} beams or samples: lower --beam-size or --max-length (or --num-hypotheses)"
             )
         outputs: list[list[Hypothesis]] = []

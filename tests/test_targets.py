@@ -137,7 +137,7 @@ def test_a_batch_larger_than_the_kv_pool_keeps_a_sentences_targets_in_one_part(s
     from dataclasses import replace
 
     counting = CountingEngine(sample.engine)
-    monkeypatch.setattr(counting, "capacity", lambda max_length, per_sentence: (4, 10**6), raising=False)
+    monkeypatch.setattr(counting, "capacity", lambda max_length, per_sentence, **job: (4, 10**6), raising=False)
     translator = replace(sample, engine=counting)
     sources = [sample.tokenizer.encode(t, "eng_Latn") for t in ("Yes.", "Hello!", "No.")]
     batch = [ids for ids in sources for _ in range(3)]  # each into 3 targets, parts of 4 sentences at most
@@ -289,7 +289,7 @@ def test_a_sources_copies_take_its_cross_rows_once_in_the_kv_pool(sample, monkey
 
     yes = sample.tokenizer.encode("Yes.", "eng_Latn")
     counting = CountingEngine(sample.engine)
-    monkeypatch.setattr(counting, "capacity", lambda max_length, per_sentence: (100, 2 * len(yes)), raising=False)
+    monkeypatch.setattr(counting, "capacity", lambda max_length, per_sentence, **job: (100, 2 * len(yes)), raising=False)
     decode = DecodeOptions(beam_size=1, max_length=8)
     found = replace(sample, engine=counting).generate([yes] * 3, TARGETS, decode)
     assert counting.encoded == [tuple(yes)]

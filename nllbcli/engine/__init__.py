@@ -67,8 +67,10 @@ class Engine(Protocol):
 
     xp: Any  # numpy or cupy: where the search keeps its beam arrays
 
-    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
-        """(decoder rows, source tokens) the KV pool holds at once (the GPU's is fixed)."""
+    def capacity(self, max_length: int, beams: int = 1, sentences: int | None = None,
+                 source_tokens: int | None = None) -> tuple[int, int]:
+        """(decoder rows, source tokens) the KV pool holds at once, made for a batch of `sentences` sentences of
+        `beams` rows each, reaching max_length tokens, with `source_tokens` source tokens (None: unknown)."""
 
     def encode(self, sources: list[list[int]]) -> Any:
         """The encoder over the sources, and every decoder layer's cross K/V."""

@@ -26,13 +26,14 @@ from ..checkpoint import ModelConfig, bf16_to_float32
 from ..environment import ENV
 from ..errors import NllbError
 from . import RowPositions, kernels
-from .kvpool import KVPool, PoolFull, plan_pool
+from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
 from .numerics import gumbel_noise, inverse_temperature, sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
-DEFAULT_POOL_FRACTION = 0.5  # of the memory free after the weights, unless pool_bytes is given
-MAX_POOL_BYTES = 24 << 30  # room for 4,096 sentences of NLLB-600M at once, greedy
+# The memory the pool leaves free beside a batch's own arrays (kvpool.activation_bytes): for what the CUDA
+# context, CuPy's allocator and the graphs take as the job goes on
+SPARE_BYTES, SPARE_FRACTION = 1 << 30, 0.03  # 1 GiB and 3% of the GPU's memory
 
 
 def to_bf16(a: np.ndarray) -> cp.ndarray:
@@ -230,6 +231,7 @@ class CudaEngine:
         self.device.use()
         self.pool_bytes = pool_bytes
         self.pool: KVPool | None = None
+        self.pool_for_any = False  # the pool was made for a batch of unknown size (capacity)
         self.ws: Workspace | None = None  # the decoder steps' arrays and graphs, for the pool in use
         self.bound: CudaState | None = None  # the state whose steps use self.ws
         self.capture_stream = cp.cuda.Stream(non_blocking=True)
@@ -284,24 +286,42 @@ class CudaEngine:
 
     # -- the pool
 
-    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
-        """Decoder rows and source tokens the pool holds at once; makes the pool on first use, split between
-        slots and source rows for this beam size (kvpool.plan_pool), and again only when a longer max_length
-        needs longer slots or the beam size changes: the pool is otherwise never grown."""
-        cache_rows = max_length + 1
-        if self.pool is None or self.pool.plan.cache_rows < cache_rows or self.pool.plan.beams != beams:
-            self.pool = self.ws = None  # the graphs hold the pool's addresses: they go with it
-            cp.get_default_memory_pool().free_all_blocks()
-            free = self.device.mem_info[0]
-            budget = self.pool_bytes or min(MAX_POOL_BYTES, int(free * DEFAULT_POOL_FRACTION))
-            plan = plan_pool(self.config.decoder_layers, self.config.d_model, cache_rows, budget,
-                             self.config.max_position_embeddings + 2, beams)
-            self.pool = KVPool(self.config.decoder_layers, self.config.d_model, plan)
-            needed_rows = max(self.config.max_position_embeddings, max_length) + 3
-            if self.positions.shape[0] < needed_rows:
-                c = self.config
-                self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
-        return self.pool.plan.slots, self.pool.plan.cross_rows
+    def capacity(self, max_length: int, beams: int = 1, sentences: int | None = None,
+                 source_tokens: int | None = None) -> tuple[int, int]:
+        """(decoder rows, source tokens) the pool holds at once, for a batch of `sentences` sentences of `beams`
+        rows each reaching at most max_length tokens, with `source_tokens` source tokens in all.
+
+        The pool there is serves where it covers the batch; else it is remade (kvpool.plan_for_job) as large as
+        the batch and the pool before it need together, where the memory free beside the batch's own arrays
+        allows, else as much as fits (the batch then goes in parts). `pool_bytes` given to the engine bounds it
+        instead of the free memory. A batch of unknown size (sentences None) gets all that memory, split for
+        `beams` (kvpool.plan_pool)."""
+        c = self.config
+        cache_rows, longest = max_length + 1, c.max_position_embeddings + 2
+        need = None if sentences is None else PoolPlan(max(1, sentences) * beams, cache_rows, max(1, source_tokens or 0))
+        current = None if self.pool is None else self.pool.plan
+        if current is not None and (current.covers(need) if need is not None else
+                                    self.pool_for_any and current.cache_rows >= cache_rows):
+            return current.slots, current.cross_rows
+        self.drop_pool()
+        free, total = self.device.mem_info
+        if need is None:
+            budget = self.pool_bytes or max(0, free - SPARE_BYTES - int(total * SPARE_FRACTION)) // 2
+            plan = plan_pool(c.decoder_layers, c.d_model, cache_rows, budget, longest, beams)
+        else:
+            budget = self.pool_bytes or max(0, free - SPARE_BYTES - int(total * SPARE_FRACTION)
+                                            - activation_bytes(c, need.slots, need.cross_rows, cache_rows))
+            plan = plan_for_job(c.decoder_layers, c.d_model, need, budget, current, beams, longest)
+        self.pool, self.pool_for_any = KVPool(c.decoder_layers, c.d_model, plan), need is None
+        needed_rows = max(c.max_position_embeddings, max_length) + 3
+        if self.positions.shape[0] < needed_rows:
+            self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
+        return plan.slots, plan.cross_rows
+
+    def drop_pool(self) -> None:
+        """Give the pool's memory back to the GPU (the next batch makes one again)."""
+        self.pool = self.ws = None  # the graphs hold the pool's addresses: they go with it
+        cp.get_default_memory_pool().free_all_blocks()
 
     # -- encoder
 

@@ -1,6 +1,7 @@
-"""The fixed KV pool of the GPU engine and its allocators.
+"""The KV pool of the GPU engine, its allocators, and how large it is made.
 
-Preallocated once and never grown:
+Allocated before a batch, as large as the batch needs where memory allows (plan_for_job), and kept for the
+batches after it as long as they fit; remade larger only when one does not. It holds:
 - self-attention K and V, per decoder layer, as `[slots, cache_rows, D]` (stored flat as
   `(slots * cache_rows, D)`): a slot per live sequence (per beam), claimed when it starts, freed the
   moment it ends, so the next sentence can reuse it;
@@ -10,18 +11,19 @@ Preallocated once and never grown:
   as the source, instead of a fixed `max_source_len` run: short sources then cost no padding.
 - one more slot and cross row, for the padding rows of a decoder step (scratch_slot, scratch_cross).
 
-Running out is an error that names the option to change, never a crash.
+Running out is an error that names the option to change, never a crash. The planning needs no CuPy (the
+CPU tests check it); the pool itself does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import cupy as cp
-
 from ..errors import PoolFull  # defined in errors.py, where the search (no CuPy) catches it
 
-BF16 = cp.dtype("bfloat16")
+BF16_BYTES = 2
+MAX_SLOTS = 1 << 16  # the pool's bounds, whatever the memory: slot and row numbers stay well inside int32
+MAX_CROSS_ROWS = 1 << 23
 
 
 class SlotAllocator:
@@ -78,26 +80,80 @@ class RunAllocator:
 @dataclass(frozen=True)
 class PoolPlan:
     slots: int  # live sequences (beams) at once
-    cache_rows: int  # decoder positions per slot: the decoder start plus max_length tokens
+    cache_rows: int  # decoder positions per slot: the decoder start plus the tokens a sequence can reach
     cross_rows: int  # source tokens at once, all sources together
-    beams: int = 1  # the beam size the split was made for
+
+    def covers(self, other: "PoolPlan") -> bool:
+        return self.slots >= other.slots and self.cache_rows >= other.cache_rows and self.cross_rows >= other.cross_rows
+
+    def nbytes(self, layers: int, d_model: int) -> int:
+        """The pool's memory: the slots' self-attention K/V and the cross rows, with the scratch slot and row."""
+        return ((self.slots + 1) * self.cache_rows + self.cross_rows + 1) * row_bytes(layers, d_model)
+
+
+def row_bytes(layers: int, d_model: int) -> int:
+    """One position's K and V in every decoder layer: a slot's cache row, or a source token's cross row."""
+    return layers * 2 * d_model * BF16_BYTES
+
+
+def rounded_up(n: int) -> int:
+    """n up to the next of 8, 9, .., 15 times a power of two (at most 1/8 more): a pool grown to it is grown
+    again only after batches 1/8 larger."""
+    if n <= 16:
+        return max(n, 1)
+    shift = n.bit_length() - 4
+    return -(-n >> shift) << shift
 
 
 def plan_pool(layers: int, d_model: int, cache_rows: int, budget_bytes: int, max_source: int, beams: int = 1) -> PoolPlan:
-    """Split a memory budget between self-attention slots and cross K/V rows as a job uses them: a sentence
-    takes `beams` slots of cache_rows rows each, and a cross row per source token, taken to be about
-    cache_rows too (a translation is about as long as its source). So the cross rows get 1 / (1 + beams) of
-    the budget: half for greedy search, a fifth for 4 beams."""
-    per_slot = layers * 2 * cache_rows * d_model * BF16.itemsize
-    per_cross_row = layers * 2 * d_model * BF16.itemsize
+    """A budget split between slots and cross rows for a job of unknown size: a sentence takes `beams` slots of
+    cache_rows rows each, and a cross row per source token, taken to be about cache_rows too (a translation is
+    about as long as its source). So the cross rows get 1 / (1 + beams) of the budget: half for greedy search,
+    a fifth for 4 beams. At most 16,384 slots and 2M cross rows: the pool a small model's tests get."""
     cross_bytes = budget_bytes // (1 + beams)
-    slots = max(1, min(16384, (budget_bytes - cross_bytes) // per_slot))
-    cross_rows = max(max_source, min(1 << 21, cross_bytes // per_cross_row))
-    return PoolPlan(int(slots), int(cache_rows), int(cross_rows), beams)
+    slots = max(beams, min(16384, (budget_bytes - cross_bytes) // (cache_rows * row_bytes(layers, d_model))))
+    cross_rows = max(max_source, min(1 << 21, cross_bytes // row_bytes(layers, d_model)))
+    return PoolPlan(int(slots), int(cache_rows), int(cross_rows))
+
+
+def plan_for_job(layers: int, d_model: int, need: PoolPlan, budget_bytes: int, current: PoolPlan | None,
+                 beams: int, max_source: int) -> PoolPlan:
+    """The pool for a batch that needs `need` (its sentences' slots, the positions they can reach, its source
+    tokens), within `budget_bytes`, given the pool there is (`current`, None for none; the caller keeps it where
+    it covers the need). Grown to cover both the need and the pool there was, rounded up, where the budget
+    allows; else the need alone; else as much of the need as fits, slots and cross rows in the need's
+    proportion (the batch then goes in parts), but at least one sentence's beams and `max_source` cross rows."""
+    size = lambda plan: plan.nbytes(layers, d_model)  # noqa: E731
+    grown = need if current is None else PoolPlan(max(need.slots, current.slots), max(need.cache_rows, current.cache_rows),
+                                                  max(need.cross_rows, current.cross_rows))
+    grown = PoolPlan(min(MAX_SLOTS, rounded_up(grown.slots)), grown.cache_rows, min(MAX_CROSS_ROWS, rounded_up(grown.cross_rows)))
+    for plan in (grown, need):
+        if size(plan) <= budget_bytes:
+            return plan
+    scratch = size(PoolPlan(0, need.cache_rows, 0))
+    fraction = max(0, budget_bytes - scratch) / (size(need) - scratch)
+    slots = max(beams, int(need.slots * fraction) // beams * beams)
+    cross_rows = max(min(max_source, need.cross_rows), int(need.cross_rows * fraction))
+    return PoolPlan(slots, need.cache_rows, cross_rows)
+
+
+def activation_bytes(config, rows: int, source_tokens: int, cache_rows: int) -> int:
+    """An upper bound on the memory a batch's arrays take beside the pool: the encoder's over all its source tokens
+    at once (the f32 residual stream, the bf16 LayerNorm output, q/k/v, attention output and FFN hidden layer),
+    or the decoder step's over its rows (the same per row, the cache-row table, and the output projection's
+    partial results: at most 8 candidates, each a float and an index, a 64 columns), whichever is larger."""
+    d = config.d_model
+    encoder = source_tokens * (4 * d + 2 * (d + 3 * d + d) + 2 * config.encoder_ffn_dim)
+    decoder = rows * (4 * d + 2 * (d + 3 * d + d + d) + 2 * config.decoder_ffn_dim + 4 * cache_rows
+                      + 8 * -(-config.vocab_size // 64) * 8)
+    return max(encoder, decoder)
 
 
 class KVPool:
     def __init__(self, layers: int, d_model: int, plan: PoolPlan):
+        import cupy as cp
+
+        bf16 = cp.dtype("bfloat16")
         self.plan = plan
         self.d = d_model
         # Past the last slot and the last cross row, zeroed and never handed out: a scratch slot and cross row,
@@ -105,9 +161,9 @@ class KVPool:
         # nothing of their own, read finite values and corrupt nothing.
         self.scratch_slot, self.scratch_cross = plan.slots, plan.cross_rows
         rows = (plan.slots + 1) * plan.cache_rows
-        self.self_k = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
-        self.self_v = [cp.empty((rows, d_model), dtype=BF16) for _ in range(layers)]
-        self.cross = cp.empty((plan.cross_rows + 1, 2 * layers * d_model), dtype=BF16)
+        self.self_k = [cp.empty((rows, d_model), dtype=bf16) for _ in range(layers)]
+        self.self_v = [cp.empty((rows, d_model), dtype=bf16) for _ in range(layers)]
+        self.cross = cp.empty((plan.cross_rows + 1, 2 * layers * d_model), dtype=bf16)
         for a in self.self_k + self.self_v:
             a[plan.slots * plan.cache_rows :] = 0
         self.cross[plan.cross_rows :] = 0
@@ -118,8 +174,8 @@ class KVPool:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.self_k + self.self_v) + self.cross.nbytes
 
-    def cross_k(self, layer: int) -> cp.ndarray:
+    def cross_k(self, layer: int):
         return self.cross[:, 2 * layer * self.d : (2 * layer + 1) * self.d]
 
-    def cross_v(self, layer: int) -> cp.ndarray:
+    def cross_v(self, layer: int):
         return self.cross[:, (2 * layer + 1) * self.d : (2 * layer + 2) * self.d]

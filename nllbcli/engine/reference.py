@@ -137,7 +137,8 @@ class ReferenceEngine:
             self.pos_table = sinusoidal_positions(length + self.config.pad_token_id + 3, self.config.d_model, self.config.pad_token_id)
         return self.pos_table
 
-    def capacity(self, max_length: int, beams: int = 1) -> tuple[int, int]:
+    def capacity(self, max_length: int, beams: int = 1, sentences: int | None = None,
+                 source_tokens: int | None = None) -> tuple[int, int]:
         """Decoder rows and source tokens at once: unbounded here (host memory)."""
         return 1 << 62, 1 << 62
 

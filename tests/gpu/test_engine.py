@@ -83,10 +83,10 @@ def test_a_batch_larger_than_the_pool_goes_in_parts():
     big = sample("cuda")
     small = load_translator(str(SAMPLE), "cuda")
     per_slot = config.decoder_layers * 2 * 65 * config.d_model * 2
-    small.engine.pool_bytes = per_slot * 10 * 5 // 4  # slots get 4/5 at 4 beams: 10 sequences, 2 sentences a part
+    small.engine.pool_bytes = per_slot * 10  # a few sentences' slots: the 40 go in parts
     options = DecodeOptions(beam_size=4, max_length=64)
     assert small.translate_sentences(texts, "eng_Latn", "deu_Latn", options) == big.translate_sentences(texts, "eng_Latn", "deu_Latn", options)
-    assert small.engine.pool.plan.slots == 10
+    assert 4 <= small.engine.pool.plan.slots < 10
     with pytest.raises(ValueError, match="lower --beam-size or --max-length"):
         small.translate_sentences(texts[:1], "eng_Latn", "deu_Latn", DecodeOptions(beam_size=12, max_length=64))
 
