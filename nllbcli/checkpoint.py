@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .engine.numerics import E4M3Matrix
 from .errors import NllbError
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -262,7 +263,7 @@ def download_model(repo_id: str, local_dir: Path | None = None, revision: str | 
 # ---------------------------------------------------------------------------------------------- safetensors
 
 # numpy has no bfloat16: bf16 is read as uint16 and widened by hand (its bits are float32's upper half).
-_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
+_SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64, "F8_E4M3": np.uint8}
 
 
 # bytes per element of every dtype safetensors defines: an entry's data_offsets must span its shape's elements
@@ -322,6 +323,7 @@ def check_safetensors_entry(path: Path, name: str, entry, data_bytes: int) -> No
 def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool = False) -> dict[str, np.ndarray]:
     """Named float32 arrays from one safetensors file (only `wanted` names when given); bf16_bits: bf16 tensors
     as their bit patterns (uint16), as stored, for an engine that computes in bf16 (half the bytes, no widening).
+    F8_E4M3 tensors come as their codes (uint8): load_checkpoint pairs them with their scales.
 
     Each tensor is mapped from the file on its own and the map dropped once converted: mapping the whole file
     at once kept every page read so far resident until the end (+1.2 GB of RSS for the 600M model in bf16).
@@ -333,7 +335,8 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
             continue
         dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
         if dtype is None:
-            raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16 and bfloat16 are supported")
+            raise NllbError(f"{path}: tensor {name} has dtype {info['dtype']}; float32, float16, bfloat16 and float8_e4m3 "
+                            "are supported")
         begin, _ = info["data_offsets"]
         shape = tuple(info["shape"])
         if math.prod(shape) == 0:
@@ -342,6 +345,8 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
             raw = np.memmap(path, dtype=dtype, mode="r", offset=start + begin, shape=shape).view(np.ndarray)
         if info["dtype"] == "BF16":
             arrays[name] = np.array(raw) if bf16_bits else bf16_to_float32(raw)
+        elif info["dtype"] == "F8_E4M3":
+            arrays[name] = np.array(raw)
         else:
             arrays[name] = raw.astype(np.float32)
     return arrays
@@ -363,35 +368,44 @@ def float32_to_bf16(x: np.ndarray) -> np.ndarray:
 WRITE_BLOCK_ELEMENTS = 1 << 20  # elements converted and written at once by write_safetensors (4 MB of float32)
 
 
-def write_safetensors(path: Path, arrays: dict[str, np.ndarray], dtype: str = "BF16", metadata: dict | None = None) -> None:
+def write_safetensors(path: Path, arrays: dict, dtype: str = "BF16", metadata: dict | None = None) -> None:
     """Write named arrays as one safetensors file of `dtype` (F32, F16 or BF16), by hand: bf16 needs no PyTorch.
 
     The header is known before any data (sizes follow from shapes), so each array is converted and written in
     turn: a model is never held twice in memory. uint16 arrays are bf16 bits (load_checkpoint's bf16_bits):
-    written as they are in BF16, widened for the other dtypes.
+    written as they are in BF16, widened for the other dtypes. An E4M3Matrix is written as its codes (F8_E4M3)
+    and, named `<name>_scale`, its scales (F32, a row each).
     """
-    numpy_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[dtype]
-    itemsize = np.dtype(numpy_dtype).itemsize
+    entries: list[tuple[str, np.ndarray, str]] = []
+    for name, array in arrays.items():
+        if isinstance(array, E4M3Matrix):
+            entries += [(name, array.codes, "F8_E4M3"), (name + SCALE_SUFFIX, array.scales, "F32")]
+        else:
+            entries.append((name, array, dtype))
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
-    for name, array in arrays.items():
-        size = int(np.prod(array.shape, dtype=np.int64)) * itemsize
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + size]}
+    for name, array, kind in entries:
+        size = int(np.prod(array.shape, dtype=np.int64)) * SAFETENSORS_ITEMSIZES[kind]
+        header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header).encode()
     encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
-        for array in arrays.values():
+        for _, array, kind in entries:
+            if kind == "F8_E4M3":
+                f.write(memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B"))
+                continue
+            numpy_dtype = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[kind]
             bits = array.dtype == np.uint16
             flat = np.ascontiguousarray(array, dtype=None if bits else np.float32).reshape(-1)
             # a block at a time: converting a 1 GB embedding whole took ~2 GB of temporaries (uint32 sums, tobytes)
             for first in range(0, flat.size, WRITE_BLOCK_ELEMENTS):
                 block = flat[first : first + WRITE_BLOCK_ELEMENTS]
                 if bits:
-                    converted = block if dtype == "BF16" else bf16_to_float32(block).astype(numpy_dtype, copy=False)
+                    converted = block if kind == "BF16" else bf16_to_float32(block).astype(numpy_dtype, copy=False)
                 else:
-                    converted = float32_to_bf16(block) if dtype == "BF16" else block.astype(numpy_dtype, copy=False)
+                    converted = float32_to_bf16(block) if kind == "BF16" else block.astype(numpy_dtype, copy=False)
                 f.write(memoryview(converted).cast("B"))
 
 
@@ -442,7 +456,10 @@ def index_shards(index: Path) -> list[Path]:
 
 
 # safetensors dtypes -> the names `nllb info` gives them: the floating-point tensors, the only ones a model uses
-SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+# (F8_E4M3: the codes of `nllb convert --compute-type float8`'s matrices, each with its `<name>_scale` beside it)
+SAFETENSORS_NAMES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64", "F8_E4M3": "float8_e4m3"}
+FLOAT8 = "float8_e4m3"
+SCALE_SUFFIX = "_scale"
 
 
 def stored_tensors(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -519,7 +536,7 @@ def read_config(model_dir: Path) -> ModelConfig:
     return ModelConfig.from_json(model_dir / "config.json")
 
 
-def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+def load_checkpoint(model_dir: Path, bf16_bits: bool = False, float8: bool = False) -> tuple[ModelConfig, dict]:
     """Read a model directory: its config and every weight the model uses, as float32 arrays named as below.
 
     The files' headers come first: the tensors the engines use are chosen and their shapes checked against
@@ -528,23 +545,53 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False) -> tuple[ModelConf
 
     bf16_bits: a checkpoint stored in bf16 throughout (`nllb convert`'s) comes as the bits of its values
     (uint16 arrays), for the GPU engine, which holds bf16: a third of the work of widening to float32 and
-    uploading twice the bytes. Any other checkpoint comes as float32 all the same."""
+    uploading twice the bytes. Any other checkpoint comes as float32 all the same.
+
+    float8: every matrix (the 2-D weights: projections, FFNs, embeddings) comes as a numerics.E4M3Matrix, as
+    stored where the checkpoint holds it in F8_E4M3 (with its scales), else quantized now; without it, a matrix
+    stored in F8_E4M3 comes as its values. A tied embedding stays one object either way."""
     config = read_config(model_dir)
     files = weight_files(model_dir)
     file_of: dict[str, Path] = {}  # stored name -> its file (a name in a later file wins, as when they were merged)
     shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, str] = {}
     for path in files:
-        for name, (shape, _) in stored_tensors(path).items():
-            file_of[name], shapes[name] = path, shape
+        for name, (shape, dtype) in stored_tensors(path).items():
+            file_of[name], shapes[name], dtypes[name] = path, shape, dtype
     chosen = select_weights(config, shapes, model_dir)
+    scale_of = {name: float8_scale(model_dir, name, shapes, dtypes) for name in set(chosen.values()) if dtypes[name] == FLOAT8}
     stored: dict[str, np.ndarray] = {}
     for path in files:
-        wanted = {name for name in chosen.values() if file_of[name] == path}
+        wanted = {name for name in [*chosen.values(), *scale_of.values()] if file_of[name] == path}
         if wanted:
             stored.update(read_weights(path, bf16_bits, wanted))
+    matrices: dict[str, E4M3Matrix] = {}
+    for name, scale in scale_of.items():
+        scales = stored.pop(scale)
+        matrices[name] = E4M3Matrix(stored.pop(name), bf16_to_float32(scales) if scales.dtype == np.uint16 else scales)
+        if not float8:
+            stored[name] = matrices.pop(name).dequantize()
     if bf16_bits and any(a.dtype != np.uint16 for a in stored.values()):  # mixed: float32 for all
         stored = {name: bf16_to_float32(a) if a.dtype == np.uint16 else a for name, a in stored.items()}
-    return config, {name: stored[source] for name, source in chosen.items()}
+    if float8:
+        for name in [n for n, a in stored.items() if a.ndim == 2]:
+            a = stored.pop(name)
+            matrices[name] = E4M3Matrix.quantize(bf16_to_float32(a) if a.dtype == np.uint16 else a)
+    return config, {name: matrices[source] if source in matrices else stored[source] for name, source in chosen.items()}
+
+
+def float8_scale(model_dir: Path, name: str, shapes: dict, dtypes: dict) -> str:
+    """The stored name of an F8_E4M3 matrix's scales (`<name>_scale`: a float a row), checked."""
+    scale = name + SCALE_SUFFIX
+    rows = shapes[name][0] if len(shapes[name]) == 2 else None
+    if rows is None:
+        raise NllbError(f"{model_dir}: {name} is stored in float8_e4m3 but is not a matrix (shape {shapes[name]})")
+    if scale not in shapes:
+        raise NllbError(f"{model_dir}: {name} is stored in float8_e4m3 without its scales ({scale})")
+    if dtypes[scale] == FLOAT8 or tuple(shapes[scale]) not in ((rows,), (rows, 1)):
+        raise NllbError(f"{model_dir}: {scale} must hold a float a row of {name} ({rows}, 1), not {dtypes[scale]} "
+                        f"{tuple(shapes[scale])}")
+    return scale
 
 
 TIED = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")

@@ -4,6 +4,11 @@ The copy is what transformers itself would save in bf16: one `model.safetensors`
 embedding stored once, as `model.shared.weight`), metadata {"format": "pt"}, config.json with torch_dtype
 bfloat16, and the tokenizer and generation files copied unchanged. Half a float32 checkpoint's size, and read
 with a memory map instead of unpickled. OUT appears only when complete: it is written beside it and renamed.
+
+With --compute-type float8, every matrix (the projections, the FFNs and the embedding) is stored in FP8 E4M3
+with a float32 scale per output channel beside it (`<name>_scale`, numerics.E4M3Matrix), the rest in bf16, and
+config.json says so in its quantization_config: a quarter of a float32 checkpoint, loaded for FP8 matrix
+products without quantizing again. transformers does not read this layout.
 """
 
 from __future__ import annotations
@@ -22,8 +27,14 @@ WEIGHT_SUFFIXES = (".bin", ".safetensors", ".index.json", ".h5", ".msgpack", ".o
 EMBEDDINGS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
 
 
-def convert_model(model: str, out: Path, force: bool = False) -> Path:
-    """Write a bf16 safetensors copy of `model` (a directory or a cached hub id) to the directory `out`."""
+# config.json's record of an FP8 copy (nllbcli's own layout: transformers has no loader for it)
+FLOAT8_CONFIG = {"quant_method": "nllbcli_float8", "weights": "float8_e4m3, a float32 scale an output channel",
+                 "activations": "float8_e4m3, a scale a row, made as the model runs"}
+
+
+def convert_model(model: str, out: Path, force: bool = False, float8: bool = False) -> Path:
+    """Write a bf16 safetensors copy of `model` (a directory or a cached hub id) to the directory `out`; with
+    float8, its matrices in FP8 E4M3 with their scales."""
     source = resolve_model_dir(model)
     out = Path(out).expanduser()
     if out.is_symlink():  # written where it points, as the shell's `>` does: the link stays
@@ -39,7 +50,7 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
         raise NllbError(f"{out} is not empty: pass --force to replace it, or choose another OUT")
     # checked against config.json (a converted copy always loads); a bf16 checkpoint's weights as their bits,
     # copied as they are: half the memory of widening them to float32 and narrowing them back
-    config, weights = load_checkpoint(source, bf16_bits=True)
+    config, weights = load_checkpoint(source, bf16_bits=True, float8=float8)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     umask = os.umask(0)
@@ -55,6 +66,9 @@ def convert_model(model: str, out: Path, force: bool = False) -> Path:
         raw_config["torch_dtype"] = "bfloat16"
         if "dtype" in raw_config:  # transformers 5 writes `dtype` instead
             raw_config["dtype"] = "bfloat16"
+        raw_config.pop("quantization_config", None)
+        if float8:
+            raw_config["quantization_config"] = FLOAT8_CONFIG
         (staging / "config.json").write_text(json.dumps(raw_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)

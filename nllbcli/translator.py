@@ -167,22 +167,77 @@ def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:
     return tokenizer_from_model_dir(resolve_model_dir(model))
 
 
-def load_translator(model: str, device: str = "auto", adapter: str | None = None) -> Translator:
+COMPUTE_TYPES = ("auto", "bfloat16", "float8")
+
+
+def load_translator(model: str, device: str = "auto", adapter: str | None = None, compute_type: str = "auto") -> Translator:
     """Load a model directory (or a hub id from the local Hugging Face cache) onto a device, with a PEFT LoRA
-    adapter directory merged into its weights when one is given."""
+    adapter directory merged into its weights when one is given. compute_type: the GPU's matrix products in
+    bfloat16, or in float8 (FP8 E4M3 weights and activations, checkpoint.E4M3Matrix; Hopper only); auto is
+    float8 where the model is stored so (`nllb convert --compute-type float8`) and the GPU has it, else
+    bfloat16. The CPU engine computes in float32 whatever the type, and refuses float8."""
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
+    float8 = uses_float8(compute_type, where, model_dir)
     # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32)
-    config, weights = load_checkpoint(model_dir, bf16_bits=where != "cpu" and adapter is None)
+    config, weights = load_checkpoint(model_dir, bf16_bits=where != "cpu" and adapter is None, float8=float8 and adapter is None)
     if adapter is not None:
         from pathlib import Path
 
         from .lora import merge_lora
 
         weights = merge_lora(config, weights, Path(adapter))
+        if float8:
+            weights = quantize_matrices(weights)
     tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
         return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir))
     from .engine.cuda import CudaEngine
 
     return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1])), where, str(model_dir))
+
+
+def uses_float8(compute_type: str, where: str, model_dir) -> bool:
+    """Whether the engine multiplies in FP8 (load_translator's compute_type), or why it cannot, in one line."""
+    if compute_type not in COMPUTE_TYPES:
+        raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
+    if compute_type == "bfloat16" or (compute_type == "auto" and not stored_in_float8(model_dir)):
+        return False
+    why_not = float8_missing(where)
+    if why_not and compute_type == "float8":
+        raise NllbError(f"--compute-type float8 {why_not}: leave it out, or use bfloat16")
+    return not why_not
+
+
+def float8_missing(where: str) -> str | None:
+    """Why `where` cannot run FP8 matrix products (None: it can): they are Hopper's wgmma (compute capability 9.0)."""
+    if where == "cpu":
+        return "runs on a Hopper GPU (FP8 matrix products); the CPU engine computes in float32"
+    from .engine import kernels
+
+    if not kernels.wgmma_available():
+        return (f"needs a Hopper GPU (compute capability 9.0, FP8 matrix products by wgmma); {where} is "
+                f"{kernels.arch().replace('sm_', 'compute capability ')}" + (" with NLLB_NO_WGMMA set" if kernels.arch() == "sm_90" else ""))
+    return None
+
+
+def stored_in_float8(model_dir) -> bool:
+    """The model's matrices are stored in FP8 (from the files' headers alone)."""
+    from .checkpoint import FLOAT8, stored_tensors, weight_files
+
+    return any(dtype == FLOAT8 for path in weight_files(model_dir) for _, dtype in stored_tensors(path).values())
+
+
+def quantize_matrices(weights: dict) -> dict:
+    """Every matrix (2-D weight) as an E4M3Matrix, a tied one quantized once."""
+    from .engine.numerics import E4M3Matrix
+
+    done: dict[int, E4M3Matrix] = {}
+    out = {}
+    for name, w in weights.items():
+        if getattr(w, "ndim", 0) == 2:
+            if id(w) not in done:
+                done[id(w)] = E4M3Matrix.quantize(w)
+            w = done[id(w)]
+        out[name] = w
+    return out

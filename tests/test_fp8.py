@@ -42,3 +42,28 @@ def test_quantization_keeps_each_value_within_half_a_step_of_its_channel():
     assert np.abs(back).max(axis=1).tolist() == pytest.approx(np.abs(w).max(axis=1).tolist(), rel=1e-6)  # 448 x scale
     step = np.maximum(2.0 ** (np.floor(np.log2(np.maximum(np.abs(w / scales), 2.0**-6))) - 3), 2.0**-9) * scales
     assert (np.abs(back - w) <= step / 2 * (1 + 1e-6)).all()
+
+
+def nearest_code(x) -> np.ndarray:
+    """E4M3 rounding by definition: the code of the nearest of the grid's sizes (a tie to the even code), past
+    448 the largest; what e4m3_bits computes from float32's bits."""
+    x = np.asarray(x, dtype=np.float32)
+    size = np.minimum(np.abs(x).astype(np.float64), E4M3_MAX)
+    grid = e4m3_values()[:127].astype(np.float64)
+    above = np.clip(np.searchsorted(grid, size), 0, 126)
+    below = np.maximum(above - 1, 0)
+    to_below, to_above = size - grid[below], grid[above] - size
+    nearest = np.where(to_below < to_above, below, np.where(to_above < to_below, above, np.where(below % 2 == 0, below, above)))
+    return np.where(np.isnan(x), 0x7F, nearest | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+
+
+def test_the_rounding_from_bits_is_the_nearest_code_everywhere():
+    rng = np.random.default_rng(1)
+    sizes = np.exp2(rng.uniform(-30, 12, 2_000_000)).astype(np.float32)
+    values = e4m3_values()[:127].astype(np.float64)
+    halfway = ((values[:-1] + values[1:]) / 2).astype(np.float32)
+    edges = np.array([0, 2.0**-6, 2.0**-10, 2.0**-149, 448, 464, 465, 480, 3e38, np.inf, np.nan], np.float32)
+    x = np.concatenate([sizes * rng.choice([-1, 1], sizes.size).astype(np.float32), edges, -edges, halfway, -halfway,
+                        np.nextafter(halfway, np.float32(0)), np.nextafter(halfway, np.float32(1e9)), values.astype(np.float32)])
+    assert (e4m3_bits(x) == nearest_code(x)).all()
+    assert e4m3_bits(x[:10].reshape(2, 5)).tolist() == nearest_code(x[:10]).reshape(2, 5).tolist()

@@ -5,6 +5,8 @@ They sit below engine/reference.py, engine/cuda.py and search.py, and import non
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 
@@ -143,17 +145,25 @@ def e4m3_values() -> np.ndarray:
 
 def e4m3_bits(x) -> np.ndarray:
     """x as E4M3 codes (uint8), as CUDA's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) makes them: the
-    nearest value (a tie to the even code), beyond 448 in size 448, NaN as 0x7F."""
+    nearest value (a tie to the even code), beyond 448 in size 448, NaN as 0x7F. From float32's bits, a block at
+    a time (a whole embedding converts in a few temporaries of 16 MB): a normal size keeps its exponent and the
+    top 3 of its 23 mantissa bits, rounded to nearest even; a size below 2^-6 is a multiple of 2^-9, rounded."""
     x = np.asarray(x, dtype=np.float32)
-    size = np.minimum(np.abs(x).astype(np.float64), E4M3_MAX)
-    grid = e4m3_values()[:127].astype(np.float64)  # codes 0..126: every finite size, increasing
-    above = np.clip(np.searchsorted(grid, size), 0, 126)  # the first code whose size is at least x's
-    below = np.maximum(above - 1, 0)
-    to_below, to_above = size - grid[below], grid[above] - size
-    nearest = np.where(to_below < to_above, below, np.where(to_above < to_below, above,
-                                                            np.where(below % 2 == 0, below, above)))
-    codes = (nearest | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
-    return np.where(np.isnan(x), np.uint8(0x7F), codes)
+    flat, out = x.reshape(-1), np.empty(x.size, dtype=np.uint8)
+    for first in range(0, flat.size, E4M3_BLOCK):
+        block = flat[first : first + E4M3_BLOCK]
+        size = np.abs(block)
+        bits = size.view(np.uint32)
+        rounded = (bits + np.uint32(0x7FFFF) + ((bits >> np.uint32(20)) & np.uint32(1))) >> np.uint32(20)
+        normal = np.minimum(rounded.astype(np.int64) - (120 << 3), 0x7E)  # float32's exponent bias 127, E4M3's 7
+        small = np.rint(np.minimum(size, np.float32(1)) * np.float32(512))  # units of 2^-9, exact; 8 is 2^-6, code 0x08 either way
+        codes = np.where(size < np.float32(2.0**-6), small, normal).astype(np.uint8)
+        codes |= np.where(np.signbit(block), np.uint8(0x80), np.uint8(0))
+        out[first : first + E4M3_BLOCK] = np.where(np.isnan(block), np.uint8(0x7F), codes)
+    return out.reshape(x.shape)
+
+
+E4M3_BLOCK = 1 << 22
 
 
 def quantize_e4m3(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -169,3 +179,37 @@ def quantize_e4m3(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray
 def dequantize_e4m3(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """quantize_e4m3's inverse, float32."""
     return e4m3_values()[codes] * scales
+
+
+class E4M3Matrix:
+    """A weight matrix (N, K) in FP8 E4M3 with a scale per row, its output channel: values e4m3_values()[codes] *
+    scales. What `--compute-type float8` multiplies by (the engines take it where a float matrix would be), and
+    what `nllb convert --compute-type float8` stores: the codes as a F8_E4M3 tensor, the scales beside them as
+    `<name>_scale`. An embedding table stored so gives each token's row by the same rule."""
+
+    def __init__(self, codes: np.ndarray, scales: np.ndarray):
+        self.codes = np.asarray(codes, dtype=np.uint8)  # (N, K)
+        self.scales = np.asarray(scales, dtype=np.float32).reshape(-1, 1)  # (N, 1)
+        if self.codes.ndim != 2 or self.scales.shape[0] != self.codes.shape[0]:
+            raise ValueError(f"E4M3 codes {self.codes.shape} need a scale a row, not {self.scales.shape}")
+
+    @classmethod
+    def quantize(cls, w: np.ndarray) -> "E4M3Matrix":
+        return cls(*quantize_e4m3(w))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    def dequantize(self) -> np.ndarray:
+        """The values (N, K) float32."""
+        return dequantize_e4m3(self.codes, self.scales)
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        """dequantize(), made once (the CPU reference multiplies by it)."""
+        return self.dequantize()
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` (any shape) as float32 values (ids.shape + (K,)): an embedding lookup."""
+        return dequantize_e4m3(self.codes[ids], self.scales[ids])

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
-from .numerics import gumbel_noise, inverse_temperature, log_softmax, sinusoidal_positions, step_keys, to_host, topk_desc
+from .numerics import (E4M3Matrix, dequantize_e4m3, gumbel_noise, inverse_temperature, log_softmax, quantize_e4m3,
+                       sinusoidal_positions, step_keys, to_host, topk_desc)
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
@@ -32,8 +33,11 @@ def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 
     return centred / np.sqrt(var + np.float32(eps)) * weight + bias
 
 
-def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-    """x @ weight.T + bias, weight stored (out, in) as torch's nn.Linear."""
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+    """x @ weight.T + bias, weight stored (out, in) as torch's nn.Linear. An E4M3Matrix weight (--compute-type
+    float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
+    if isinstance(weight, E4M3Matrix):
+        x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     y = x @ weight.T
     return y if bias is None else y + bias
 
@@ -58,9 +62,10 @@ def activation(x: np.ndarray, name: str) -> np.ndarray:
     return (0.5 * x * (1.0 + np.vectorize(erf)(x / sqrt(2.0)))).astype(np.float32)
 
 
-def embed(ids: np.ndarray, positions: np.ndarray, table: np.ndarray, scale: float, pos_table: np.ndarray) -> np.ndarray:
+def embed(ids: np.ndarray, positions: np.ndarray, table, scale: float, pos_table: np.ndarray) -> np.ndarray:
     """Token embedding times sqrt(D) (when the model scales) plus the sinusoidal position rows. (..., D)"""
-    return table[ids] * np.float32(scale) + pos_table[positions]
+    rows = table.rows(ids) if isinstance(table, E4M3Matrix) else table[ids]
+    return rows * np.float32(scale) + pos_table[positions]
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
