@@ -88,7 +88,27 @@ def check_array(name: str, a: cp.ndarray, dtype, shape: tuple | None = None) -> 
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
+U8 = cp.dtype(cp.uint8)  # FP8 E4M3 codes
 NULL = np.uint64(0)  # an absent pointer argument
+
+
+# ------------------------------------------------------------------------------------------------ quantize.cu
+
+def quantize_rows(x: cp.ndarray, codes: cp.ndarray | None = None,
+                  scales: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+    """Each row of x (M, K) bf16 or f32 to FP8 E4M3 by its largest size: codes (M, K) uint8, scales (M,) f32,
+    x ~ e4m3(codes) * scales; numerics.quantize_e4m3's bits (an all-zero row has scale 1)."""
+    m, k = x.shape
+    check(x.dtype in (BF16, F32), f"quantize_rows takes bf16 or f32, not {x.dtype}")
+    check_array("x", x, x.dtype)
+    codes = cp.empty((m, k), dtype=U8) if codes is None else codes
+    scales = cp.empty((m,), dtype=F32) if scales is None else scales
+    check_array("codes", codes, U8, (m, k))
+    check_array("scales", scales, F32, (m,))
+    if m:  # an empty row (K = 0) has scale 1
+        function("quantize.cu", "quantize_rows_kernel")((m,), (256,), (x, codes, scales, cp.int32(k),
+                                                                        cp.int32(1 if x.dtype == F32 else 0)))
+    return codes, scales
 
 
 # ------------------------------------------------------------------------------------------------ gemm.cu
