@@ -4,7 +4,7 @@
 // with two differences: A and W come as TMA tensor maps (the loader encodes them: 2-D bf16, box 64 x rows,
 // 128-byte swizzle, zero fill past the edges), and `m_fastest` picks the tile order.
 // Block: 1 producer warpgroup (one thread issues the TMA copies) + CONSUMERS warpgroups, each computing
-// 64 rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = 64 * CONSUMERS, BK = 64, STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
+// 64 rows x BN columns with wgmma m64nBNk16 (BN 8 .. 256); BM = 64 * CONSUMERS, BK = 64 (rows of 128 bytes), STAGES stages in shared memory, each KSTEPS k-steps of A and W tiles
 // (KSTEPS > 1: one 3-D copy an operand a stage, see tma_load3), a full and an empty mbarrier per stage. Tile
 // sizes are -D defines set by the loader.
 // Tiles: tile t of ceil(M/BM) x ceil(N/BN) is (t % tiles_m, t / tiles_m) when m_fastest, else
@@ -12,7 +12,7 @@
 // in L2) or an A tile. Persistent: block b takes tiles b, b + gridDim.x, ...; the stages and their barriers
 // run on across a block's tiles, so the producer loads the next tile while the consumers finish the last.
 // Launch: block 128 * (CONSUMERS + 1) threads; grid (min(tiles, SMs)) (any grid works); dynamic shared memory
-// STAGES * (BM + BN) * BK * 2 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
+// STAGES * (BM + BN) * 128 * KSTEPS + 1024 bytes (1024 for the alignment the 128-byte swizzle needs).
 // needed (null: every tile): a byte per tile, tiles_m x tiles_n; the tiles marked 0 are skipped, neither loaded
 // nor computed (beam search's second top-k pass). thresh: EPILOGUE_TOPK's per-row thresholds (null: none).
 // TMA_STORE (EPILOGUE_STORE, bf16 out, no residual; BN a multiple of 64): each consumer writes its 64 x BN
@@ -35,6 +35,14 @@
 // so that launched as a programmatic dependent (launch.py) the launch and set-up overlap the kernel before.
 // w_early (a runtime flag: W is constant) lets the producer load W's first stages before that wait.
 // Each output sums its K products 16 at a time in increasing k, the order of gemm_kernel.
+// FP8 (1; --compute-type float8): A (M, K) and W (N, K) are FP8 E4M3 codes (uint8, K-contiguous: FP8 wgmma takes
+// both operands K-major), quantized per row with f32 scales a_scale (M,) and w_scale (N,) (kernels.quantize_rows,
+// numerics.quantize_e4m3); their maps are 2-D uint8, box 128 x rows, the same 128-byte swizzle, so a stage holds
+// the same bytes with twice the k (BK = 128), each 128-byte row taken by wgmma m64nBNk32 .e4m3 four times, 32
+// bytes apart. Once a tile's products are summed (fp32 accumulators; the tensor cores add FP8 products with less
+// precision than bf16's, tests/gpu/test_fp8_kernels.py says how much), each is scaled by a_scale[m] * w_scale[n],
+// and every epilogue (bias, ReLU, residual, the logits' statistics) sees the scaled values. K % 16 == 0 (16-byte
+// rows for TMA); the products are summed 32 at a time in increasing k.
 #ifndef BN
 #define BN 128
 #define CONSUMERS 2
@@ -42,6 +50,9 @@
 #endif
 #ifndef KSTEPS
 #define KSTEPS 1
+#endif
+#ifndef FP8  // 1: A and W are FP8 E4M3 codes with a scale per row (a_scale, w_scale)
+#define FP8 0
 #endif
 #ifndef TMA_STORE
 #define TMA_STORE 0
@@ -72,7 +83,9 @@
 #error "TMA_STORE is for the store epilogue, a multiple of 64 columns"
 #endif
 #define BM (64 * CONSUMERS)  // the consumer warpgroups share a tile, 64 rows each; named barrier 1: their epilogue
-#define BK 64
+#define ELEM_BYTES (FP8 ? 1 : 2)  // an operand element's bytes: E4M3 or bf16
+#define BK (128 / ELEM_BYTES)     // k a stage's k-step: rows of 128 bytes, the 128-byte swizzle's
+#define WGMMA_K (32 / ELEM_BYTES)  // k a wgmma: 32 bytes of each row (k16 bf16, k32 E4M3)
 #define THREADS (128 * (CONSUMERS + 1))
 #define WM 16
 #define WN BN
@@ -82,9 +95,19 @@
 #define EPI_THREADS (128 * CONSUMERS)
 #define EPI_SYNC() asm volatile("bar.sync 1, %0;\n" ::"n"(EPI_THREADS))
 #define STAGE_ELEMS ((BM + BN) * BK * KSTEPS)  // a stage: KSTEPS k-steps of A (BM x BK each) and of W (BN x BK)
-#define EPI_SMEM_BYTES (STAGES * STAGE_ELEMS * 2)
+#define STAGE_BYTES (STAGE_ELEMS * ELEM_BYTES)
+#define EPI_SMEM_BYTES (STAGES * STAGE_BYTES)
 #include "common.cuh"
 #include "gemm_epilogue.cuh"
+#if FP8
+typedef unsigned char operand_t;  // E4M3 codes
+#define WGMMA_OP(n) "{\nwgmma.mma_async.sync.aligned.m64n" n "k32.f32.e4m3.e4m3 {"
+#define WGMMA_IMM "1, 1, 1;\n}\n"  // scale-d, scale-a, scale-b (FP8 has no transposes: both operands K-major)
+#else
+typedef __nv_bfloat16 operand_t;
+#define WGMMA_OP(n) "{\nwgmma.mma_async.sync.aligned.m64n" n "k16.f32.bf16.bf16 {"
+#define WGMMA_IMM "1, 1, 1, 0, 0;\n}\n"  // scale-d, scale-a, scale-b, transpose-a, transpose-b (K-major: none)
+#endif
 
 // A CUtensorMap made on the host, passed by value (a __grid_constant__ parameter the TMA unit reads in place).
 struct __align__(64) TensorMap { unsigned long long bits[16]; };
@@ -153,7 +176,7 @@ __device__ __forceinline__ void tma_store3(const TensorMap* map, const void* src
 }
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows, 128-byte swizzled: rows in groups of 8
-// (1,024 bytes apart); the start address moves 32 bytes per 16 columns of k.
+// (1,024 bytes apart); the start address moves 32 bytes a wgmma (16 bf16 or 32 E4M3 columns of k).
 __device__ __forceinline__ unsigned long long smem_desc(const void* p) {
     const unsigned long long addr = smem_addr(p);
     return ((addr & 0x3FFFF) >> 4) | ((16ull >> 4) << 16) | ((1024ull >> 4) << 32) | (1ull << 62);
@@ -164,7 +187,8 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 
-// d (64 x N per warpgroup, fragments as gemm_epilogue.cuh) += A (64 x 16) @ B (N x 16)^T, both from shared memory.
+// d (64 x N per warpgroup, fragments as gemm_epilogue.cuh) += A (64 x WGMMA_K) @ B (N x WGMMA_K)^T, both from shared
+// memory.
 // The asm names every accumulator: n8 chunk j of d is operands 4j .. 4j + 3.
 #define ACC4(j) "+f"(d[0][j][0]), "+f"(d[0][j][1]), "+f"(d[0][j][2]), "+f"(d[0][j][3])
 #define ACC16(j) ACC4(j), ACC4(j + 1), ACC4(j + 2), ACC4(j + 3)
@@ -186,48 +210,44 @@ __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sy
     "%124, %125, %126, %127"
 
 __device__ __forceinline__ void wgmma_n128(float (&d)[1][16][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {" REGS_0_63 "}, %64, %65, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("128") REGS_0_63 "}, %64, %65, " WGMMA_IMM
                  : ACC64(0)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void wgmma_n256(float (&d)[1][32][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_127 "}, %128, "
-                 "%129, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("256") REGS_0_63 ", " REGS_64_127 "}, %128, %129, " WGMMA_IMM
                  : ACC64(0), ACC64(16)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void wgmma_n64(float (&d)[1][8][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {" REGS_0_31 "}, %32, %33, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("64") REGS_0_31 "}, %32, %33, " WGMMA_IMM
                  : ACC16(0), ACC16(4)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void wgmma_n192(float (&d)[1][24][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {" REGS_0_63 ", " REGS_64_95 "}, %96, "
-                 "%97, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("192") REGS_0_63 ", " REGS_64_95 "}, %96, %97, " WGMMA_IMM
                  : ACC64(0), ACC16(16), ACC16(20)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 // Narrow tiles for few rows (64 x 8 .. 32, as cuBLAS's at 64 rows): many blocks share the work of one row tile.
 __device__ __forceinline__ void wgmma_n8(float (&d)[1][1][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("8") "%0, %1, %2, %3}, %4, %5, " WGMMA_IMM
                  : ACC4(0)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void wgmma_n16(float (&d)[1][2][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, "
-                 "1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("16") "%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, " WGMMA_IMM
                  : ACC4(0), ACC4(1)
                  : "l"(desc_a), "l"(desc_b));
 }
 
 __device__ __forceinline__ void wgmma_n32(float (&d)[1][4][4], unsigned long long desc_a, unsigned long long desc_b) {
-    asm volatile("{\nwgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
-                 "%11, %12, %13, %14, %15}, %16, %17, 1, 1, 1, 0, 0;\n}\n"
+    asm volatile(WGMMA_OP("32") "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, " WGMMA_IMM
                  : ACC4(0), ACC4(1), ACC4(2), ACC4(3)
                  : "l"(desc_a), "l"(desc_b));
 }
@@ -339,6 +359,26 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 }
 #endif
 
+#if FP8
+// acc (a warp's 16 rows from row0 and BN columns from col0, fragments as gemm_epilogue.cuh) times a_scale[row] *
+// w_scale[column]. Rows and columns past M and N (TMA's zeros) are scaled by 0. w_scale 8-byte aligned (the
+// launcher's): a lane's two columns in one load.
+__device__ __forceinline__ void scale_products(float (&acc)[MT][NT][4], const float* __restrict__ a_scale,
+                                               const float* __restrict__ w_scale, int row0, int col0, int lane, int M,
+                                               int N) {
+    const int m0 = row0 + (lane >> 2), m1 = m0 + 8;
+    const float sa0 = m0 < M ? a_scale[m0] : 0.f, sa1 = m1 < M ? a_scale[m1] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        const int n = col0 + j * 8 + (lane & 3) * 2;
+        const float2 sw = n + 1 < N ? *reinterpret_cast<const float2*>(w_scale + n)
+                                    : make_float2(n < N ? w_scale[n] : 0.f, 0.f);
+        acc[0][j][0] *= sa0 * sw.x, acc[0][j][1] *= sa0 * sw.y;
+        acc[0][j][2] *= sa1 * sw.x, acc[0][j][3] *= sa1 * sw.y;
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant__ TensorMap map_w,
                  const __grid_constant__ TensorMap map_out,
@@ -346,12 +386,16 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                  void* __restrict__ out, float* __restrict__ part_val, int* __restrict__ part_idx,
                  int M, int N, int K, int relu, int epilogue, int out_f32, float* __restrict__ part_stat, int m_fastest,
                  const float* __restrict__ thresh, const unsigned char* __restrict__ needed, int w_early,
-                 const unsigned* __restrict__ noise) {
+                 const unsigned* __restrict__ noise
+#if FP8
+                 , const float* __restrict__ a_scale, const float* __restrict__ w_scale
+#endif
+                 ) {
     extern __shared__ __align__(1024) unsigned char gemm_smem[];
     __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
     unsigned char* base = gemm_smem + ((1024 - (smem_addr(gemm_smem) & 1023)) & 1023);
-    __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(base);  // STAGES x BM x BK, swizzled
-    __nv_bfloat16* Ws = As + STAGES * BM * BK * KSTEPS;            // STAGES x KSTEPS x BN x BK, swizzled
+    operand_t* As = reinterpret_cast<operand_t*>(base);  // STAGES x BM x BK, swizzled
+    operand_t* Ws = As + STAGES * BM * BK * KSTEPS;      // STAGES x KSTEPS x BN x BK, swizzled
     const int tiles_m = CEIL_DIV(M, BM), tiles_n = CEIL_DIV(N, BN), tiles = tiles_m * tiles_n;
     const int warpgroup = threadIdx.x / 128, k_tiles = CEIL_DIV(K, BK * KSTEPS);  // stages a tile
 #define TILE_M(t) (m_fastest ? (t) % tiles_m : (t) / tiles_n)
@@ -383,7 +427,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
     if (w_early && !needed && threadIdx.x == 0 && (int)blockIdx.x < tiles) {
         early = k_tiles < STAGES ? k_tiles : STAGES;
         for (int kt = 0; kt < early; ++kt) {
-            mbar_expect_bytes(&full[kt], STAGE_ELEMS * 2);  // whole boxes count, zero-filled parts too
+            mbar_expect_bytes(&full[kt], STAGE_BYTES);  // whole boxes count, zero-filled parts too
             LOAD_W(kt, (int)blockIdx.x, kt);
         }
     }
@@ -401,7 +445,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
                     const int s = it % STAGES;
                     if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);  // consumers are done with it
                     if (it >= early) {
-                        mbar_expect_bytes(&full[s], STAGE_ELEMS * 2);
+                        mbar_expect_bytes(&full[s], STAGE_BYTES);
                         LOAD_W(s, t, kt);
                     }
                     LOAD_A(s, t, kt);
@@ -431,13 +475,13 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         for (int kt = 0; kt < k_tiles; ++kt, ++it) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
-            const __nv_bfloat16* a = As + s * BM * BK * KSTEPS + consumer * 64 * BK;
-            const __nv_bfloat16* w = Ws + s * BN * BK * KSTEPS;
+            const operand_t* a = As + s * BM * BK * KSTEPS + consumer * 64 * BK;
+            const operand_t* w = Ws + s * BN * BK * KSTEPS;
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < KSTEPS; ++ks)
 #pragma unroll
-                for (int kk = 0; kk < BK; kk += 16)
+                for (int kk = 0; kk < BK; kk += WGMMA_K)
                     WGMMA(acc, smem_desc(a + ks * BM * BK + kk), smem_desc(w + ks * BN * BK + kk));
             wgmma_commit();
             wgmma_wait<1>();  // the previous step's products are done: hand its stage back
@@ -446,6 +490,10 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         wgmma_wait<0>();
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
+#if FP8  // the codes' products back to the operands' scale, before any epilogue
+        scale_products(acc, a_scale, w_scale, TILE_M(t) * BM + consumer * 64 + (tid % 128) / 32 * 16, tile_n * BN,
+                       tid % 32, M, N);
+#endif
 #if TMA_STORE
         store_through_smem(acc, base + EPI_SMEM_BYTES + consumer * STAGING_BYTES, &map_out, tid % 128, consumer,
                            TILE_M(t) * BM + consumer * 64, tile_n * BN, bias_lane, relu);  // a buffer per consumer

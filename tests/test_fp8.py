@@ -1,11 +1,13 @@
 """The NumPy model of FP8 E4M3 rounding (numerics.e4m3_*), what FP8 matrix products are checked against: every code
 decodes to its value and rounds back to itself, halfway values go to the even code, sizes past 448 saturate, and
-a per-channel quantization keeps each value within half a step of its channel's grid."""
+a per-channel quantization keeps each value within half a step of its channel's grid; the model of an FP8 matrix
+product (numerics.gemm_fp8_reference) is the product of the dequantized operands, summed exactly."""
 
 import numpy as np
 import pytest
 
-from nllbcli.engine.numerics import E4M3_MAX, dequantize_e4m3, e4m3_bits, e4m3_values, quantize_e4m3
+from nllbcli.engine.numerics import (E4M3_MAX, dequantize_e4m3, e4m3_bits, e4m3_values, gemm_fp8_reference,
+                                      quantize_e4m3)
 
 
 def test_every_code_is_its_own_rounding():
@@ -67,3 +69,29 @@ def test_the_rounding_from_bits_is_the_nearest_code_everywhere():
                         np.nextafter(halfway, np.float32(0)), np.nextafter(halfway, np.float32(1e9)), values.astype(np.float32)])
     assert (e4m3_bits(x) == nearest_code(x)).all()
     assert e4m3_bits(x[:10].reshape(2, 5)).tolist() == nearest_code(x[:10]).reshape(2, 5).tolist()
+
+
+def test_the_fp8_product_model_is_the_product_of_the_dequantized_operands():
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(7, 96)).astype(np.float32) * 3
+    w = rng.normal(size=(11, 96)).astype(np.float32) / 10
+    a[2] = 0
+    bias, residual = rng.normal(size=11).astype(np.float32), rng.normal(size=(7, 11)).astype(np.float32)
+    (a_codes, a_scale), (w_codes, w_scale) = quantize_e4m3(a), quantize_e4m3(w)
+    got = gemm_fp8_reference(a_codes, a_scale[:, 0], w_codes, w_scale, bias=bias, residual=residual, relu=True)
+    a_back = dequantize_e4m3(a_codes, a_scale).astype(np.float64)
+    w_back = dequantize_e4m3(w_codes, w_scale).astype(np.float64)
+    want = np.maximum(a_back @ w_back.T + bias, 0) + residual
+    magnitude = np.abs(a_back) @ np.abs(w_back).T
+    # dequantize_e4m3 rounds each value times its scale to float32: 2^-24 of each product, twice
+    assert got.dtype == np.float64 and got.shape == (7, 11)
+    assert (np.abs(got - want) <= 2.0**-22 * magnitude + 1e-12).all()
+    assert (got[2] == np.maximum(bias.astype(np.float64), 0) + residual[2]).all()  # an all-zero row: products 0
+
+
+def test_the_fp8_product_model_sums_exactly():
+    # 448 * 448 + 2^-9 * 2^-9 - 448 * 448: float32 would lose the small product (2^-18 against 2^17.6)
+    codes = e4m3_bits(np.array([[448.0, 2.0**-9, -448.0]], np.float32))
+    ones = np.ones(1, np.float32)
+    assert gemm_fp8_reference(codes, ones, codes[:, [0, 1, 0]], ones)[0, 0] == 2.0**-18
+    assert gemm_fp8_reference(codes, 2 * ones, codes[:, [0, 1, 0]], 0.25 * ones)[0, 0] == 2.0**-19

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -88,7 +89,27 @@ def check_array(name: str, a: cp.ndarray, dtype, shape: tuple | None = None) -> 
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
+U8 = cp.dtype(cp.uint8)  # FP8 E4M3 codes
 NULL = np.uint64(0)  # an absent pointer argument
+
+
+# ------------------------------------------------------------------------------------------------ quantize.cu
+
+def quantize_rows(x: cp.ndarray, codes: cp.ndarray | None = None,
+                  scales: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+    """Each row of x (M, K) bf16 or f32 to FP8 E4M3 by its largest size: codes (M, K) uint8, scales (M,) f32,
+    x ~ e4m3(codes) * scales; numerics.quantize_e4m3's bits (an all-zero row has scale 1)."""
+    m, k = x.shape
+    check(x.dtype in (BF16, F32), f"quantize_rows takes bf16 or f32, not {x.dtype}")
+    check_array("x", x, x.dtype)
+    codes = cp.empty((m, k), dtype=U8) if codes is None else codes
+    scales = cp.empty((m,), dtype=F32) if scales is None else scales
+    check_array("codes", codes, U8, (m, k))
+    check_array("scales", scales, F32, (m,))
+    if m:  # an empty row (K = 0) has scale 1
+        function("quantize.cu", "quantize_rows_kernel")((m,), (256,), (x, codes, scales, cp.int32(k),
+                                                                        cp.int32(1 if x.dtype == F32 else 0)))
+    return codes, scales
 
 
 # ------------------------------------------------------------------------------------------------ gemm.cu
@@ -170,8 +191,8 @@ def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     return "large" if -(-m // 128) * -(-n // 128) >= multiprocessors() else "small"
 
 
-# TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16 or f32, box 128 bytes x rows,
-# 128-byte swizzle, zeros past the edges. Cached by (address, shape, row stride, box rows, dtype), which fix them.
+# TMA tensor maps (cuTensorMapEncodeTiled, from the driver through ctypes): 2-D bf16, f32 or uint8, box 128 bytes x
+# rows, 128-byte swizzle, zeros past the edges. Cached by (address, shape, row stride, box rows, dtype), which fix them.
 TENSOR_MAP = np.dtype([("bits", np.uint64, (16,))])
 _maps: OrderedDict = OrderedDict()
 MAX_MAPS = 4096
@@ -188,10 +209,10 @@ def _encode_tiled():
 
 
 def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
-    """The TMA map of a 2-D bf16 or f32 array whose rows are contiguous (a row slice of a wider array will do):
-    boxes of 128 bytes (64 bf16, 32 f32) x box_rows. steps > 1 (128 bytes | a row): a 3-D map of the array seen
-    as (cols / (128 bytes), rows, 128 bytes), boxes of `steps` such 2-D boxes, one after another (gemm_sm90.cu's
-    KSTEPS, and its OUT_3D)."""
+    """The TMA map of a 2-D bf16, f32 or uint8 (FP8 codes) array whose rows are contiguous (a row slice of a wider
+    array will do): boxes of 128 bytes (64 bf16, 32 f32, 128 uint8) x box_rows. steps > 1 (128 bytes | a row): a
+    3-D map of the array seen as (cols / (128 bytes), rows, 128 bytes), boxes of `steps` such 2-D boxes, one after
+    another (gemm_sm90.cu's KSTEPS, and its OUT_3D)."""
     rows, cols = a.shape
     key = (a.data.ptr, rows, cols, a.strides[0], box_rows, a.dtype.char, steps)
     found = _maps.get(key)
@@ -201,8 +222,8 @@ def tensor_map(a: cp.ndarray, box_rows: int, steps: int = 1):
     raw = np.zeros(TENSOR_MAP.itemsize + 64, np.uint8)  # the driver wants the map 64-byte aligned
     offset = -raw.ctypes.data % 64
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
-    F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_FLOAT32, ...
-    data_type = F32_TYPE if a.dtype == F32 else BF16_TYPE
+    U8_TYPE, F32_TYPE, BF16_TYPE, SWIZZLE_128B, L2_PROMOTE_128B = 0, 7, 9, 3, 2  # CU_TENSOR_MAP_DATA_TYPE_UINT8, ...
+    data_type = F32_TYPE if a.dtype == F32 else U8_TYPE if a.dtype == U8 else BF16_TYPE
     if steps > 1:
         inner = 128 // a.itemsize
         check(cols % inner == 0, "a 3-D tensor map needs rows of whole 128-byte steps")
@@ -270,15 +291,20 @@ def in_place(out: cp.ndarray | None, residual: cp.ndarray | None) -> bool:
 
 def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=None, residual=None, out=None,
                 part_val=None, part_idx=None, part_stat=None, relu: bool = False, out_f32: bool = False, thresh=None,
-                needed=None, w_early=False, noise=None, **defines) -> None:
+                needed=None, w_early=False, noise=None, a_scale=None, w_scale=None, **defines) -> None:
     """Launch gemm_kernel (gemm.cu) or gemm_sm90_kernel (gemm_sm90.cu) with a tile configuration; threads, grid
     and dynamic shared memory follow from it. Each epilogue is compiled into a kernel of its own (EPILOGUE_KIND):
     the one with all four was 2.7x the code, and a third of its stalls were instruction fetches. Absent arrays
     are None. needed: a byte per tile (tiles_m, tiles_n), 0 for a tile to skip; thresh: EPILOGUE_TOPK's per-row
     thresholds; noise: the rows' step keys of a SAMPLE argmax (gemm_epilogue.cuh). w_early (wgmma): w is constant, written by no kernel since the device last synchronized, so the
-    kernel loads its first stages before waiting for the kernel before (gemm_sm90.cu)."""
+    kernel loads its first stages before waiting for the kernel before (gemm_sm90.cu). a and w uint8: FP8 E4M3
+    codes with their rows' scales a_scale (M,) and w_scale (N,) f32 (gemm_sm90.cu's FP8; wgmma tiles only)."""
     tile = dict(GEMM_TILES[name])
     kind = tile.pop("kind")
+    fp8 = a.dtype == U8
+    if fp8:
+        check(wgmma_available(), FP8_NEEDS_HOPPER)
+        check(kind == "sm90", f"the {name} tile has no FP8 products: a wgmma tile has")
     m, k = a.shape
     n = w.shape[0]
     ptr = lambda x: NULL if x is None else x
@@ -299,11 +325,12 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
         check(tma_ready(a) and tma_ready(w), "TMA needs 16-byte aligned rows")
         bm, bn = tile_rows(name), tile["BN"]
         threads = 128 * (tile["CONSUMERS"] + 1)  # one warpgroup loads, the others compute
-        steps = tile.pop("KSTEPS", 1) if k % 64 == 0 else 1  # k-steps a stage (3-D boxes: whole 64-column steps)
+        # k-steps a stage (3-D boxes: whole 128-byte steps)
+        steps = tile.pop("KSTEPS", 1) if k * a.itemsize % 128 == 0 else 1
         tile.pop("KSTEPS", None)
         if steps > 1:  # compiled in only then: the one-k-step kernels stay as they were
             tile["KSTEPS"] = steps
-        stage_bytes = (bm + bn) * 64 * 2 * steps
+        stage_bytes = (bm + bn) * 128 * steps  # rows of 128 bytes: 64 bf16 or 128 E4M3 of k a step
         map_a = tensor_map(a, bm, steps)
         out_map, staging = map_a, 0  # map_a a placeholder: map_out is read only by TMA_STORE
         store_options = {key: tile.pop(key, value) for key, value in STORE_OPTIONS.items()}
@@ -333,13 +360,15 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
                 tile.update({key: value for key, value in chosen.items() if value != KERNEL_DEFAULTS[key]})
                 out_map = tensor_map(out, 64, boxes if out_3d else 1)
         smem = tile["STAGES"] * stage_bytes + 1024 + staging
+        if fp8:  # compiled in only then: the bf16 kernels stay as they were
+            tile["FP8"] = 1
         kernel = function("gemm_sm90.cu", "gemm_sm90_kernel", target="sm_90a",
                           **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
         grid = (min(tiles, multiprocessors()),)  # persistent: a block an SM walks the tiles
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
-            (cp.int32(1 if w_early else 0), ptr(noise))
+            (cp.int32(1 if w_early else 0), ptr(noise)) + ((a_scale, w_scale) if fp8 else ())
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
         raise ValueError(f"the {name} tile takes {smem:,} bytes of shared memory, more than a block may have")
     allow_smem(kernel, smem)
@@ -376,6 +405,80 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     return out
 
 
+FP8_NEEDS_HOPPER = "--compute-type float8 needs a Hopper GPU (sm_90)"  # FP8 products are wgmma's
+
+
+def check_scales(name: str, scales: cp.ndarray, rows: int) -> None:
+    """A scale a row, f32, (rows,) or numerics.quantize_e4m3's (rows, 1); 8-byte aligned (gemm_sm90.cu reads w's
+    two at a time)."""
+    check_array(name, scales, F32)
+    check(scales.shape in ((rows,), (rows, 1)), f"{name} has shape {scales.shape}, expected ({rows},)")
+    check(scales.data.ptr % 8 == 0, f"{name} must be 8-byte aligned")
+
+
+def gemm_fp8(a_codes: cp.ndarray, a_scale: cp.ndarray, w_codes: cp.ndarray, w_scale: cp.ndarray,
+             bias: cp.ndarray | None = None, residual: cp.ndarray | None = None, relu: bool = False,
+             out: cp.ndarray | None = None, out_dtype=BF16, tile: str | None = None,
+             weights: bool = False) -> cp.ndarray:
+    """gemm's out = relu?(a @ w.T + bias) + residual with FP8 E4M3 operands: a = e4m3(a_codes) * a_scale[:, None],
+    w = e4m3(w_codes) * w_scale[:, None]. a_codes (M, K) and w_codes (N, K) uint8 (quantize_rows; a weight's once,
+    numerics.quantize_e4m3), a_scale (M,), w_scale (N,) f32; the rest as gemm's. K % 16 == 0 (16-byte rows for
+    TMA). Hopper only (wgmma); the products are summed with FP8 wgmma's precision (tests/gpu/test_fp8_kernels.py)."""
+    m, k = a_codes.shape
+    n = w_codes.shape[0]
+    check(wgmma_available(), FP8_NEEDS_HOPPER)
+    check_array("a_codes", a_codes, U8)
+    check_array("w_codes", w_codes, U8, (n, k))
+    check_scales("a_scale", a_scale, m)
+    check_scales("w_scale", w_scale, n)
+    check(k % 16 == 0, f"gemm_fp8 needs K % 16 == 0 (16-byte rows), got K={k}")
+    if bias is not None:
+        check_array("bias", bias, F32, (n,))
+    if residual is not None:
+        check_array("residual", residual, F32, (m, n))
+    if out is None:
+        out = cp.empty((m, n), dtype=out_dtype)
+    check(out.dtype in (BF16, F32), "gemm_fp8 writes bf16 or f32")
+    check_array("out", out, out.dtype, (m, n))
+    if m:
+        # FP8 products at twice bf16's rate: bf16's tile for half the k
+        gemm_launch(tile or gemm_tile(m, n, max(k // 2, 1)), a_codes, w_codes, epilogue=EPILOGUE_STORE, bias=bias,
+                    residual=residual, out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights,
+                    a_scale=a_scale, w_scale=w_scale)
+    return out
+
+
+@dataclass(frozen=True)
+class Fp8Weight:
+    """A weight matrix (N, K) as FP8 E4M3 codes (uint8) and a scale a row (N,) f32 (numerics.quantize_e4m3). The
+    logits launchers take one in place of a bf16 matrix: h is then quantized per row (quantize_rows) and the
+    product runs in FP8 (gemm_fp8's)."""
+    codes: cp.ndarray
+    scales: cp.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+
+def logits_operands(h: cp.ndarray, w, take) -> tuple[cp.ndarray, cp.ndarray, dict]:
+    """h (M, D) and w (V, D) as the logits' GEMM takes them, and its scales: bf16 as they are; w an Fp8Weight, h's
+    rows quantized into `take`'s arrays."""
+    m, d = h.shape
+    n = w.shape[0]
+    check_array("h", h, BF16)
+    check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
+    if not isinstance(w, Fp8Weight):
+        check_array("w", w, BF16, (n, d))
+        return h, w, {}
+    check(wgmma_available(), FP8_NEEDS_HOPPER)
+    check_array("w codes", w.codes, U8, (n, d))
+    check_scales("w scales", w.scales, n)
+    check(d % 16 == 0, f"FP8 logits need D % 16 == 0, got D={d}")
+    codes, scales = quantize_rows(h, take("fp8 h codes", (m, d), U8), take("fp8 h scales", (m,), F32))
+    return codes, w.codes, {"a_scale": scales, "w_scale": w.scales}
+
+
 def new_array(name: str, shape: tuple, dtype) -> cp.ndarray:
     """The default `take` of the launchers below: a fresh array each call. A decoder step passes its
     workspace's instead (engine.cuda.Workspace.take), which hands back the same memory every step, so that the
@@ -388,17 +491,14 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
                   temperature: float = 1.0, banned: int | None = None,
                   logprob: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
     """The greedy choice without writing the logits: argmax_n (h @ w.T)[m] and its value, per row.
-    h (M, D) bf16, w (V, D) bf16 -> (M,) int32 ids, (M,) f32 logits. Ties go to the lower id. take(name,
-    shape, dtype): where the partial results and absent outputs go. With noise, the rows' step keys (M,)
-    uint32: a draw from softmax(logits / temperature) per row (token `banned` left out), by the Gumbel-max
-    trick, the value logit / temperature + its noise (numerics.gumbel_noise). Without noise, and with logprob
-    (M,) f32, also each id's log-probability (log_softmax of the row's logits at the id), in the same pass over
-    w (the ARGMAX_LSE epilogue: one exponential a logit)."""
-    m, k = h.shape
-    n = w.shape[0]
-    check_array("h", h, BF16)
-    check_array("w", w, BF16, (n, k))
-    check(k % 8 == 0, f"logits need D % 8 == 0, got D={k}")
+    h (M, D) bf16, w (V, D) bf16 or an Fp8Weight (FP8 products) -> (M,) int32 ids, (M,) f32 logits. Ties go to
+    the lower id. take(name, shape, dtype): where the partial results and absent outputs go. With noise, the
+    rows' step keys (M,) uint32: a draw from softmax(logits / temperature) per row (token `banned` left out), by
+    the Gumbel-max trick, the value logit / temperature + its noise (numerics.gumbel_noise). Without noise, and
+    with logprob (M,) f32, also each id's log-probability (log_softmax of the row's logits at the id), in the same
+    pass over w (the ARGMAX_LSE epilogue: one exponential a logit)."""
+    m, n = h.shape[0], w.shape[0]
+    a, b, scales = logits_operands(h, w, take)
     # wgmma: 64 x 256 tiles up to 64 rows (the weights at 3.9 TB/s against 3.2 with 128 x 256), else 128 x 256
     # (1.45x 128 x 128 at 4,096 rows); mma.sync: 1.8x faster with large tiles at 1,024+ rows
     if tile is None:
@@ -417,8 +517,8 @@ def logits_argmax(h: cp.ndarray, w: cp.ndarray, tile: str | None = None, ids: cp
         check_array("logprob", logprob, F32, (m,))
         part_sum, sample = take("argmax part_sum", (m, blocks_n), F32), {"ARGMAX_LSE": 1}
     if m:
-        gemm_launch(tile, h, w, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx, part_stat=part_sum,
-                    noise=noise, **sample)
+        gemm_launch(tile, a, b, epilogue=EPILOGUE_ARGMAX, part_val=part_val, part_idx=part_idx, part_stat=part_sum,
+                    noise=noise, **sample, **scales)
     ids = take("argmax ids", (m,), cp.int32) if ids is None else ids
     values = take("argmax values", (m,), F32) if values is None else values
     check_array("ids", ids, cp.int32, (m,))
@@ -434,18 +534,15 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
                 ids: cp.ndarray | None = None, tile: str | None = None,
                 select_tile: str | None = None, take=new_array) -> tuple[cp.ndarray, cp.ndarray]:
     """Beam search's choice without writing the logits: the k largest log_softmax(h @ w.T) per row, best
-    first (ties: lower id). h (M, D) bf16, w (V, D) bf16 -> (M, k) f32 log-probs, (M, k) int32 ids.
+    first (ties: lower id). h (M, D) bf16, w (V, D) bf16 or an Fp8Weight -> (M, k) f32 log-probs, (M, k) int32 ids.
 
     Two passes over w (gemm.cu says why they agree with one over every column): `tile` computes each row's
     max and sum of exponentials per part of columns, a part as wide as `select_tile`'s tiles; a row's
     threshold is its k-th largest part max; `select_tile` recomputes only the tiles where a row's part max
     reaches its threshold and lists the candidates there. The statistics have the same bits whatever the
     first tile, so the result does not depend on it. take: as logits_argmax's."""
-    m, d = h.shape
-    n = w.shape[0]
-    check_array("h", h, BF16)
-    check_array("w", w, BF16, (n, d))
-    check(d % 8 == 0, f"logits need D % 8 == 0, got D={d}")
+    m, n = h.shape[0], w.shape[0]
+    a, b, scales = logits_operands(h, w, take)
     check(1 <= k <= 32 and k <= n, f"top-k needs 1 <= k <= 32 and k <= V, got k={k}")
     hopper = wgmma_available()
     if select_tile is None:  # wgmma: the lists live in registers, beside 64 (wg128) or 32 (wg64) accumulators a thread
@@ -465,7 +562,7 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
     if not m:
         return logprob, ids
     stat = take("topk stat", (m, parts, 2), F32)
-    gemm_launch(tile, h, w, epilogue=EPILOGUE_STAT, part_stat=stat, **({"PART": part} if part < bn else {}))
+    gemm_launch(tile, a, b, epilogue=EPILOGUE_STAT, part_stat=stat, **({"PART": part} if part < bn else {}), **scales)
     lse, thresh = take("topk lse", (m,), F32), take("topk thresh", (m,), F32)
     rows = tile_rows(select_tile)
     needed = take("topk needed", (-(-m // rows), parts), cp.uint8)
@@ -474,26 +571,24 @@ def logits_topk(h: cp.ndarray, w: cp.ndarray, k: int, logprob: cp.ndarray | None
                                                                        cp.int32(rows)))
     part_val = take("topk part_val", (m, parts, k), F32)
     part_idx = take("topk part_idx", (m, parts, k), cp.int32)
-    gemm_launch(select_tile, h, w, epilogue=EPILOGUE_TOPK, part_val=part_val, part_idx=part_idx, thresh=thresh,
-                needed=needed, TOPK=k)
+    gemm_launch(select_tile, a, b, epilogue=EPILOGUE_TOPK, part_val=part_val, part_idx=part_idx, thresh=thresh,
+                needed=needed, TOPK=k, **scales)
     function("gemm.cu", "topk_select_kernel", TOPK=k)((-(-m // 8),), (256,), (
         stat, part_val, part_idx, lse, thresh, logprob, ids, cp.int32(m), cp.int32(parts)))
     return logprob, ids
 
 
 def logits_lse(h: cp.ndarray, w: cp.ndarray, take=new_array) -> cp.ndarray:
-    """Each row's log-sum-exp of h @ w.T, (M,) f32, without writing the logits: logits_topk's first pass (the
-    per-part statistics, then topk_threshold_kernel). take: as logits_argmax's."""
-    m, d = h.shape
-    n = w.shape[0]
-    check_array("h", h, BF16)
-    check_array("w", w, BF16, (n, d))
+    """Each row's log-sum-exp of h @ w.T, (M,) f32 (w bf16 or an Fp8Weight), without writing the logits:
+    logits_topk's first pass (the per-part statistics, then topk_threshold_kernel). take: as logits_argmax's."""
+    m, n = h.shape[0], w.shape[0]
+    a, b, scales = logits_operands(h, w, take)
     tile = "wg256" if wgmma_available() else "small"
     parts = -(-n // GEMM_TILES[tile]["BN"])
     lse = take("lse", (m,), F32)
     if m:
         stat = take("lse stat", (m, parts, 2), F32)
-        gemm_launch(tile, h, w, epilogue=EPILOGUE_STAT, part_stat=stat)
+        gemm_launch(tile, a, b, epilogue=EPILOGUE_STAT, part_stat=stat, **scales)
         thresh, needed = take("lse thresh", (m,), F32), take("lse needed", (m, parts), cp.uint8)
         function("gemm.cu", "topk_threshold_kernel", TOPK=1)((m,), (256,), (stat, lse, thresh, needed, cp.int32(parts),
                                                                            cp.int32(1)))

@@ -213,3 +213,24 @@ class E4M3Matrix:
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` (any shape) as float32 values (ids.shape + (K,)): an embedding lookup."""
         return dequantize_e4m3(self.codes[ids], self.scales[ids])
+
+
+def gemm_fp8_reference(a_codes: np.ndarray, a_scale: np.ndarray, w_codes: np.ndarray, w_scale: np.ndarray,
+                       bias: np.ndarray | None = None, residual: np.ndarray | None = None,
+                       relu: bool = False) -> np.ndarray:
+    """The model of an FP8 matrix product (kernels.gemm_fp8): out[m, n] = relu?(a_scale[m] * w_scale[n] * sum_k
+    e4m3(a_codes[m, k]) * e4m3(w_codes[n, k]) + bias[n]) + residual[m, n], (M, N) float64, before the kernel's
+    rounding of its output to bf16 or f32. a_codes (M, K), w_codes (N, K) uint8; a_scale (M,) or (M, 1), w_scale
+    (N,) or (N, 1). The sums are exact: every E4M3 product is a multiple of 2^-18 below 2^18 in size, so float64
+    holds any sum of fewer than 2^17 of them without rounding, in any order."""
+    values = e4m3_values().astype(np.float64)
+    a, w = values[a_codes], values[w_codes]  # (M, K), (N, K)
+    scale = np.asarray(a_scale, np.float64).reshape(-1, 1) * np.asarray(w_scale, np.float64).reshape(1, -1)
+    out = (a @ w.T) * scale  # (M, N)
+    if bias is not None:
+        out = out + np.asarray(bias, np.float64)
+    if relu:
+        out = np.maximum(out, 0)
+    if residual is not None:
+        out = out + np.asarray(residual, np.float64)
+    return out

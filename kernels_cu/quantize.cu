@@ -1,0 +1,34 @@
+// quantize_rows_kernel: each row of x (M, K), bf16 or f32 (in_f32), to FP8 E4M3 codes scaled by the row's
+// largest size: scales[m] = max_k |x[m, k]| / 448 (1 for an all-zero row), codes[m, k] = e4m3(x[m, k] / scales[m])
+// by CUDA's satfinite conversion (the nearest value, ties to the even code, beyond 448 in size 448, NaN 0x7F).
+// numerics.quantize_e4m3 bit for bit: both of its float32 divisions are IEEE's rounded ones here too (__fdiv_rn;
+// under --use_fast_math `/` would be an approximate division), the quotient converted as it is, with no reciprocal.
+// (Subnormal inputs are flushed to zero by --use_fast_math, keeping their sign, so their codes are those of zeros:
+// a row whose largest size is subnormal is one the model scales otherwise.)
+// x, codes: C-contiguous (M, K); scales (M,) f32. Launch: grid (M), block 256 (a multiple of 32, at most 1,024):
+// a block a row, two passes over it (the second from L1/L2).
+#include "common.cuh"
+#include <cuda_fp8.h>
+
+#define E4M3_MAX 448.f
+
+__device__ __forceinline__ float load_element(const void* x, size_t at, int in_f32) {
+    return in_f32 ? static_cast<const float*>(x)[at] : bf16_to_float(static_cast<const __nv_bfloat16*>(x)[at]);
+}
+
+extern "C" __global__ void quantize_rows_kernel(const void* __restrict__ x, unsigned char* __restrict__ codes,
+                                                float* __restrict__ scales, int K, int in_f32) {
+    __shared__ float scratch[32];
+    const size_t row = (size_t)blockIdx.x * K;
+    float top = 0.f;
+    for (int k = threadIdx.x; k < K; k += blockDim.x) top = fmaxf(top, fabsf(load_element(x, row + k, in_f32)));
+    top = warp_max(top);
+    if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = top;
+    __syncthreads();
+    top = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : 0.f;
+    top = warp_max(top);  // every warp reduces the warps' maxima: each thread has the row's
+    const float scale = top > 0.f ? __fdiv_rn(top, E4M3_MAX) : 1.f;
+    for (int k = threadIdx.x; k < K; k += blockDim.x)
+        codes[row + k] = __nv_cvt_float_to_fp8(__fdiv_rn(load_element(x, row + k, in_f32), scale), __NV_SATFINITE, __NV_E4M3);
+    if (threadIdx.x == 0) scales[blockIdx.x] = scale;
+}
