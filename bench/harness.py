@@ -17,7 +17,8 @@ the arrays of a batch).
 A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
 sample, sample-scores, topk10, topp0.9; tgt3: each source translated into three target languages in one batch,
 as --tgt a,b,c does, its encoder run once for the three, so tokens/s above the plain search's is the encoder
-shared), to time it against the plain search in the same run:
+shared; fp8: --compute-type float8, the same weights in FP8 E4M3), to time it against the plain search in the
+same run:
 
     python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
 """
@@ -58,6 +59,7 @@ VARIANTS = {
     "topk10": {"sampling_topk": 10, "seed": 1},
     "topp0.9": {"sampling_topk": 0, "sampling_topp": 0.9, "seed": 1},
     "tgt3": {},  # each source into three target languages in one batch (--tgt a,b,c): the encoder once for them
+    "fp8": {},  # --compute-type float8: the same model's matrices in FP8 E4M3 (quantized on the GPU as uploaded)
 }
 COPIES = {"tgt3": 3}  # a variant's sentences per source
 
@@ -121,12 +123,20 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
 
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
-    engine = CudaEngine(config, normal_weights(config))
+    weights, memory = normal_weights(config), cp.get_default_memory_pool()
+    engines, held = {False: CudaEngine(config, weights)}, {False: memory.total_bytes()}  # each engine's weights
+    if any(variant == "fp8" for _, _, variant in runs):
+        engines[True] = CudaEngine(config, weights, float8=True)
+        memory.free_all_blocks()
+        held[True] = memory.total_bytes() - held[False]
+    del weights
     for batch, beams, variant in runs:
+        engine = engines[variant == "fp8"]
+        for other in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
+            other.drop_pool()
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
         copies = COPIES.get(variant, 1)
         run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
-        engine.drop_pool()  # each configuration's peak memory its own
         # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
         most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
         rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
@@ -152,10 +162,10 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
         results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant, "tokens": tokens,
-                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": pool_peak / 2**30,
-                        "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
+                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[variant == "fp8"]) / 2**30,
+                        "weights_gib": held[variant == "fp8"] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
-    del engine
+    del engine, engines
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
 

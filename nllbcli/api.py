@@ -47,10 +47,12 @@ class Result:
     log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
 
 
-def load(model: str | None = None, device: str = "auto", adapter: str | None = None) -> Translator:
+def load(model: str | None = None, device: str = "auto", adapter: str | None = None,
+         compute_type: str = "auto") -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
-    on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given."""
-    return load_translator(model or ENV.model or DEFAULT_MODEL, device, adapter)
+    on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
+    bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator)."""
+    return load_translator(model or ENV.model or DEFAULT_MODEL, device, adapter, compute_type)
 
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,

@@ -547,9 +547,9 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False, float8: bool = Fal
     (uint16 arrays), for the GPU engine, which holds bf16: a third of the work of widening to float32 and
     uploading twice the bytes. Any other checkpoint comes as float32 all the same.
 
-    float8: every matrix (the 2-D weights: projections, FFNs, embeddings) comes as a numerics.E4M3Matrix, as
-    stored where the checkpoint holds it in F8_E4M3 (with its scales), else quantized now; without it, a matrix
-    stored in F8_E4M3 comes as its values. A tied embedding stays one object either way."""
+    float8: a matrix stored in F8_E4M3 (with its scales: `nllb convert --compute-type float8`) comes as a
+    numerics.E4M3Matrix, as stored (the GPU engine quantizes float ones as it uploads them, translator.
+    quantize_matrices on the host); without it, as its values. A tied embedding stays one object either way."""
     config = read_config(model_dir)
     files = weight_files(model_dir)
     file_of: dict[str, Path] = {}  # stored name -> its file (a name in a later file wins, as when they were merged)
@@ -573,10 +573,6 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False, float8: bool = Fal
             stored[name] = matrices.pop(name).dequantize()
     if bf16_bits and any(a.dtype != np.uint16 for a in stored.values()):  # mixed: float32 for all
         stored = {name: bf16_to_float32(a) if a.dtype == np.uint16 else a for name, a in stored.items()}
-    if float8:
-        for name in [n for n, a in stored.items() if a.ndim == 2]:
-            a = stored.pop(name)
-            matrices[name] = E4M3Matrix.quantize(bf16_to_float32(a) if a.dtype == np.uint16 else a)
     return config, {name: matrices[source] if source in matrices else stored[source] for name, source in chosen.items()}
 
 

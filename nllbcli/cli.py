@@ -14,7 +14,7 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .langs import resolve_lang, resolve_targets
-from .options import GPU_BATCHING, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads
+from .options import COMPUTE_TYPES, GPU_BATCHING, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -40,11 +40,11 @@ class Device(click.ParamType):
         return value
 
 
-def load_model(model: str, device: str, adapter: str | None = None):
+def load_model(model: str, device: str, adapter: str | None = None, compute_type: str = "auto"):
     """Load a Translator; imported here so `nllb --help` does not load the model code."""
     from .translator import load_translator
 
-    return load_translator(model, device, adapter)
+    return load_translator(model, device, adapter, compute_type)
 
 
 def load_tokenizer(model: str):
@@ -136,6 +136,7 @@ def cli():
 @click.option("--ray-address", metavar="ADDRESS", help="With --ray: the cluster to join, as ray.init takes it (auto, HOST:6379, ray://HOST:10001).")
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
+@click.option("--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: README, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
@@ -172,7 +173,7 @@ def cli():
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, targets_as, model, device, devices, on_ray, ray_address, ray_actors, adapter, input_format, output_format, field, output_field,
+def translate(paths, output_option, force, src, tgt, targets_as, model, device, devices, on_ray, ray_address, ray_actors, adapter, compute_type, input_format, output_format, field, output_field,
               status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
               repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, sampling_topk, sampling_topp,
               sampling_temperature, seed, prefix_field, scores, score_field, log_prob_field,
@@ -240,7 +241,7 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
     if on_ray:
-        return translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format,
+        return translate_on_ray(base, paths, output_option, model, device, adapter, compute_type, input_format, output_format,
                                 resume, progress, quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, ray_address, ray_actors,
                                 decode)
     for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
@@ -261,10 +262,11 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
     with ExitStack() as stack:
         pool = None
         if devices is None:
-            # the adapter is passed only when given, so a load_model that knows no adapters still serves
-            translator = load_model(model, device, adapter) if adapter else load_model(model, device)
+            # the adapter and compute type are passed only when given, so a load_model that knows neither still serves
+            given = {**({"adapter": adapter} if adapter else {}), **({"compute_type": compute_type} if compute_type != "auto" else {})}
+            translator = load_model(model, device, **given)
         else:
-            translator, pool = start_workers(stack, devices, model, adapter, threads)
+            translator, pool = start_workers(stack, devices, model, adapter, threads, compute_type)
         batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows,
                                            max_batch_sentences)
         codes = []
@@ -309,7 +311,7 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
     return resolved
 
 
-def translate_on_ray(base, paths, output_option, model, device, adapter, input_format, output_format, resume, progress,
+def translate_on_ray(base, paths, output_option, model, device, adapter, compute_type, input_format, output_format, resume, progress,
                      quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, address, actors, decode) -> None:
     """--ray: the inputs into one directory of parts on a Ray cluster (raydata.py); exit 0, or 3 with failed rows."""
     from dataclasses import replace
@@ -335,7 +337,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
                                    "'nllbcli[ray]'.") from None
     job = replace(base, **resolved_languages(model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model).resolve())
-    options = raydata.RayOptions(address, actors, device, threads)
+    options = raydata.RayOptions(address, actors, device, threads, compute_type)
     started = time.monotonic()
     try:
         outcomes = raydata.translate_with_ray(
@@ -358,7 +360,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, input_f
     command_done(3 if outcomes.failed else 0)
 
 
-def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int):
+def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int, compute_type: str = "auto"):
     """--devices: the main process's model (tokenizer and config, devices.host_translator) and the workers'
     pool, which `stack` ends."""
     from .devices import host_translator, open_pool, parse_devices
@@ -369,8 +371,8 @@ def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | Non
         names = parse_devices(devices)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    translator = host_translator(model, names[0])
-    return translator, stack.enter_context(open_pool(names, model, adapter, threads))
+    translator = host_translator(model, names[0], compute_type)
+    return translator, stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
 
 
 def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output_format: str | None) -> list[tuple[str, str]]:
@@ -544,11 +546,15 @@ def info(ctx, model_argument, model, max_length, as_json):
 @click.argument("paths", metavar="[MODEL] OUT", nargs=-1, type=click.Path())
 @model_option
 @click.option("--force", is_flag=True, help="Replace OUT when it is not empty.")
+@click.option("--compute-type", type=click.Choice(("bfloat16", "float8")), default="bfloat16", show_default=True,
+              help="float8: the matrices (projections, FFNs, embedding) in FP8 E4M3 with a float32 scale an output "
+                   "channel, the rest in bf16: a quarter of a float32 checkpoint, which `nllb translate` runs with FP8 "
+                   "matrix products on a Hopper GPU without quantizing again (nllbcli's layout: transformers does not read it).")
 @click.pass_context
-def convert(ctx, paths, model, force):
+def convert(ctx, paths, model, force, compute_type):
     """
     Copy the model (MODEL, or -m/--model) into the directory OUT as bf16
-    safetensors.
+    safetensors (or FP8, --compute-type float8).
 
     The model is a directory (safetensors or pytorch_model.bin, single or
     sharded, any dtype) or a hub id in the local Hugging Face cache. OUT gets
@@ -560,6 +566,7 @@ def convert(ctx, paths, model, force):
     Examples:
         nllb convert facebook/nllb-200-distilled-600M /models/nllb-600M-bf16
         NLLB_MODEL=/models/nllb-600M nllb convert /models/nllb-600M-bf16
+        nllb convert /models/nllb-3.3B /models/nllb-3.3B-fp8 --compute-type float8
     """
     from pathlib import Path
 
@@ -573,7 +580,7 @@ def convert(ctx, paths, model, force):
     model = model_named(ctx, model, model_argument[0] if model_argument else None)
     if os.path.isfile(out):
         raise InvalidUsage(f"Invalid value for 'OUT': {out!r} is a file.")
-    written = convert_model(model, Path(out), force=force)
+    written = convert_model(model, Path(out), force=force, float8=compute_type == "float8")
     click.echo(f"Wrote {written}", err=True)
 
 

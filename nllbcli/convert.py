@@ -51,6 +51,10 @@ def convert_model(model: str, out: Path, force: bool = False, float8: bool = Fal
     # checked against config.json (a converted copy always loads); a bf16 checkpoint's weights as their bits,
     # copied as they are: half the memory of widening them to float32 and narrowing them back
     config, weights = load_checkpoint(source, bf16_bits=True, float8=float8)
+    if float8:
+        from .translator import quantize_matrices
+
+        weights = quantize_matrices(weights)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     umask = os.umask(0)

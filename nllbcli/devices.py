@@ -69,20 +69,21 @@ def gpu_count() -> int:
         return 0
 
 
-def host_translator(model: str, device: str):
+def host_translator(model: str, device: str, compute_type: str = "auto"):
     """What the main process needs of the model to prepare chunks and name the job (tokenizer, config, where
     it runs): no weights, which only the workers load. `device` is the first worker's, so that the job's
     identity, and with it --resume, is a one-device job's."""
     from .checkpoint import ModelConfig, resolve_model_dir
     from .tokenizer import tokenizer_from_model_dir
-    from .translator import Translator
+    from .translator import Translator, expected_compute_type
 
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
-    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir))
+    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir),
+                      expected_compute_type(compute_type, device != "cpu", model_dir))
 
 
 @dataclass(eq=False)
@@ -96,10 +97,11 @@ class Worker:
 
 
 @contextmanager
-def open_pool(devices: list[str], model: str, adapter: str | None, threads: int | None) -> Iterator["Pool"]:
+def open_pool(devices: list[str], model: str, adapter: str | None, threads: int | None,
+              compute_type: str = "auto") -> Iterator["Pool"]:
     """The workers, started and each with its model loaded (a worker that cannot load it is an NllbError);
     every worker ended when the block is left."""
-    pool = Pool(devices, model, adapter, threads)
+    pool = Pool(devices, model, adapter, threads, compute_type)
     try:
         pool.ready()
         yield pool
@@ -110,7 +112,8 @@ def open_pool(devices: list[str], model: str, adapter: str | None, threads: int 
 class Pool:
     """The worker processes of --devices (spawned: CUDA and BLAS do not survive a fork), one per device."""
 
-    def __init__(self, devices: list[str], model: str, adapter: str | None, threads: int | None):
+    def __init__(self, devices: list[str], model: str, adapter: str | None, threads: int | None,
+                 compute_type: str = "auto"):
         context = multiprocessing.get_context("spawn")
         share = None if threads is None else max(1, threads // len(devices))  # the CPU workers' --threads
         self.workers: list[Worker] = []
@@ -119,7 +122,7 @@ class Pool:
             mine, theirs = context.Pipe()
             gpu = None if device == "cpu" else device.split(":")[1]
             process = context.Process(target=work, args=(theirs, "cpu" if gpu is None else "cuda:0", model, adapter,
-                                                         share), name=f"nllb-worker-{device}", daemon=True)
+                                                         share, compute_type), name=f"nllb-worker-{device}", daemon=True)
             with spawning(gpu):
                 process.start()
             theirs.close()
@@ -270,7 +273,8 @@ def spawning(gpu: str | None) -> Iterator[None]:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None) -> None:
+def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None,
+         compute_type: str = "auto") -> None:
     """A worker: the model loaded once, then each chunk's batches through generate_batch_hypotheses (or the error that
     stopped them, sent back as the chunk's result), until the main process closes its end of the pipe. Chunks are read on a thread as they come, so the main process never waits to
     hand one over while this one runs."""
@@ -278,7 +282,7 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     try:
         from .translator import load_translator
 
-        translator = load_translator(model, device, adapter)
+        translator = load_translator(model, device, adapter, compute_type)
         if threads is not None and device == "cpu":
             from threadpoolctl import threadpool_limits
 

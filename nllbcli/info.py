@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .engine.kvpool import row_bytes
-from .checkpoint import TIED, read_config, resolve_model_dir, select_weights, stored_tensors, weight_files
+from .checkpoint import FLOAT8, SCALE_SUFFIX, TIED, read_config, resolve_model_dir, select_weights, stored_tensors, weight_files
 
 BF16_BYTES, F32_BYTES = 2, 4
 
@@ -37,6 +37,7 @@ class ModelInfo:
     dtypes: list[str]  # of the stored floating-point tensors
     parameters: int  # the tied embedding counted once; the sinusoidal positions are not parameters
     gpu_weight_bytes: int  # the CUDA engine's copy of the weights
+    gpu_weight_bytes_float8: int  # the same with --compute-type float8 (matrices as E4M3 codes and a scale a row)
     kv_bytes_per_sequence: int  # self-attention K and V of one sequence (one beam) of max_length tokens
     cross_bytes_per_source_token: int  # cross-attention K and V of one source token, every decoder layer
     max_length: int
@@ -65,20 +66,24 @@ def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
     for path in files:
         tensors.update({name.removeprefix("model."): t for name, t in stored_tensors(path).items()})
     tensors = {name: t for name, t in tensors.items() if "embed_positions" not in name}  # sinusoidal, not learned
+    float8_scales = {name + SCALE_SUFFIX for name, (_, dtype) in tensors.items() if dtype == FLOAT8}
     # the loader's own check of the headers against config.json: what loading would refuse, info refuses too
     select_weights(config, {name: shape for name, (shape, _) in tensors.items()}, model_dir)
     embedding = next(name for name in TIED if name in tensors)
     tied = set(TIED) - {embedding} if config.tie_word_embeddings else set(TIED[:3]) - {embedding}
-    counted = {name: t for name, t in tensors.items() if name not in tied}
+    counted = {name: t for name, t in tensors.items() if name not in tied and name not in float8_scales}
     parameters = sum(math.prod(shape) for shape, _ in counted.values())
-    gpu = sum(math.prod(shape) * (BF16_BYTES if len(shape) == 2 else F32_BYTES) for shape, _ in counted.values())
-    gpu += (config.max_position_embeddings + 2) * config.d_model * F32_BYTES  # the position table
+    positions = (config.max_position_embeddings + 2) * config.d_model * F32_BYTES  # the position table
+    gpu = positions + sum(math.prod(shape) * (BF16_BYTES if len(shape) == 2 else F32_BYTES) for shape, _ in counted.values())
+    gpu_float8 = positions + sum(math.prod(shape) + shape[0] * F32_BYTES if len(shape) == 2 else math.prod(shape) * F32_BYTES
+                                 for shape, _ in counted.values())
     c = config
     known = KNOWN_SHAPES.get((family, c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_ffn_dim, c.vocab_size))
     return ModelInfo(
         model_dir=str(model_dir), family=family, languages=languages, config=asdict(config),
         files=[p.name for p in files], file_bytes=sum(p.stat().st_size for p in files),
         dtypes=sorted({dtype for _, dtype in tensors.values()}), parameters=parameters, gpu_weight_bytes=gpu,
+        gpu_weight_bytes_float8=gpu_float8,
         kv_bytes_per_sequence=(max_length + 1) * row_bytes(c.decoder_layers, c.d_model),
         cross_bytes_per_source_token=row_bytes(c.decoder_layers, c.d_model),
         max_length=max_length, known_as=known, notes=notes,
@@ -108,7 +113,8 @@ def describe(info: ModelInfo) -> str:
         f"Weights:     {', '.join(info.files)} ({human_bytes(info.file_bytes)}), stored as {', '.join(info.dtypes)}",
         f"Parameters:  {info.parameters:,} ({info.parameters / 1e6:,.1f}M)",
         f"GPU memory:  {human_bytes(info.gpu_weight_bytes)} for the weights (matrices in bf16, biases and norms in float32),"
-        " plus the CUDA context",
+        f" plus the CUDA context; {human_bytes(info.gpu_weight_bytes_float8)} with --compute-type float8 (matrices in "
+        "FP8 E4M3 with a float32 scale a row)",
         "KV pool:     on top of the weights, sized for each batch (its sentences, the tokens they can reach, their "
         f"source tokens) within the GPU memory left free; each sequence (each beam) of --max-length {info.max_length} takes "
         f"{human_bytes(info.kv_bytes_per_sequence)}, each source token {human_bytes(info.cross_bytes_per_source_token)}",

@@ -125,6 +125,9 @@ class BatchOptions:
                    max_batch_sentences)
 
 
+# The GPU's matrix products (--compute-type; translator.load_translator): auto is float8 for a model stored in FP8
+COMPUTE_TYPES = ("auto", "bfloat16", "float8")
+
 # 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERFORMANCE.md, "Host side")
 GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)
 

@@ -288,6 +288,7 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         "tgt_field": job.tgt_field, "split": job.split, "decode": decode.identity(),
         "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input), "model": str(getattr(translator, "model_dir", "")),
         "device": getattr(translator, "device", ""),
+        **({"compute_type": "float8"} if getattr(translator, "compute_type", "") == "float8" else {}),
         # only where given, so that a job started before these options existed resumes
         **({"status_field": job.status_field} if job.status_field else {}),
         **({"overwrite_field": True} if job.overwrite_field else {}),

@@ -55,6 +55,7 @@ from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
 from .resume import create_private, sync_directory
 from .rows import Outcome, added_values, each_target, gather_targets, prepare_records
+from .translator import expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
@@ -81,6 +82,7 @@ class RayOptions:
     actors: int | None = None  # translating actors; None: one per GPU of the cluster, else one
     device: str = "auto"  # auto: the actors on GPUs where the cluster has them, else the CPU; cpu; cuda
     threads: int | None = None  # each CPU actor's BLAS threads
+    compute_type: str = "auto"  # the actors' matrix products (translator.load_translator)
 
 
 @dataclass
@@ -411,12 +413,15 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     schema = check_parquet_inputs(files, job.field) if fmt == "parquet" else None
     check_output(output, files, job, force)
     identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter)
+    compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
+    if compute_type == "float8":
+        identity["compute_type"] = compute_type
     staging = staging_path(output)
     if resume and finished_job(output) == identity:
         remove_path(staging)
         return Outcomes(already=True)
     prepare_staging(staging, identity, resume, warn)
-    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads)
+    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads, options.compute_type)
     started = start_ray(options.address)
     try:
         workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens,
@@ -429,11 +434,11 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     return outcomes
 
 
-def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None):
+def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str = "auto"):
     """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`."""
     from .translator import load_translator
 
-    translator = load_translator(model, device, adapter)
+    translator = load_translator(model, device, adapter, compute_type)
     if threads is not None and translator.device == "cpu":
         from threadpoolctl import threadpool_limits
 

@@ -33,12 +33,13 @@ class PartitionTranslator:
     device: str  # auto and cuda: the GPU Spark gave the task, if any; else as nllbcli.load takes it
     adapter: str | None
     options: dict  # translate_table's keyword arguments, error_field among them
+    compute_type: str = "auto"  # nllbcli.load's
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Each batch translated, in the order given: the model loads with the first batch, so an empty
         partition loads nothing."""
         for batch in batches:
-            translator = loaded(self.model, self.device, self.adapter)
+            translator = loaded(self.model, self.device, self.adapter, self.compute_type)
             yield from translate_table(translator, batch, **self.options).to_batches()
 
     def schema(self, schema):
@@ -83,9 +84,9 @@ class PartitionTranslator:
 
 
 def partition_translator(model: str | None = None, *, device: str = "auto", adapter: str | None = None,
-                         error_field: str = "error", **options) -> PartitionTranslator:
+                         compute_type: str = "auto", error_field: str = "error", **options) -> PartitionTranslator:
     """A PartitionTranslator that runs translate_table(translator, batch, error_field=error_field, **options)
-    on each batch, with nllbcli.load(model, device, adapter) loaded once per Python worker."""
+    on each batch, with nllbcli.load(model, device, adapter, compute_type) loaded once per Python worker."""
     if not error_field:
         raise ValueError("partition_translator needs an error_field: without one, a row that fails would be "
                          "left out of the output.")
@@ -93,16 +94,16 @@ def partition_translator(model: str | None = None, *, device: str = "auto", adap
         inspect.signature(translate_table).bind(None, None, error_field=error_field, **options)
     except TypeError as error:
         raise ValueError(f"partition_translator takes translate_table's keyword arguments, and {error}.") from None
-    return PartitionTranslator(model, device, adapter, {**options, "error_field": error_field})
+    return PartitionTranslator(model, device, adapter, {**options, "error_field": error_field}, compute_type)
 
 
-def loaded(model: str | None, device: str, adapter: str | None) -> Translator:
+def loaded(model: str | None, device: str, adapter: str | None, compute_type: str = "auto") -> Translator:
     """This worker's translator for the model on the device, loaded on first use."""
     if device in ("auto", "cuda"):
         device = task_gpu() or device
-    key = (model, device, adapter)
+    key = (model, device, adapter, compute_type)
     if key not in LOADED:
-        LOADED[key] = load(model, device, adapter)
+        LOADED[key] = load(model, device, adapter, compute_type)
     return LOADED[key]
 
 

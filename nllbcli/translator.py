@@ -7,11 +7,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
+from .checkpoint import ModelConfig, bf16_to_float32, load_checkpoint, resolve_model_dir
 from .engine import Engine
 from .engine.reference import ReferenceEngine
 from .errors import NllbError
-from .options import DecodeOptions
+from .options import COMPUTE_TYPES, DecodeOptions
 from .search import Hypothesis, generate
 from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 
@@ -51,6 +51,7 @@ class Translator:
     engine: Engine  # engine.reference.ReferenceEngine or engine.cuda.CudaEngine
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
+    compute_type: str = "bfloat16"  # the GPU's matrix products: bfloat16 or float8 (load_translator)
 
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
@@ -167,9 +168,6 @@ def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:
     return tokenizer_from_model_dir(resolve_model_dir(model))
 
 
-COMPUTE_TYPES = ("auto", "bfloat16", "float8")
-
-
 def load_translator(model: str, device: str = "auto", adapter: str | None = None, compute_type: str = "auto") -> Translator:
     """Load a model directory (or a hub id from the local Hugging Face cache) onto a device, with a PEFT LoRA
     adapter directory merged into its weights when one is given. compute_type: the GPU's matrix products in
@@ -179,7 +177,8 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
     float8 = uses_float8(compute_type, where, model_dir)
-    # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32)
+    # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32); in
+    # FP8, matrices stored so come as they are, the others are quantized on the GPU as they go there
     config, weights = load_checkpoint(model_dir, bf16_bits=where != "cpu" and adapter is None, float8=float8 and adapter is None)
     if adapter is not None:
         from pathlib import Path
@@ -187,14 +186,13 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
         from .lora import merge_lora
 
         weights = merge_lora(config, weights, Path(adapter))
-        if float8:
-            weights = quantize_matrices(weights)
     tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
         return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir))
     from .engine.cuda import CudaEngine
 
-    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1])), where, str(model_dir))
+    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1]), float8=float8), where,
+                      str(model_dir), "float8" if float8 else "bfloat16")
 
 
 def uses_float8(compute_type: str, where: str, model_dir) -> bool:
@@ -207,6 +205,15 @@ def uses_float8(compute_type: str, where: str, model_dir) -> bool:
     if why_not and compute_type == "float8":
         raise NllbError(f"--compute-type float8 {why_not}: leave it out, or use bfloat16")
     return not why_not
+
+
+def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
+    """The compute type workers elsewhere will take (--devices, --ray), for the job's identity, without probing
+    their GPUs: float8 where asked, or by auto for a model stored in FP8 on GPUs; else bfloat16."""
+    if compute_type not in COMPUTE_TYPES:
+        raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
+    float8 = compute_type == "float8" or (compute_type == "auto" and on_gpu and stored_in_float8(model_dir))
+    return "float8" if float8 else "bfloat16"
 
 
 def float8_missing(where: str) -> str | None:
@@ -229,7 +236,8 @@ def stored_in_float8(model_dir) -> bool:
 
 
 def quantize_matrices(weights: dict) -> dict:
-    """Every matrix (2-D weight) as an E4M3Matrix, a tied one quantized once."""
+    """Every matrix (2-D weight) as an E4M3Matrix, a tied one quantized once (bf16 bits widened first): on the
+    host, for `nllb convert --compute-type float8` and the CPU reference's FP8 products."""
     from .engine.numerics import E4M3Matrix
 
     done: dict[int, E4M3Matrix] = {}
@@ -237,7 +245,7 @@ def quantize_matrices(weights: dict) -> dict:
     for name, w in weights.items():
         if getattr(w, "ndim", 0) == 2:
             if id(w) not in done:
-                done[id(w)] = E4M3Matrix.quantize(w)
+                done[id(w)] = E4M3Matrix.quantize(bf16_to_float32(w) if w.dtype == np.uint16 else w)
             w = done[id(w)]
         out[name] = w
     return out

@@ -13,6 +13,7 @@ Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabu
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections import deque
@@ -27,7 +28,7 @@ from ..environment import ENV
 from ..errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import gumbel_noise, inverse_temperature, sinusoidal_positions
+from .numerics import E4M3Matrix, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -39,9 +40,33 @@ SPARE_BYTES, SPARE_FRACTION = 1 << 30, 0.03  # 1 GiB and 3% of the GPU's memory
 def to_bf16(a: np.ndarray) -> cp.ndarray:
     """A weight on the device in bf16, from float32 values or from bf16 bits (uint16: load_checkpoint's
     bf16_bits, uploaded as they are)."""
+    if isinstance(a, E4M3Matrix):
+        raise NllbError("an FP8 weight among bf16 ones: a model's matrices are all in FP8 or none")
     if a.dtype == np.uint16:
         return cp.asarray(a).view(BF16)
     return cp.asarray(a, dtype=cp.float32).astype(BF16)
+
+
+def to_matrix(w, float8: bool = False) -> "cp.ndarray | kernels.Fp8Weight":
+    """A weight matrix on the device: bf16 (to_bf16), or in FP8: an E4M3Matrix's codes and scales as they are, a
+    float matrix quantized there, a row at a time (kernels.quantize_rows: numerics.quantize_e4m3's bits)."""
+    if isinstance(w, E4M3Matrix):
+        return kernels.Fp8Weight(cp.asarray(w.codes), cp.asarray(w.scales.reshape(-1)))
+    if float8:
+        values = to_bf16(w) if w.dtype == np.uint16 else cp.asarray(w, dtype=cp.float32)
+        return kernels.Fp8Weight(*kernels.quantize_rows(values))
+    return to_bf16(w)
+
+
+def stacked(matrices: list) -> "np.ndarray | E4M3Matrix":
+    """Matrices one above another (their rows, their output channels, concatenated): a scale an output channel
+    stays its channel's, so quantizing the stack a row at a time quantizes each matrix as alone."""
+    if any(isinstance(m, E4M3Matrix) for m in matrices):
+        matrices = [m if isinstance(m, E4M3Matrix) else E4M3Matrix.quantize(m) for m in matrices]
+        return E4M3Matrix(np.concatenate([m.codes for m in matrices]), np.concatenate([m.scales for m in matrices]))
+    if len({m.dtype for m in matrices}) > 1:  # bf16 bits beside float32: all float32
+        matrices = [bf16_to_float32(m) if m.dtype == np.uint16 else m for m in matrices]
+    return np.concatenate(matrices)
 
 
 def to_f32(a: np.ndarray) -> cp.ndarray:
@@ -223,7 +248,8 @@ class PendingIds:
 class CudaEngine:
     xp = cp  # the search keeps its beam arrays where the engine's results are
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], device: int = 0, pool_bytes: int | None = None):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], device: int = 0, pool_bytes: int | None = None,
+                 float8: bool = False):
         if config.activation_function != "relu":
             raise NllbError(f"the GPU engine runs ReLU models (M2M-100, NLLB), not {config.activation_function}: use --device cpu")
         self.config = config
@@ -238,25 +264,32 @@ class CudaEngine:
         self.use_graphs = GRAPHS
         self.capture_error: str | None = None  # why a step's graph capture failed, if one did
         c, w, d = config, weights, config.d_model
-        self.embed_table = to_bf16(w["encoder.embed_tokens.weight"])
-        same = lambda a, b: w[a] is w[b] or np.array_equal(w[a], w[b])  # noqa: E731
-        self.decoder_table = self.embed_table if same("decoder.embed_tokens.weight", "encoder.embed_tokens.weight") else to_bf16(w["decoder.embed_tokens.weight"])
-        self.lm_head = self.decoder_table if same("lm_head.weight", "decoder.embed_tokens.weight") else to_bf16(w["lm_head.weight"])
+        # --compute-type float8 (float8, or matrices given as E4M3Matrix): every matrix held as FP8 codes and scales
+        # (kernels.Fp8Weight), each product's input quantized a row at a time as it runs (CudaEngine.linear)
+        self.float8 = float8 = float8 or isinstance(w["lm_head.weight"], E4M3Matrix)
+        if float8 and not kernels.wgmma_available():
+            raise NllbError(kernels.FP8_NEEDS_HOPPER)
+        to_device = functools.partial(to_matrix, float8=float8)
+        self.embed_table = to_device(w["encoder.embed_tokens.weight"])
+        plain = lambda a: not isinstance(w[a], E4M3Matrix)  # noqa: E731
+        same = lambda a, b: w[a] is w[b] or (plain(a) and plain(b) and np.array_equal(w[a], w[b]))  # noqa: E731
+        self.decoder_table = self.embed_table if same("decoder.embed_tokens.weight", "encoder.embed_tokens.weight") else to_device(w["decoder.embed_tokens.weight"])
+        self.lm_head = self.decoder_table if same("lm_head.weight", "decoder.embed_tokens.weight") else to_device(w["lm_head.weight"])
         self.positions = to_f32(sinusoidal_positions(c.max_position_embeddings + 2, d, c.pad_token_id))
 
         def attention(prefix: str) -> dict:
-            qkv_w = np.concatenate([w[prefix + f"{p}_proj.weight"] for p in "qkv"])  # (3D, D): one GEMM for q, k, v
+            qkv_w = stacked([w[prefix + f"{p}_proj.weight"] for p in "qkv"])  # (3D, D): one GEMM for q, k, v
             qkv_b = np.concatenate([w[prefix + f"{p}_proj.bias"] for p in "qkv"])
-            return {"self_qkv_w": to_bf16(qkv_w), "self_qkv_b": to_f32(qkv_b),
-                    "self_out_w": to_bf16(w[prefix + "out_proj.weight"]), "self_out_b": to_f32(w[prefix + "out_proj.bias"])}
+            return {"self_qkv_w": to_device(qkv_w), "self_qkv_b": to_f32(qkv_b),
+                    "self_out_w": to_device(w[prefix + "out_proj.weight"]), "self_out_b": to_f32(w[prefix + "out_proj.bias"])}
 
         def common(p: str) -> dict:
             return {
                 "self_attn_norm_w": to_f32(w[p + "self_attn_layer_norm.weight"]),
                 "self_attn_norm_b": to_f32(w[p + "self_attn_layer_norm.bias"]),
                 "ffn_norm_w": to_f32(w[p + "final_layer_norm.weight"]), "ffn_norm_b": to_f32(w[p + "final_layer_norm.bias"]),
-                "fc1_w": to_bf16(w[p + "fc1.weight"]), "fc1_b": to_f32(w[p + "fc1.bias"]),
-                "fc2_w": to_bf16(w[p + "fc2.weight"]), "fc2_b": to_f32(w[p + "fc2.bias"]),
+                "fc1_w": to_device(w[p + "fc1.weight"]), "fc1_b": to_f32(w[p + "fc1.bias"]),
+                "fc2_w": to_device(w[p + "fc2.weight"]), "fc2_b": to_f32(w[p + "fc2.bias"]),
                 **attention(p + "self_attn."),
             }
 
@@ -269,15 +302,15 @@ class CudaEngine:
             layer.update({
                 "cross_attn_norm_w": to_f32(w[p + "encoder_attn_layer_norm.weight"]),
                 "cross_attn_norm_b": to_f32(w[p + "encoder_attn_layer_norm.bias"]),
-                "cross_q_w": to_bf16(w[p + "encoder_attn.q_proj.weight"]), "cross_q_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
-                "cross_out_w": to_bf16(w[p + "encoder_attn.out_proj.weight"]),
+                "cross_q_w": to_device(w[p + "encoder_attn.q_proj.weight"]), "cross_q_b": to_f32(w[p + "encoder_attn.q_proj.bias"]),
+                "cross_out_w": to_device(w[p + "encoder_attn.out_proj.weight"]),
                 "cross_out_b": to_f32(w[p + "encoder_attn.out_proj.bias"]),
             })
             self.decoder.append(layer)
             cross_w += [w[p + "encoder_attn.k_proj.weight"], w[p + "encoder_attn.v_proj.weight"]]
             cross_b += [w[p + "encoder_attn.k_proj.bias"], w[p + "encoder_attn.v_proj.bias"]]
         # every layer's cross K and V in one GEMM at prefill: (2 L D, D), row layout as the pool's cross rows
-        self.cross_w, self.cross_b = to_bf16(np.concatenate(cross_w)), to_f32(np.concatenate(cross_b))
+        self.cross_w, self.cross_b = to_device(stacked(cross_w)), to_f32(np.concatenate(cross_b))
         self.enc_ln = (to_f32(w["encoder.layer_norm.weight"]), to_f32(w["encoder.layer_norm.bias"]))
         self.dec_ln = (to_f32(w["decoder.layer_norm.weight"]), to_f32(w["decoder.layer_norm.bias"]))
         # every weight on the device and settled before any GEMM: the GEMMs load their first stages of weights
@@ -318,6 +351,15 @@ class CudaEngine:
             self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
         return plan.slots, plan.cross_rows
 
+    def linear(self, x: cp.ndarray, w, bias: cp.ndarray | None = None, take=kernels.new_array, **options) -> cp.ndarray:
+        """kernels.gemm's product with a weight on the device (to_device): bf16, or FP8 with x's rows quantized
+        first into `take`'s arrays (a decoder step's workspace: nothing allocated inside a graph)."""
+        if not isinstance(w, kernels.Fp8Weight):
+            return kernels.gemm(x, w, bias, **options)
+        m, k = x.shape
+        codes, scales = kernels.quantize_rows(x, take("fp8 codes", (m, k), cp.uint8), take("fp8 scales", (m,), F32))
+        return kernels.gemm_fp8(codes, scales, w.codes, w.scales, bias, **options)
+
     def drop_pool(self) -> None:
         """Give the pool's memory back to the GPU (the next batch makes one again)."""
         self.pool = self.ws = None  # the graphs hold the pool's addresses: they go with it
@@ -346,22 +388,22 @@ class CudaEngine:
         d = c.d_model
         for layer in self.encoder:
             x = kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
-            qkv = kernels.gemm(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
+            qkv = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
             a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
-            h = kernels.gemm(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
+            h = self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
             x = kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
-            f = kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
-            h = kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
+            f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
+            h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         x = kernels.layernorm(h, *self.enc_ln)
         try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
             first = pool.cross_runs.claim(len(ids))
         except PoolFull:  # the free rows are fragmented: a run per source, through a copy
             first = None
         if first is not None:
-            kernels.gemm(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)], weights=True)  # (T, 2 L D)
+            self.linear(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)], weights=True)  # (T, 2 L D)
             return CudaEncoded(first + offsets, lengths)
-        kv = kernels.gemm(x, self.cross_w, self.cross_b, weights=True)
+        kv = self.linear(x, self.cross_w, self.cross_b, weights=True)
         starts = []
         try:
             for n in lengths:
@@ -472,20 +514,20 @@ class CudaEngine:
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
         for i, layer in enumerate(self.decoder):
             kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], out=x)
-            kernels.gemm(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True)  # (b, 3D)
+            self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True, take=take)  # (b, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
                               table=table, max_keys=self_keys)
-            kernels.gemm(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
+            self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True, take=take)
             kernels.layernorm(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], out=x)
-            kernels.gemm(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True)
+            self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take)
             kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
                               max_keys=cross_keys)
-            kernels.gemm(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True)
+            self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
             kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"], out=x)
-            kernels.gemm(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True)
-            kernels.gemm(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
+            self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)
+            self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True, take=take)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
@@ -514,7 +556,7 @@ class CudaEngine:
         x = self.decode(encoded, state, tokens)
         if not want_logits:
             return None
-        return cp.asnumpy(kernels.gemm(x, self.lm_head, out_dtype=kernels.F32))
+        return cp.asnumpy(self.linear(x, self.lm_head, out_dtype=kernels.F32))
 
     def step_argmax(self, encoded: CudaEncoded, state: CudaState, tokens) -> np.ndarray:
         return self.step_argmax_ahead(encoded, state, tokens).fetch()
@@ -542,10 +584,18 @@ class CudaEngine:
     def last_log_probs(self, state: CudaState, ids) -> cp.ndarray:
         """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device: the token's
         logit (the row's final hidden state against its embedding row, in float32) less the row's log-sum-exp
-        (the top-k's first pass left it)."""
+        (the top-k's first pass left it). In FP8, both as the FP8 product takes them: the hidden state rounded to
+        E4M3 with its row's scale, the embedding row's values."""
         n, d, ws = state.n, self.config.d_model, state.ws
-        final = ws.take("final", (n, d), BF16).astype(F32)
-        logits = (final * self.lm_head[cp.asarray(ids)].astype(F32)).sum(axis=1)
+        final, ids = ws.take("final", (n, d), BF16), cp.asarray(ids)
+        if self.float8:
+            codes, scales = kernels.quantize_rows(final)
+            values = cp.asarray(e4m3_values())
+            hidden = values[codes] * scales[:, None]
+            rows = values[self.lm_head.codes[ids]] * self.lm_head.scales[ids][:, None]
+        else:
+            hidden, rows = final.astype(F32), self.lm_head[ids].astype(F32)
+        logits = (hidden * rows).sum(axis=1)
         return logits - ws.take("topk lse", (n,), F32)
 
     def set_keys(self, state: CudaState, keys: np.ndarray) -> None:

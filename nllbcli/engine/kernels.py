@@ -611,18 +611,27 @@ def layernorm(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 
     return out
 
 
-def embed(ids: cp.ndarray, pos: cp.ndarray, table: cp.ndarray, positions: cp.ndarray, scale: float,
+def embed(ids: cp.ndarray, pos: cp.ndarray, table, positions: cp.ndarray, scale: float,
           out: cp.ndarray | None = None) -> cp.ndarray:
-    """table[ids] * scale + positions[pos]: ids, pos (M,) int32; table (V, D) bf16; positions (P, D) f32 -> f32 (M, D)."""
+    """table[ids] * scale + positions[pos]: ids, pos (M,) int32; table (V, D) bf16 or an Fp8Weight (its rows'
+    values); positions (P, D) f32 -> f32 (M, D)."""
     (m,), d = ids.shape, table.shape[1]
     check_array("ids", ids, cp.int32)
     check_array("pos", pos, cp.int32, (m,))
-    check_array("table", table, BF16)
+    fp8 = isinstance(table, Fp8Weight)
+    if fp8:
+        check_array("table codes", table.codes, U8)
+        check_scales("table scales", table.scales, table.shape[0])
+    else:
+        check_array("table", table, BF16)
     check_array("positions", positions, F32)
     check(positions.shape[1] == d, "positions and table differ in width")
     out = cp.empty((m, d), dtype=F32) if out is None else out
     check_array("out", out, F32, (m, d))
-    if m:
+    if m and fp8:
+        function("embed.cu", "embed_e4m3_kernel")((m,), (128,), (ids, pos, table.codes, table.scales, positions, out,
+                                                                 cp.int32(d), cp.float32(scale)))
+    elif m:
         function("embed.cu", "embed_kernel")((m,), (128,), (ids, pos, table, positions, out, cp.int32(d), cp.float32(scale)))
     return out
 
