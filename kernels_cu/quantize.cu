@@ -25,7 +25,8 @@ extern "C" __global__ void quantize_rows_kernel(const void* __restrict__ x, unsi
     top = warp_max(top);
     if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = top;
     __syncthreads();
-    top = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : 0.f;
+    const int lane = threadIdx.x & 31;
+    top = lane < (blockDim.x >> 5) ? scratch[lane] : 0.f;
     top = warp_max(top);  // every warp reduces the warps' maxima: each thread has the row's
     const float scale = top > 0.f ? __fdiv_rn(top, E4M3_MAX) : 1.f;
     for (int k = threadIdx.x; k < K; k += blockDim.x)

@@ -33,7 +33,9 @@ from nllbcli.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
 from nllbcli.search import generate_ids
 
-FAMILIES = ["gemm", "attention", "attention_prefill", "layernorm", "embed", "copy_rows", "logits_argmax", "logits_topk"]
+# (in FP8, the logits' launchers quantize their input themselves: quantize_rows' time is inside theirs too)
+FAMILIES = ["gemm", "gemm_fp8", "quantize_rows", "attention", "attention_prefill", "layernorm", "embed", "copy_rows",
+            "logits_argmax", "logits_topk"]
 
 
 class Timer:
@@ -53,10 +55,10 @@ class Timer:
             out = fn(*args, **kwargs)
             end.record()
             self.events.append((name, start, end))
-            if name == "gemm":  # also per shape: (K, N), the encoder's (packed source rows) apart from the steps'
-                a, w = args[0], args[1]
+            if name in ("gemm", "gemm_fp8"):  # also per shape: (K, N), the encoder's (packed source rows) apart from the steps'
+                a, w = args[0], args[1 if name == "gemm" else 2]
                 side = "encoder" if a.shape[0] > self.step_rows else "step"
-                self.events.append((f"gemm {side} K{w.shape[1]} N{w.shape[0]}", start, end))
+                self.events.append((f"{name} {side} K{w.shape[1]} N{w.shape[0]}", start, end))
             return out
 
         return timed_call
@@ -77,12 +79,13 @@ def main() -> int:
     parser.add_argument("--generate", default="", help="BATCHxBEAMS,...: profile whole generate calls instead")
     parser.add_argument("--preset", default=DEFAULT, choices=sorted(PRESETS))
     parser.add_argument("--pool-gib", type=int, default=40, help="the KV pool (40: 4,096 sources at once at 600M)")
+    parser.add_argument("--compute-type", default="bfloat16", choices=("bfloat16", "float8"))
     args = parser.parse_args()
     preset = PRESETS[args.preset]
     # </s> moved out of reach, as the harness does
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     d, vocab = config.d_model, config.vocab_size
-    engine = CudaEngine(config, normal_weights(config), pool_bytes=args.pool_gib << 30)
+    engine = CudaEngine(config, normal_weights(config), pool_bytes=args.pool_gib << 30, float8=args.compute_type == "float8")
     engine.capacity(40)
     engine.use_graphs = False  # the timer's events wrap each launcher: nothing to wrap inside a graph's replay
     timer = Timer()
@@ -115,6 +118,8 @@ def main() -> int:
             "step_wall_ms": step_wall * 1e3, "step_gpu_ms": step_gpu, "step_gpu_total_ms": sum(v for k, v in step_gpu.items() if k in FAMILIES),
             "tokens_per_s_decode_only": batch / step_wall,
         }), flush=True)
+        if engine.float8:  # the tile comparisons below are bf16's
+            continue
         h = cp.random.default_rng(0).standard_normal((batch, d), dtype=cp.float32).astype("bfloat16")
         for tile in [t for t in kernels.available_tiles() if t in ("small", "large", "wg128", "wg256", "wg64w")]:
             ms = timed(lambda: timer.originals["logits_argmax"](h, engine.lm_head, tile=tile), repeat=5) * 1e3
