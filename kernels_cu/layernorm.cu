@@ -4,7 +4,33 @@
 // input of the next GEMM. Statistics in f32, two passes (mean, then the centred sum of squares), biased
 // variance. One warp per row (the row stays in L1 between the passes), 16-byte loads where D % 4 == 0 and
 // the arrays are aligned for them. Launch: grid (ceil(M / 8)), block 256 threads (8 rows); any D.
+// layernorm_e4m3_kernel: the same LayerNorm, its output rounded to bf16 as layernorm_kernel's, then to FP8 E4M3 by the
+// row's largest size (quantize.cu's rule and arithmetic): codes (M, D) uint8 and scales (M,) f32 instead of the bf16
+// out, the input of an FP8 GEMM (--compute-type float8), bit for bit quantize_rows_kernel(layernorm_kernel(x)).
 #include "common.cuh"
+#include <cuda_fp8.h>
+
+// A row's mean and 1 / sqrt(var + eps), summed as layernorm_kernel sums them (16-byte loads where `vec`).
+__device__ __forceinline__ void row_stats(const float* __restrict__ row, int D, float eps, bool vec, int lane,
+                                          float& mean, float& inv) {
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    float sum = 0.f;
+    if (vec)
+        for (int i = lane; i < D / 4; i += 32) { const float4 v = row4[i]; sum += (v.x + v.y) + (v.z + v.w); }
+    else
+        for (int d = lane; d < D; d += 32) sum += row[d];
+    mean = warp_sum(sum) / D;
+    float squares = 0.f;
+    if (vec)
+        for (int i = lane; i < D / 4; i += 32) {
+            const float4 v = row4[i];
+            const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
+            squares += (a * a + b * b) + (c * c + d * d);
+        }
+    else
+        for (int d = lane; d < D; d += 32) { const float c = row[d] - mean; squares += c * c; }
+    inv = rsqrtf(warp_sum(squares) / D + eps);
+}
 
 extern "C" __global__ void layernorm_kernel(const float* __restrict__ x, const float* __restrict__ weight,
                                             const float* __restrict__ bias, __nv_bfloat16* __restrict__ out,
@@ -16,22 +42,8 @@ extern "C" __global__ void layernorm_kernel(const float* __restrict__ x, const f
     __nv_bfloat16* dst = out + (size_t)m * D;
     const bool vec = (D & 3) == 0 && (((size_t)x | (size_t)weight | (size_t)bias) & 15) == 0 && ((size_t)out & 7) == 0;
     const float4* row4 = reinterpret_cast<const float4*>(row);
-    float sum = 0.f;
-    if (vec)
-        for (int i = lane; i < D / 4; i += 32) { const float4 v = row4[i]; sum += (v.x + v.y) + (v.z + v.w); }
-    else
-        for (int d = lane; d < D; d += 32) sum += row[d];
-    const float mean = warp_sum(sum) / D;
-    float squares = 0.f;
-    if (vec)
-        for (int i = lane; i < D / 4; i += 32) {
-            const float4 v = row4[i];
-            const float a = v.x - mean, b = v.y - mean, c = v.z - mean, d = v.w - mean;
-            squares += (a * a + b * b) + (c * c + d * d);
-        }
-    else
-        for (int d = lane; d < D; d += 32) { const float c = row[d] - mean; squares += c * c; }
-    const float inv = rsqrtf(warp_sum(squares) / D + eps);
+    float mean, inv;
+    row_stats(row, D, eps, vec, lane, mean, inv);
     if (vec) {
         const float4* w4 = reinterpret_cast<const float4*>(weight);
         const float4* b4 = reinterpret_cast<const float4*>(bias);
@@ -44,4 +56,27 @@ extern "C" __global__ void layernorm_kernel(const float* __restrict__ x, const f
     } else {
         for (int d = lane; d < D; d += 32) dst[d] = float_to_bf16((row[d] - mean) * inv * weight[d] + bias[d]);
     }
+}
+
+extern "C" __global__ void layernorm_e4m3_kernel(const float* __restrict__ x, const float* __restrict__ weight,
+                                                 const float* __restrict__ bias, unsigned char* __restrict__ codes,
+                                                 float* __restrict__ scales, int M, int D, float eps) {
+    let_dependents_launch();
+    const int lane = threadIdx.x & 31, m = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (m >= M) return;
+    const float* row = x + (size_t)m * D;
+    const bool vec = (D & 3) == 0 && (((size_t)x | (size_t)weight | (size_t)bias) & 15) == 0;
+    float mean, inv;
+    row_stats(row, D, eps, vec, lane, mean, inv);
+    float top = 0.f;  // the bf16 outputs' largest size (the row stays in L1 for the passes)
+    for (int d = lane; d < D; d += 32)
+        top = fmaxf(top, fabsf(bf16_to_float(float_to_bf16((row[d] - mean) * inv * weight[d] + bias[d]))));
+    top = warp_max(top);
+    const float scale = top > 0.f ? __fdiv_rn(top, 448.f) : 1.f;
+    unsigned char* dst = codes + (size_t)m * D;
+    for (int d = lane; d < D; d += 32) {
+        const float y = bf16_to_float(float_to_bf16((row[d] - mean) * inv * weight[d] + bias[d]));
+        dst[d] = __nv_cvt_float_to_fp8(__fdiv_rn(y, scale), __NV_SATFINITE, __NV_E4M3);
+    }
+    if (lane == 0) scales[m] = scale;
 }

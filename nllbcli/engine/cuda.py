@@ -351,14 +351,27 @@ class CudaEngine:
             self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
         return plan.slots, plan.cross_rows
 
-    def linear(self, x: cp.ndarray, w, bias: cp.ndarray | None = None, take=kernels.new_array, **options) -> cp.ndarray:
-        """kernels.gemm's product with a weight on the device (to_device): bf16, or FP8 with x's rows quantized
-        first into `take`'s arrays (a decoder step's workspace: nothing allocated inside a graph)."""
+    def linear(self, x, w, bias: cp.ndarray | None = None, take=kernels.new_array, **options) -> cp.ndarray:
+        """kernels.gemm's product with a weight on the device (to_matrix): bf16, or FP8 with x's rows quantized
+        first into `take`'s arrays (a decoder step's workspace: nothing allocated inside a graph), unless x comes
+        quantized already, as (codes, scales) from normed."""
         if not isinstance(w, kernels.Fp8Weight):
             return kernels.gemm(x, w, bias, **options)
-        m, k = x.shape
-        codes, scales = kernels.quantize_rows(x, take("fp8 codes", (m, k), cp.uint8), take("fp8 scales", (m,), F32))
+        if isinstance(x, tuple):
+            codes, scales = x
+        else:
+            m, k = x.shape
+            codes, scales = kernels.quantize_rows(x, take("fp8 codes", (m, k), cp.uint8), take("fp8 scales", (m,), F32))
         return kernels.gemm_fp8(codes, scales, w.codes, w.scales, bias, **options)
+
+    def normed(self, h: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, take=kernels.new_array):
+        """LayerNorm of the residual stream as the next product takes it: bf16 (M, D) into take's "x", or in FP8
+        its rows quantized in the same kernel, (codes, scales) (kernels.layernorm_e4m3)."""
+        m, d = h.shape
+        if self.float8:
+            return kernels.layernorm_e4m3(h, weight, bias, codes=take("fp8 codes", (m, d), cp.uint8),
+                                          scales=take("fp8 scales", (m,), F32))
+        return kernels.layernorm(h, weight, bias, out=take("x", (m, d), BF16))
 
     def drop_pool(self) -> None:
         """Give the pool's memory back to the GPU (the next batch makes one again)."""
@@ -387,15 +400,15 @@ class CudaEngine:
         longest = int(lengths.max())
         d = c.d_model
         for layer in self.encoder:
-            x = kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
+            x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
             qkv = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
             a = kernels.attention_prefill(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], seq_start, seq_len, 0, longest,
                                           c.encoder_attention_heads)
             h = self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
-            x = kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
+            x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
             f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
             h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
-        x = kernels.layernorm(h, *self.enc_ln)
+        x = self.normed(h, *self.enc_ln)
         try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
             first = pool.cross_runs.claim(len(ids))
         except PoolFull:  # the free rows are fragmented: a run per source, through a copy
@@ -506,26 +519,26 @@ class CudaEngine:
         cross_start, cross_len = rows("cross_start", b), rows("cross_len", b)
         kernels.step_prep(tokens, rows("row_t", b), rows("slot_base", b), table, pos, new_rows, self_len, c.pad_token_id)
         h = kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale, out=take("h", (b, d), F32))
-        x, a = take("x", (b, d), BF16), take("a", (b, d), BF16)
+        a = take("a", (b, d), BF16)
         qkv, q = take("qkv", (b, 3 * d), BF16), take("q", (b, d), BF16)
         f = take("f", (b, c.decoder_ffn_dim), BF16)
         every = ws.every[:b]
         self_keys = pool.plan.cache_rows  # picks the kernel; each row's own count is in self_len
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
         for i, layer in enumerate(self.decoder):
-            kernels.layernorm(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], out=x)
+            x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], take)
             self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True, take=take)  # (b, 3D)
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
             kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
                               table=table, max_keys=self_keys)
             self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True, take=take)
-            kernels.layernorm(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], out=x)
+            x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], take)
             self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take)
             kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
                               max_keys=cross_keys)
             self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
-            kernels.layernorm(h, layer["ffn_norm_w"], layer["ffn_norm_b"], out=x)
+            x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"], take)
             self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)
             self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True, take=take)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))

@@ -611,6 +611,24 @@ def layernorm(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 
     return out
 
 
+def layernorm_e4m3(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 1e-5, codes: cp.ndarray | None = None,
+                   scales: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray]:
+    """quantize_rows(layernorm(x, weight, bias)) in one kernel, bit for bit: the LayerNorm's bf16 output as FP8 E4M3
+    codes (M, D) uint8 and a scale a row (M,) f32, for an FP8 GEMM (gemm_fp8)."""
+    m, d = x.shape
+    check_array("x", x, F32)
+    check_array("weight", weight, F32, (d,))
+    check_array("bias", bias, F32, (d,))
+    codes = cp.empty((m, d), dtype=U8) if codes is None else codes
+    scales = cp.empty((m,), dtype=F32) if scales is None else scales
+    check_array("codes", codes, U8, (m, d))
+    check_array("scales", scales, F32, (m,))
+    if m:
+        function("layernorm.cu", "layernorm_e4m3_kernel")((-(-m // 8),), (256,), (x, weight, bias, codes, scales,
+                                                                                 cp.int32(m), cp.int32(d), cp.float32(eps)))
+    return codes, scales
+
+
 def embed(ids: cp.ndarray, pos: cp.ndarray, table, positions: cp.ndarray, scale: float,
           out: cp.ndarray | None = None) -> cp.ndarray:
     """table[ids] * scale + positions[pos]: ids, pos (M,) int32; table (V, D) bf16 or an Fp8Weight (its rows'

@@ -53,6 +53,18 @@ def test_quantize_rows_matches_reference_bit_for_bit(dtype, m, k):
     assert (cp.asnumpy(codes) == want_codes).all()
 
 
+@pytest.mark.parametrize("m,d", [(1, 64), (13, 1024), (300, 2048), (5, 100), (9, 30)])  # 100, 30: no 16-byte loads
+def test_layernorm_e4m3_is_quantize_rows_of_layernorm_bit_for_bit(m, d):
+    x = cp.asarray(rng.normal(size=(m, d)).astype(np.float32) * rng.uniform(0.01, 50, size=(m, 1)).astype(np.float32))
+    weight = cp.asarray(rng.normal(size=d).astype(np.float32))
+    bias = cp.asarray(rng.normal(size=d).astype(np.float32))
+    want_codes, want_scales = kernels.quantize_rows(kernels.layernorm(x, weight, bias))
+    codes, scales = poisoned((m, d), cp.uint8), poisoned((m,), cp.float32)
+    got_codes, got_scales = kernels.layernorm_e4m3(x, weight, bias, codes=codes, scales=scales)
+    assert got_codes is codes and got_scales is scales
+    assert (scales.view(cp.uint32) == want_scales.view(cp.uint32)).all() and (codes == want_codes).all()
+
+
 # The wgmma tiles, the only ones with FP8 products (none where wgmma is not available: the tests below then check
 # only that gemm_fp8 says so).
 FP8_TILES = [t for t in kernels.available_tiles() if kernels.GEMM_TILES[t]["kind"] == "sm90"]
