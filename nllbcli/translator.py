@@ -230,9 +230,11 @@ def float8_missing(where: str) -> str | None:
 
 def stored_in_float8(model_dir) -> bool:
     """The model's matrices are stored in FP8 (from the files' headers alone)."""
+    from pathlib import Path
+
     from .checkpoint import FLOAT8, stored_tensors, weight_files
 
-    return any(dtype == FLOAT8 for path in weight_files(model_dir) for _, dtype in stored_tensors(path).values())
+    return any(dtype == FLOAT8 for path in weight_files(Path(model_dir)) for _, dtype in stored_tensors(path).values())
 
 
 def quantize_matrices(weights: dict) -> dict:
