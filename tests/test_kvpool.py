@@ -56,8 +56,8 @@ def test_a_batch_larger_than_the_memory_gets_what_fits_in_its_proportions(beams)
     assert plan.nbytes(L, D) <= budget and plan.cache_rows == 201 and plan.slots % beams == 0
     assert plan.slots / need.slots == pytest.approx(1 / 3, rel=0.01)
     assert plan.cross_rows / need.cross_rows == pytest.approx(1 / 3, rel=0.01)
-    tiny = plan_for_job(L, D, need, 0, None, beams, 1026)  # no memory at all: one sentence, the engine then tries
-    assert tiny.slots == beams and tiny.cross_rows == 1026
+    tiny = plan_for_job(L, D, need, 0, None, beams, 1026)  # no memory at all: no slot (the Translator says so)
+    assert tiny.slots == 0 and tiny.cross_rows == 1026
 
 
 def test_a_job_of_unknown_size_splits_the_budget_by_beams():

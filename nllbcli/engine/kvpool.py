@@ -122,7 +122,8 @@ def plan_for_job(layers: int, d_model: int, need: PoolPlan, budget_bytes: int, c
     tokens), within `budget_bytes`, given the pool there is (`current`, None for none; the caller keeps it where
     it covers the need). Grown to cover both the need and the pool there was, rounded up, where the budget
     allows; else the need alone; else as much of the need as fits, slots and cross rows in the need's
-    proportion (the batch then goes in parts), but at least one sentence's beams and `max_source` cross rows."""
+    proportion (the batch then goes in parts), whole sentences' beams (none, where not one sentence's fit: the
+    caller says which option to lower), and at least `max_source` cross rows."""
     size = lambda plan: plan.nbytes(layers, d_model)  # noqa: E731
     grown = need if current is None else PoolPlan(max(need.slots, current.slots), max(need.cache_rows, current.cache_rows),
                                                   max(need.cross_rows, current.cross_rows))
@@ -132,7 +133,7 @@ def plan_for_job(layers: int, d_model: int, need: PoolPlan, budget_bytes: int, c
             return plan
     scratch = size(PoolPlan(0, need.cache_rows, 0))
     fraction = max(0, budget_bytes - scratch) / (size(need) - scratch)
-    slots = max(beams, int(need.slots * fraction) // beams * beams)
+    slots = int(need.slots * fraction) // beams * beams
     cross_rows = max(min(max_source, need.cross_rows), int(need.cross_rows * fraction))
     return PoolPlan(slots, need.cache_rows, cross_rows)
 
