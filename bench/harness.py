@@ -134,8 +134,8 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
     del weights
     for batch, beams, variant in runs:
         engine = engines[variant == "fp8"]
-        for other in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
-            other.drop_pool()
+        for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
+            each.drop_pool()
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
         copies = COPIES.get(variant, 1)
         run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
@@ -167,7 +167,7 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
                         "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[variant == "fp8"]) / 2**30,
                         "weights_gib": held[variant == "fp8"] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
-    del engine, engines
+    del engine, engines, each  # no reference left: transformers runs next, in the memory these held
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
 
