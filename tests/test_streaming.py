@@ -18,7 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from nllbcli.io import Position
 from nllbcli.io.streams import Lines, Replay
 from nllbcli.overlap import read_chunks
 
