@@ -7,7 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .checkpoint import ModelConfig, bf16_to_float32, load_checkpoint, resolve_model_dir
+from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
 from .engine import Engine
 from .engine.reference import ReferenceEngine
 from .errors import NllbError
@@ -238,8 +238,8 @@ def stored_in_float8(model_dir) -> bool:
 
 
 def quantize_matrices(weights: dict) -> dict:
-    """Every matrix (2-D weight) as an E4M3Matrix, a tied one quantized once (bf16 bits widened first): on the
-    host, for `nllb convert --compute-type float8` and the CPU reference's FP8 products."""
+    """Every matrix (2-D weight: float32, or bf16 bits) as an E4M3Matrix, a tied one quantized once: on the host,
+    for `nllb convert --compute-type float8` and the CPU reference's FP8 products."""
     from .engine.numerics import E4M3Matrix
 
     done: dict[int, E4M3Matrix] = {}
@@ -247,7 +247,7 @@ def quantize_matrices(weights: dict) -> dict:
     for name, w in weights.items():
         if getattr(w, "ndim", 0) == 2:
             if id(w) not in done:
-                done[id(w)] = E4M3Matrix.quantize(bf16_to_float32(w) if w.dtype == np.uint16 else w)
+                done[id(w)] = E4M3Matrix.quantize(w)
             w = done[id(w)]
         out[name] = w
     return out

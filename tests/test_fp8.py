@@ -95,3 +95,23 @@ def test_the_fp8_product_model_sums_exactly():
     ones = np.ones(1, np.float32)
     assert gemm_fp8_reference(codes, ones, codes[:, [0, 1, 0]], ones)[0, 0] == 2.0**-18
     assert gemm_fp8_reference(codes, 2 * ones, codes[:, [0, 1, 0]], 0.25 * ones)[0, 0] == 2.0**-19
+
+
+def test_a_matrix_quantized_a_block_of_rows_at_a_time_is_quantized_as_whole(monkeypatch):
+    from nllbcli.checkpoint import float32_to_bf16
+    from nllbcli.engine import numerics
+    from nllbcli.engine.numerics import E4M3Matrix
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(37, 24)).astype(np.float32) * rng.uniform(1e-3, 10, size=(37, 1)).astype(np.float32)
+    monkeypatch.setattr(numerics, "E4M3_BLOCK", 100)  # blocks of 4 rows
+    for given, values in ((w, w), (float32_to_bf16(w), reference_bf16(w))):
+        made = E4M3Matrix.quantize(given)
+        codes, scales = quantize_e4m3(values)
+        assert (made.codes == codes).all() and (made.scales == scales).all()
+
+
+def reference_bf16(x):
+    from nllbcli.engine.reference import bf16_round
+
+    return bf16_round(x)

@@ -195,7 +195,15 @@ class E4M3Matrix:
 
     @classmethod
     def quantize(cls, w: np.ndarray) -> "E4M3Matrix":
-        return cls(*quantize_e4m3(w))
+        """quantize_e4m3(w), a block of rows at a time (bf16 bits widened there): the temporaries of a 256k-row
+        embedding stay at a few of its blocks, not a few of its whole size."""
+        codes, scales = np.empty(w.shape, np.uint8), np.empty((w.shape[0], 1), np.float32)
+        step = max(1, E4M3_BLOCK // max(1, w.shape[1]))
+        for first in range(0, w.shape[0], step):
+            block = w[first : first + step]
+            block = (block.astype(np.uint32) << 16).view(np.float32) if block.dtype == np.uint16 else block
+            codes[first : first + step], scales[first : first + step] = quantize_e4m3(block)
+        return cls(codes, scales)
 
     @property
     def shape(self) -> tuple[int, int]:
