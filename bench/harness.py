@@ -167,7 +167,8 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
                         "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[variant == "fp8"]) / 2**30,
                         "weights_gib": held[variant == "fp8"] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
-    del engine, engines, each  # no reference left: transformers runs next, in the memory these held
+    engines.clear()
+    engine = each = None  # no reference left: transformers runs next, in the memory the engines held
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
 
