@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine.numerics import E4M3Matrix
+from .engine.numerics import E4M3Matrix, bf16_to_float32
 from .errors import NllbError
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -350,13 +350,6 @@ def read_safetensors(path: Path, wanted: set[str] | None = None, bf16_bits: bool
         else:
             arrays[name] = raw.astype(np.float32)
     return arrays
-
-
-def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns (uint16) -> float32: the same number, exactly (shifted in place: one 4-byte array)."""
-    wide = bits.astype(np.uint32)
-    wide <<= 16
-    return wide.view(np.float32)
 
 
 def float32_to_bf16(x: np.ndarray) -> np.ndarray:

@@ -197,8 +197,7 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
 
 def uses_float8(compute_type: str, where: str, model_dir) -> bool:
     """Whether the engine multiplies in FP8 (load_translator's compute_type), or why it cannot, in one line."""
-    if compute_type not in COMPUTE_TYPES:
-        raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
+    check_compute_type(compute_type)
     if compute_type == "bfloat16" or (compute_type == "auto" and not stored_in_float8(model_dir)):
         return False
     why_not = float8_missing(where)
@@ -210,10 +209,14 @@ def uses_float8(compute_type: str, where: str, model_dir) -> bool:
 def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
     """The compute type workers elsewhere will take (--devices, --ray), for the job's identity, without probing
     their GPUs: float8 where asked, or by auto for a model stored in FP8 on GPUs; else bfloat16."""
-    if compute_type not in COMPUTE_TYPES:
-        raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
+    check_compute_type(compute_type)
     float8 = compute_type == "float8" or (compute_type == "auto" and on_gpu and stored_in_float8(model_dir))
     return "float8" if float8 else "bfloat16"
+
+
+def check_compute_type(compute_type: str) -> None:
+    if compute_type not in COMPUTE_TYPES:
+        raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
 
 
 def float8_missing(where: str) -> str | None:

@@ -101,8 +101,8 @@ def forced_log_prob(tr, source, ids):
 
 def test_a_cold_draw_is_the_greedy_translation():
     """Cold enough that no draw's noise (below GUMBEL_MAX, 16.7) reaches across the least gap between a step's
-    best two logits on these texts (0.005, the first text's sixth token): at 1e-3 that gap is 4.9 and one run in
-    about a hundred drew the other token (generate draws from a random seed here)."""
+    best two logits on these texts (0.005, the first text's sixth token, scaled to 500): generate draws from a
+    random seed here, and at 1e-3 (a gap of 4.9) about one draw in 150 takes the other token."""
     tr = translator("sample")
     sources = [tr.tokenizer.encode(t, "eng_Latn") for t in TEXTS]
     cold = DecodeOptions(beam_size=1, max_length=30, sampling_topk=0, sampling_temperature=1e-5, seed=1)

@@ -23,12 +23,12 @@ import cupy as cp
 import cupyx
 import numpy as np
 
-from ..checkpoint import ModelConfig, bf16_to_float32
+from ..checkpoint import ModelConfig
 from ..environment import ENV
 from ..errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import E4M3Matrix, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions
+from .numerics import E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -64,8 +64,6 @@ def stacked(matrices: list) -> "np.ndarray | E4M3Matrix":
     if any(isinstance(m, E4M3Matrix) for m in matrices):
         matrices = [m if isinstance(m, E4M3Matrix) else E4M3Matrix.quantize(m) for m in matrices]
         return E4M3Matrix(np.concatenate([m.codes for m in matrices]), np.concatenate([m.scales for m in matrices]))
-    if len({m.dtype for m in matrices}) > 1:  # bf16 bits beside float32: all float32
-        matrices = [bf16_to_float32(m) if m.dtype == np.uint16 else m for m in matrices]
     return np.concatenate(matrices)
 
 
@@ -338,12 +336,12 @@ class CudaEngine:
             return current.slots, current.cross_rows
         self.drop_pool()
         free, total = self.device.mem_info
+        room = free - SPARE_BYTES - int(total * SPARE_FRACTION)
         if need is None:
-            budget = self.pool_bytes or max(0, free - SPARE_BYTES - int(total * SPARE_FRACTION)) // 2
+            budget = self.pool_bytes or max(0, room) // 2
             plan = plan_pool(c.decoder_layers, c.d_model, cache_rows, budget, longest, beams)
         else:
-            budget = self.pool_bytes or max(0, free - SPARE_BYTES - int(total * SPARE_FRACTION)
-                                            - activation_bytes(c, need.slots, need.cross_rows, cache_rows))
+            budget = self.pool_bytes or max(0, room - activation_bytes(c, need.slots, need.cross_rows, cache_rows))
             plan = plan_for_job(c.decoder_layers, c.d_model, need, budget, current, beams, longest)
         self.pool, self.pool_for_any = KVPool(c.decoder_layers, c.d_model, plan), need is None
         needed_rows = max(c.max_position_embeddings, max_length) + 3

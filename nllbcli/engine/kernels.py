@@ -391,17 +391,25 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     check_array("a", a, BF16)
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"gemm needs K % 8 == 0 (16-byte rows), got K={k}")
+    return stored_product("gemm", a, w, k, bias, residual, relu, out, out_dtype, tile, weights)
+
+
+def stored_product(name: str, a: cp.ndarray, w: cp.ndarray, tile_k: int, bias, residual, relu: bool, out, out_dtype,
+                   tile: str | None, weights: bool, **scales) -> cp.ndarray:
+    """gemm's and gemm_fp8's store epilogue: bias, residual and out checked, out made where not given, the
+    launch with the tile for (M, N, tile_k) unless one is given; `scales` are gemm_fp8's a_scale and w_scale."""
+    m, n = a.shape[0], w.shape[0]
     if bias is not None:
         check_array("bias", bias, F32, (n,))
     if residual is not None:
         check_array("residual", residual, F32, (m, n))
     if out is None:
         out = cp.empty((m, n), dtype=out_dtype)
-    check(out.dtype in (BF16, F32), "gemm writes bf16 or f32")
+    check(out.dtype in (BF16, F32), f"{name} writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or gemm_tile(m, n, k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
-                    out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights)
+        gemm_launch(tile or gemm_tile(m, n, tile_k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
+                    out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights, **scales)
     return out
 
 
@@ -432,20 +440,9 @@ def gemm_fp8(a_codes: cp.ndarray, a_scale: cp.ndarray, w_codes: cp.ndarray, w_sc
     check_scales("a_scale", a_scale, m)
     check_scales("w_scale", w_scale, n)
     check(k % 16 == 0, f"gemm_fp8 needs K % 16 == 0 (16-byte rows), got K={k}")
-    if bias is not None:
-        check_array("bias", bias, F32, (n,))
-    if residual is not None:
-        check_array("residual", residual, F32, (m, n))
-    if out is None:
-        out = cp.empty((m, n), dtype=out_dtype)
-    check(out.dtype in (BF16, F32), "gemm_fp8 writes bf16 or f32")
-    check_array("out", out, out.dtype, (m, n))
-    if m:
-        # FP8 products at twice bf16's rate: bf16's tile for half the k
-        gemm_launch(tile or gemm_tile(m, n, max(k // 2, 1)), a_codes, w_codes, epilogue=EPILOGUE_STORE, bias=bias,
-                    residual=residual, out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights,
-                    a_scale=a_scale, w_scale=w_scale)
-    return out
+    # FP8 products at twice bf16's rate: bf16's tile for half the k
+    return stored_product("gemm_fp8", a_codes, w_codes, max(k // 2, 1), bias, residual, relu, out, out_dtype, tile,
+                          weights, a_scale=a_scale, w_scale=w_scale)
 
 
 @dataclass(frozen=True)

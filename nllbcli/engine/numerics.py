@@ -181,6 +181,13 @@ def dequantize_e4m3(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return e4m3_values()[codes] * scales
 
 
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32: the same number, exactly (shifted in place: one 4-byte array)."""
+    wide = bits.astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
+
+
 class E4M3Matrix:
     """A weight matrix (N, K) in FP8 E4M3 with a scale per row, its output channel: values e4m3_values()[codes] *
     scales. What `--compute-type float8` multiplies by (the engines take it where a float matrix would be), and
@@ -201,7 +208,7 @@ class E4M3Matrix:
         step = max(1, E4M3_BLOCK // max(1, w.shape[1]))
         for first in range(0, w.shape[0], step):
             block = w[first : first + step]
-            block = (block.astype(np.uint32) << 16).view(np.float32) if block.dtype == np.uint16 else block
+            block = bf16_to_float32(block) if block.dtype == np.uint16 else block
             codes[first : first + step], scales[first : first + step] = quantize_e4m3(block)
         return cls(codes, scales)
 

@@ -34,7 +34,7 @@ def fp8_engines(model: Path):
     return config, ReferenceEngine(config, quantized, bf16_activations=True), CudaEngine(config, quantized)
 
 
-# Measured on the H200 (2026-12-03), the largest over six steps: tiny-b 0.17, the sample model 0.22 of the largest
+# As measured on the H200, the largest over six steps: tiny-b 0.17, the sample model 0.22 of the largest
 # logit (bf16 against bf16: 2e-7 and 1.6e-2). Each product's input is rounded to E4M3 (a step of 1/16 of a value):
 # where the two engines' inputs differ by an ulp of bf16 or their FP8 sums by the tensor cores' rounding, now
 # and then a value lands on the other side of such a step, and that difference, 16 times an ulp of bf16, travels
