@@ -386,8 +386,7 @@ def gemm(a: cp.ndarray, w: cp.ndarray, bias: cp.ndarray | None = None, residual:
     itself (in place: the fastest way onto the residual stream on Hopper); it may overlap no other operand.
     weights: w is a model's weight matrix, written by no kernel since the device last synchronized (the
     engine's, synchronized after its load): on Hopper its first stages load under the kernel before's tail."""
-    m, k = a.shape
-    n = w.shape[0]
+    k, n = a.shape[1], w.shape[0]
     check_array("a", a, BF16)
     check_array("w", w, BF16, (n, k))
     check(k % 8 == 0, f"gemm needs K % 8 == 0 (16-byte rows), got K={k}")
