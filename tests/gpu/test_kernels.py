@@ -326,7 +326,7 @@ def test_logits_topk_when_every_block_ties():
     np.testing.assert_allclose(cp.asnumpy(lp), -np.log(3000), rtol=1e-5)
 
 
-@pytest.mark.parametrize("m,d", [(1, 64), (33, 1024), (5, 48)])
+@pytest.mark.parametrize("m,d", [(1, 64), (33, 1024), (5, 48), (9, 2048), (3, 2052), (2, 1028)])
 def test_layernorm_matches_reference(m, d):
     x = rng.normal(2.0, 3.0, size=(m, d)).astype(np.float32)
     w, b = rng.normal(1, 0.3, d).astype(np.float32), rng.normal(0, 0.3, d).astype(np.float32)
