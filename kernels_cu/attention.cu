@@ -186,10 +186,10 @@ PREFILL_ENTRY(attention_prefill_128_kernel, 128)
 // own slice of shared memory and reads them with ldmatrix. Keys go in chunks of MMA_KEYS:
 //   S = Q K^T (16 x MMA_KEYS f32 in registers) * scale; keys at or past seq_len are -inf;
 //   online softmax: each query row keeps its running max m, sum l and output O, rescaled by exp(m_old - m_new)
-//   when a chunk raises the max (one chunk, n <= MMA_KEYS: the factor is 0 on an empty O, and P = exp(s - max)
-//   exactly as attention_prefill computes it), P = exp(s - m) by __expf in f32;
-//   O += P V with P split into two bf16 terms, hi = bf16(P) and lo = bf16(P - hi): hi + lo holds P to about
-//   2^-17 of itself (bf16 alone: 2^-9), for twice the P V mma; l sums hi + lo (exact in f32), the weights
+//   when a chunk raises the max (one chunk, n <= MMA_KEYS: the factor is 0 on an empty O and l, and P is
+//   exp(s - max) as attention_prefill takes it), P = exp(s - m) by __expf in f32;
+//   O += P V with P split into two bf16 terms, hi = bf16(P) and lo = bf16(P - hi): hi + lo holds P to 2^-16 of
+//   itself (bf16 alone: 2^-8), for twice the P V mma; l sums hi + lo (exact in f32), the weights
 //   that V is taken with. reference.attention_prefill_mma models these numerics.
 // O / l is written as bf16. Fragments (m16n8k16; g = lane / 4, t = lane % 4): the S accumulator of keys
 // 16c .. 16c + 15 (two n-tiles, rows g and g + 8, columns 2t and 2t + 1) is register for register P's A
