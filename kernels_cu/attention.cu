@@ -176,6 +176,202 @@ PREFILL_ENTRY(attention_prefill_kernel, 0)
 PREFILL_ENTRY(attention_prefill_64_kernel, 64)
 PREFILL_ENTRY(attention_prefill_128_kernel, 128)
 
+// attention_prefill_mma_64_kernel, _128_: attention_prefill_64_kernel's encoder self-attention on the tensor cores
+// (mma.sync m16n8k16, bf16 operands, f32 accumulation): the same arguments, the same rows written (padding rows as
+// zeros), any seq_len <= max_len.
+//
+// One block per (sequence, head), MMA_WARPS warps. The sequence's K and V rows of this head go to shared memory
+// once, rows n .. n rounded up to 16 as zeros (a 16-key step may read them; they are masked, and zero V keeps
+// 0 * V finite). Each warp takes 16 queries at a time (tiles warp, warp + MMA_WARPS, ...), copies them into its
+// own slice of shared memory and reads them with ldmatrix. Keys go in chunks of MMA_KEYS:
+//   S = Q K^T (16 x MMA_KEYS f32 in registers) * scale; keys at or past seq_len are -inf;
+//   online softmax: each query row keeps its running max m, sum l and output O, rescaled by exp(m_old - m_new)
+//   when a chunk raises the max (one chunk, n <= MMA_KEYS: the factor is 0 on an empty O and l, and P is
+//   exp(s - max) as attention_prefill takes it), P = exp(s - m) by __expf in f32;
+//   O += P V with P split into two bf16 terms, hi = bf16(P) and lo = bf16(P - hi): hi + lo holds P to 2^-16 of
+//   itself (bf16 alone: 2^-8), for twice the P V mma; l sums hi + lo (exact in f32), the weights
+//   that V is taken with. reference.attention_prefill_mma models these numerics.
+// O / l is written as bf16. Fragments (m16n8k16; g = lane / 4, t = lane % 4): the S accumulator of keys
+// 16c .. 16c + 15 (two n-tiles, rows g and g + 8, columns 2t and 2t + 1) is register for register P's A
+// fragment for k-step c; K's B fragments by ldmatrix from K rows (keys) as they lie, V's by ldmatrix.trans.
+// Shared memory (dynamic): K and V as R x (E + 8) bf16, R = max_len rounded up to 16, then MMA_WARPS x 16 x
+// (E + 8) bf16 for the queries (rows of E + 8 bf16 are 16-byte aligned, and put the 8 rows an ldmatrix reads
+// on 8 different 16-byte bank groups).
+// Launch: grid (B, H), block 32 * MMA_WARPS threads; seq_len <= max_len; rows of q, k, v and out 16-byte aligned.
+#define MMA_WARPS 4
+#define MMA_KEYS 64
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const __nv_bfloat16* p) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const __nv_bfloat16* p) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f32 weights (columns 2t, 2t + 1 of a row) as bf16 hi and lo halves of an A fragment register; returns
+// hi + lo of both, the weight that the mma takes.
+__device__ __forceinline__ float split_bf16(float p0, float p1, unsigned& hi, unsigned& lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(p0, p1);
+    const float2 hf = __bfloat1622float2(h);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(p0 - hf.x, p1 - hf.y);
+    const float2 lf = __bfloat1622float2(l);
+    hi = *reinterpret_cast<const unsigned*>(&h);
+    lo = *reinterpret_cast<const unsigned*>(&l);
+    return (hf.x + lf.x) + (hf.y + lf.y);
+}
+
+template <int HEAD>
+__device__ __forceinline__ void attention_prefill_mma(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                      const __nv_bfloat16* __restrict__ k,
+                                                      const __nv_bfloat16* __restrict__ v, int ldk,
+                                                      const int* __restrict__ seq_start, const int* __restrict__ seq_len,
+                                                      int rows_per_seq, __nv_bfloat16* __restrict__ out, int ldo,
+                                                      float scale, int max_len) {
+    constexpr int LD = HEAD + 8, CHUNKS = HEAD / 8, KSTEPS = HEAD / 16, OTILES = HEAD / 8, STILES = MMA_KEYS / 8;
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int b = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    const int start = seq_start[b], n = seq_len[b], rows16 = (n + 15) & ~15;
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* Vs = Ks + (size_t)((max_len + 15) & ~15) * LD;
+    __nv_bfloat16* Qs = Vs + (size_t)((max_len + 15) & ~15) * LD;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int idx = tid; idx < rows16 * CHUNKS; idx += blockDim.x) {
+        const int j = idx / CHUNKS, c = (idx - j * CHUNKS) * 8;
+        uint4 kr = zero, vr = zero;
+        if (j < n) {
+            const size_t at = (size_t)(start + j) * ldk + h * HEAD + c;
+            kr = *reinterpret_cast<const uint4*>(k + at);
+            vr = *reinterpret_cast<const uint4*>(v + at);
+        }
+        *reinterpret_cast<uint4*>(Ks + j * LD + c) = kr;
+        *reinterpret_cast<uint4*>(Vs + j * LD + c) = vr;
+    }
+    for (int idx = tid; idx < (rows_per_seq - n) * CHUNKS; idx += blockDim.x) {  // padding rows (none when packed)
+        const int i = n + idx / CHUNKS, c = (idx % CHUNKS) * 8;
+        *reinterpret_cast<uint4*>(out + (size_t)(start + i) * ldo + h * HEAD + c) = zero;
+    }
+    __syncthreads();
+
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    __nv_bfloat16* qs = Qs + warp * 16 * LD;
+    for (int q0 = warp * 16; q0 < n; q0 += MMA_WARPS * 16) {
+        for (int idx = lane; idx < 16 * CHUNKS; idx += 32) {  // queries past n as zeros: their rows are not written
+            const int r = idx / CHUNKS, c = (idx - r * CHUNKS) * 8;
+            *reinterpret_cast<uint4*>(qs + r * LD + c) =
+                q0 + r < n ? *reinterpret_cast<const uint4*>(q + (size_t)(start + q0 + r) * ldq + h * HEAD + c) : zero;
+        }
+        __syncwarp();
+        float o[OTILES][4];
+#pragma unroll
+        for (int et = 0; et < OTILES; ++et) o[et][0] = o[et][1] = o[et][2] = o[et][3] = 0.f;
+        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};  // rows g and g + 8 of the tile
+        for (int c0 = 0; c0 < n; c0 += MMA_KEYS) {
+            float s[STILES][4];
+#pragma unroll
+            for (int j = 0; j < STILES; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; ++kk) {
+                unsigned a[4];
+                ldmatrix_x4(a, qs + (lane & 15) * LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int j = 0; j < STILES; j += 2) {  // keys c0 + 8j .. + 15: rows below rows16
+                    if (c0 + j * 8 < n) {
+                        unsigned bk[4];
+                        ldmatrix_x4(bk, Ks + (c0 + j * 8 + (lane & 7) + (lane >> 4) * 8) * LD + kk * 16 + ((lane >> 3) & 1) * 8);
+                        mma_bf16(s[j], a, bk[0], bk[1]);
+                        mma_bf16(s[j + 1], a, bk[2], bk[3]);
+                    }
+                }
+            }
+            float top[2] = {m[0], m[1]};
+#pragma unroll
+            for (int j = 0; j < STILES; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = c0 + j * 8 + 2 * t + (e & 1) < n ? s[j][e] * scale : NEG_INF;
+                    top[e >> 1] = fmaxf(top[e >> 1], s[j][e]);
+                }
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {  // the quad's four lanes hold the row's columns
+                top[r] = fmaxf(top[r], __shfl_xor_sync(0xffffffff, top[r], 1));
+                top[r] = fmaxf(top[r], __shfl_xor_sync(0xffffffff, top[r], 2));
+                alpha[r] = __expf(m[r] - top[r]);  // 0 at the first chunk (m = -inf); top is finite: key c0 < n
+                m[r] = top[r];
+                l[r] *= alpha[r];
+            }
+#pragma unroll
+            for (int et = 0; et < OTILES; ++et) {
+                o[et][0] *= alpha[0], o[et][1] *= alpha[0];
+                o[et][2] *= alpha[1], o[et][3] *= alpha[1];
+            }
+#pragma unroll
+            for (int kc = 0; kc < STILES / 2; ++kc) {  // keys c0 + 16 kc .. + 15
+                if (c0 + kc * 16 < n) {
+                    const float* s0 = s[2 * kc];
+                    const float* s1 = s[2 * kc + 1];
+                    unsigned hi[4], lo[4];
+                    l[0] += split_bf16(__expf(s0[0] - m[0]), __expf(s0[1] - m[0]), hi[0], lo[0]);
+                    l[1] += split_bf16(__expf(s0[2] - m[1]), __expf(s0[3] - m[1]), hi[1], lo[1]);
+                    l[0] += split_bf16(__expf(s1[0] - m[0]), __expf(s1[1] - m[0]), hi[2], lo[2]);
+                    l[1] += split_bf16(__expf(s1[2] - m[1]), __expf(s1[3] - m[1]), hi[3], lo[3]);
+#pragma unroll
+                    for (int et = 0; et < OTILES; et += 2) {
+                        unsigned bv[4];
+                        ldmatrix_x4_trans(bv, Vs + (c0 + kc * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + et * 8 + (lane >> 4) * 8);
+                        mma_bf16(o[et], hi, bv[0], bv[1]);
+                        mma_bf16(o[et + 1], hi, bv[2], bv[3]);
+                        mma_bf16(o[et], lo, bv[0], bv[1]);
+                        mma_bf16(o[et + 1], lo, bv[2], bv[3]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            l[r] += __shfl_xor_sync(0xffffffff, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffff, l[r], 2);
+        }
+        const float inv0 = 1.f / l[0], inv1 = 1.f / l[1];
+        const int i0 = q0 + g, i1 = q0 + g + 8;
+#pragma unroll
+        for (int et = 0; et < OTILES; ++et) {
+            const int col = h * HEAD + et * 8 + 2 * t;
+            if (i0 < n)
+                *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(start + i0) * ldo + col) =
+                    __floats2bfloat162_rn(o[et][0] * inv0, o[et][1] * inv0);
+            if (i1 < n)
+                *reinterpret_cast<__nv_bfloat162*>(out + (size_t)(start + i1) * ldo + col) =
+                    __floats2bfloat162_rn(o[et][2] * inv1, o[et][3] * inv1);
+        }
+        __syncwarp();  // every lane's ldmatrix of this tile is done before the next tile overwrites qs
+    }
+}
+
+#define PREFILL_MMA_ENTRY(NAME, HEAD)                                                                            \
+    extern "C" __global__ void __launch_bounds__(32 * MMA_WARPS)                                                \
+    NAME(const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k,                      \
+         const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ seq_start,                        \
+         const int* __restrict__ seq_len, int rows_per_seq, __nv_bfloat16* __restrict__ out, int ldo, int E,     \
+         float scale, int max_len) {                                                                             \
+        let_dependents_launch();                                                                                 \
+        attention_prefill_mma<HEAD>(q, ldq, k, v, ldk, seq_start, seq_len, rows_per_seq, out, ldo, scale, max_len); \
+    }
+PREFILL_MMA_ENTRY(attention_prefill_mma_64_kernel, 64)
+PREFILL_MMA_ENTRY(attention_prefill_mma_128_kernel, 128)
+
 // attention_decode_kernel: one query per row (decoder self- or cross-attention), one warp per (row, head).
 //
 // Same inputs as attention_kernel (start or table, length per row). Eight lanes share a key or value row:

@@ -47,6 +47,26 @@ def test_attention_ignores_masked_keys():
         np.testing.assert_allclose(out[1, :, h * e:(h + 1) * e], p @ v[1, :, h * e:(h + 1) * e], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("split_p", [True, False])
+@pytest.mark.parametrize("e", [64, 128])
+@pytest.mark.parametrize("n", [1, 2, 17, 33, 64, 65, 200, 256])
+def test_attention_prefill_mma_is_within_its_bound_of_float64(n, e, split_p):
+    """The tensor-core kernel's numerics against float64 attention: each output within its bf16 rounding,
+    2^-8 of itself, plus the error of P's weights, u max|v - out| <= 2 u max|v| for weights within u of themselves:
+    u = 2^-16 for P as bf16 hi + lo (lo within 2^-8 of P - hi, itself within 2^-8 of P), u = 2^-8 for bf16 P.
+    Sharp scores (queries 4x) and flat ones; 65 keys and more take the running max over several 64-key chunks."""
+    heads = 2
+    for sharpness in (1.0, 4.0):
+        q = ref.bf16_round((rng.normal(size=(n, heads * e)) * sharpness).astype(np.float32))
+        k, v = (ref.bf16_round(rng.normal(size=(n, heads * e)).astype(np.float32)) for _ in range(2))
+        want = ref.attention(q[None].astype(np.float64), k[None].astype(np.float64), v[None].astype(np.float64), None, heads)[0]
+        got = ref.attention_prefill_mma(q, k, v, heads, split_p=split_p)
+        weights = 2.0**-15 if split_p else 2.0**-7
+        assert (np.abs(got - want) <= 2.0**-8 * np.abs(want) + weights * np.abs(v).max()).all()
+        if n == 1:  # one key: P = 1 exactly, the output is v's row
+            np.testing.assert_array_equal(got, v)
+
+
 def test_log_softmax_matches_float64():
     x = rng.normal(0, 5, (3, 50)).astype(np.float32)
     x64 = x.astype(np.float64)

@@ -689,6 +689,14 @@ def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | N
 
 DECODE_MAX_KEYS = 1024  # attention_decode keeps a warp's scores in shared memory
 PREFILL_SMEM_LIMIT = 200 * 1024  # bytes of shared memory the prefill kernel may ask for (the H100/H200 give 227 KB)
+PREFILL_MMA = True  # encoder self-attention on the tensor cores (attention_prefill_mma_*) wherever it applies
+PREFILL_MMA_WARPS = 4  # attention.cu's MMA_WARPS
+
+
+def prefill_mma_smem(e: int, max_len: int) -> int:
+    """Bytes of shared memory attention_prefill_mma takes: K and V for max_len rounded up to 16 rows and a
+    16-row query tile per warp, rows of e + 8 bf16 (at most PREFILL_SMEM_LIMIT: max_len 672 at e 64, 336 at 128)."""
+    return (2 * (-(-max_len // 16) * 16) + 16 * PREFILL_MMA_WARPS) * (e + 8) * 2
 
 
 def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp.ndarray, seq_len: cp.ndarray,
@@ -697,7 +705,9 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     seq_len[b] - 1 of q, k and v, and each query attends to its own sequence. rows_per_seq > 0: sequences
     padded to that many rows each (the padded rows hold nothing meaningful); 0: packed without padding.
     q, k, v (rows, D) bf16 views (column slices of a fused QKV do); seq_start, seq_len (B,) int32;
-    max_len >= every seq_len. -> (rows, D)."""
+    max_len >= every seq_len. -> (rows, D). On the tensor cores (attention_prefill_mma_*) where PREFILL_MMA, the
+    head size is 64 or 128, every array is 16-byte aligned and max_len fits prefill_mma_smem; else the CUDA-core
+    kernels (attention_prefill_*), and past their shared memory the general attention kernel."""
     rows, d = q.shape
     (b,) = seq_len.shape
     e = d // heads
@@ -706,6 +716,14 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
     out = cp.empty((rows, d), dtype=BF16) if out is None else out
     check_array("out", out, BF16, (rows, d))
+    args = (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), seq_start, seq_len, cp.int32(rows_per_seq),
+            out, cp.int32(d), cp.int32(e), cp.float32(e**-0.5), cp.int32(max_len))
+    smem = prefill_mma_smem(e, max_len)
+    if PREFILL_MMA and e in (64, 128) and smem <= PREFILL_SMEM_LIMIT and aligned16(q, k, v, out):
+        kernel = function("attention.cu", f"attention_prefill_mma_{e}_kernel")
+        allow_smem(kernel, smem)
+        kernel((b, heads), (32 * PREFILL_MMA_WARPS,), args, shared_mem=smem)
+        return out
     smem = 2 * max_len * (e + 2) * 2 + 8 * e * 4 + 8 * max_len * 4
     if smem > PREFILL_SMEM_LIMIT or e % 2:
         # too long to hold in shared memory: the general kernel, one block per query
@@ -719,9 +737,7 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     name = f"attention_prefill_{e}_kernel" if e in (64, 128) and aligned else "attention_prefill_kernel"
     kernel = function("attention.cu", name)
     allow_smem(kernel, smem)
-    kernel((b, heads), (256,), (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), seq_start, seq_len,
-                                cp.int32(rows_per_seq), out, cp.int32(d), cp.int32(e), cp.float32(e**-0.5),
-                                cp.int32(max_len)), shared_mem=smem)
+    kernel((b, heads), (256,), args, shared_mem=smem)
     return out
 
 

@@ -91,6 +91,38 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray 
     return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
 
 
+def attention_prefill_mma(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, split_p: bool = True,
+                          chunk: int = 64) -> np.ndarray:
+    """attention.cu's attention_prefill_mma kernels' numerics, one sequence's self-attention: scores in f32
+    (bf16 products are exact, the tensor cores add in f32), keys in chunks of `chunk` with a running max m, sum l
+    and output O rescaled by exp(m_old - m_new), P = exp(s - m) in f32 taken into P V as bf16 hi = bf16(P) plus
+    lo = bf16(P - hi) (split_p False: hi alone, P to 2^-8 of itself), l the sum of those weights, O / l rounded to
+    bf16. reference.attention's softmax divides exact P instead: this differs from it by at most about
+    max|v - out| * 2^-16 (split) or 2^-8 (hi alone), besides the output's rounding.
+    q, k, v (S, D) float32 holding bf16 values. -> (S, D) float32 holding bf16 values."""
+    s_len, d = q.shape
+    e = d // heads
+    out = np.empty((s_len, d), np.float32)
+    for h in range(heads):
+        cols = slice(h * e, (h + 1) * e)
+        scores = (q[:, cols] @ k[:, cols].T) * np.float32(e**-0.5)  # (S, S) f32
+        m = np.full((s_len, 1), -np.inf, np.float32)
+        total = np.zeros((s_len, 1), np.float32)
+        acc = np.zeros((s_len, e), np.float32)
+        for c0 in range(0, s_len, chunk):
+            sc = scores[:, c0 : c0 + chunk]
+            top = np.maximum(m, sc.max(axis=1, keepdims=True))
+            alpha = np.exp(m - top)  # 0 at the first chunk
+            p = np.exp(sc - top)
+            hi = bf16_round(p)
+            w = hi + bf16_round(p - hi) if split_p else hi
+            total = total * alpha + w.sum(axis=1, keepdims=True)
+            acc = acc * alpha + w @ v[c0 : c0 + chunk, cols]
+            m = top
+        out[:, cols] = acc * (np.float32(1) / total)
+    return bf16_round(out)
+
+
 # ------------------------------------------------------------------------------------------------ the model
 
 

@@ -418,6 +418,69 @@ def test_attention_prefill_matches_reference(heads, d, lengths):
         np.testing.assert_array_equal(got_packed[start : start + n], got[i * s : i * s + n])
 
 
+PREFILL_LENGTHS = [1, 2, 17, 33, 64, 200, 256]
+
+
+def prefill_both_ways(qkv: np.ndarray, d: int, lengths: list[int], heads: int) -> tuple[np.ndarray, np.ndarray]:
+    """kernels.attention_prefill over `lengths` padded to max(lengths) rows each (qkv: those rows, a fused QKV),
+    then packed one after another with max_len 40 past the longest; both outputs poisoned first. -> padded
+    (B S, D), packed (sum of lengths, D) as float32."""
+    s, b = max(lengths), len(lengths)
+    device_qkv = to_device_bf16(qkv)
+    out = poisoned((b * s, d), BF16)
+    kernels.attention_prefill(device_qkv[:, :d], device_qkv[:, d : 2 * d], device_qkv[:, 2 * d :],
+                              cp.asarray(np.arange(b, dtype=np.int32) * s), cp.asarray(np.array(lengths, np.int32)), s, s,
+                              heads, out=out)
+    padded = cp.asnumpy(out.astype(cp.float32))
+    packed_qkv = to_device_bf16(np.concatenate([qkv[i * s : i * s + n] for i, n in enumerate(lengths)]))
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
+    out = poisoned((sum(lengths), d), BF16)
+    kernels.attention_prefill(packed_qkv[:, :d], packed_qkv[:, d : 2 * d], packed_qkv[:, 2 * d :], cp.asarray(starts),
+                              cp.asarray(np.array(lengths, np.int32)), 0, s + 40, heads, out=out)
+    return padded, cp.asnumpy(out.astype(cp.float32))
+
+
+@pytest.mark.parametrize("e", [64, 128])
+def test_attention_prefill_mma_matches_reference(e, monkeypatch):
+    """The tensor-core prefill (attention_prefill_mma_*) against float64 attention, and against the CUDA-core
+    kernel (attention_prefill_64/128), padded and packed, lengths 1 .. 256 (one to four 64-key chunks), flat
+    scores and sharp ones (queries 4x).
+    Bound: each output within its bf16 rounding (2^-8 of itself) plus the error of P's weights, u max|v - out|
+    <= 2 u max|v| for weights within u of themselves (reference.attention_prefill_mma: u = 2^-16 for P as
+    bf16 hi + lo, which the CPU test checks at 2^-15 max|v|); 2^-12 max|v| here leaves u = 2^-13 for the device's
+    own errors: __expf (about 2^-21 of P), f32 scores summed in the tensor cores' order.
+    Against the CUDA-core kernel: both are bf16 roundings of nearly the same f32 value, so at most a bf16 step
+    apart and mostly equal (the NumPy model differs from the exact rounding in 0.1-0.2% of elements; P as bf16
+    alone, 17-39%)."""
+    heads = 1024 // e
+    d = heads * e
+    s = max(PREFILL_LENGTHS)
+    assert kernels.prefill_mma_smem(e, s + 40) <= kernels.PREFILL_SMEM_LIMIT  # both launches take the tensor cores
+    for sharpness in (1.0, 4.0):
+        qkv = rng.normal(size=(len(PREFILL_LENGTHS) * s, 3 * d)).astype(np.float32)
+        qkv[:, :d] *= sharpness
+        qkv = bf16(qkv)
+        monkeypatch.setattr(kernels, "PREFILL_MMA", True)
+        padded, packed = prefill_both_ways(qkv, d, PREFILL_LENGTHS, heads)
+        monkeypatch.setattr(kernels, "PREFILL_MMA", False)
+        old_padded, old_packed = prefill_both_ways(qkv, d, PREFILL_LENGTHS, heads)
+        starts = np.concatenate([[0], np.cumsum(PREFILL_LENGTHS)[:-1]])
+        for i, (start, n) in enumerate(zip(starts, PREFILL_LENGTHS)):
+            rows = qkv[i * s : i * s + n]
+            want = ref.attention(rows[None, :, :d].astype(np.float64), rows[None, :, d : 2 * d].astype(np.float64),
+                                 rows[None, :, 2 * d :].astype(np.float64), None, heads)[0]
+            got = padded[i * s : i * s + n]
+            assert not np.isnan(got).any()
+            vmax = np.abs(rows[:, 2 * d :]).reshape(n, heads, e).max(axis=(0, 2)).repeat(e)  # max|v| of each column's head
+            assert (np.abs(got - want) <= 2.0**-8 * np.abs(want) + 2.0**-12 * vmax).all(), (n, np.abs(got - want).max())
+            np.testing.assert_array_equal(padded[i * s + n : (i + 1) * s], 0)  # padding rows written as zeros
+            np.testing.assert_array_equal(packed[start : start + n], got)  # packed or padded: the same bits
+            old = old_padded[i * s : i * s + n]
+            np.testing.assert_array_equal(old_packed[start : start + n], old)
+            assert (np.abs(got - old) <= 2.0**-7 * np.abs(old) + 2.0**-12 * vmax).all()
+            assert (got != old).mean() <= 0.05, (n, (got != old).mean())
+
+
 def test_copy_rows_places_rows():
     pool = cp.zeros((24, 16), dtype=BF16)
     src = bf16(rng.normal(size=(3, 48)).astype(np.float32))
