@@ -425,13 +425,20 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
                                                  const __nv_bfloat16* __restrict__ v, int ldk,
                                                  const int* __restrict__ start, const int* __restrict__ length,
                                                  const int* __restrict__ table, int table_stride,
-                                                 __nv_bfloat16* __restrict__ out, int rows, int H, float scale) {
+                                                 __nv_bfloat16* __restrict__ out, int rows, int H, float scale,
+                                                 int together) {
     __shared__ float scores[4][DECODE_MAX_KEYS];
     constexpr int VEC = E / 8;  // elements per lane of a key or value row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int pair = blockIdx.x * 4 + warp;
-    if (pair >= rows * H) return;
-    const int row = pair / H, h = pair - row * H;
+    int row, h;
+    if (together) {  // a block: 4 consecutive rows, one head (rows that read the same keys share them in L1)
+        row = blockIdx.x / H * 4 + warp, h = blockIdx.x % H;
+        if (row >= rows) return;
+    } else {  // a block: 4 consecutive (row, head) pairs
+        const int pair = blockIdx.x * 4 + warp;
+        if (pair >= rows * H) return;
+        row = pair / H, h = pair - row * H;
+    }
     const int n = length[row];
     const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
     const int first = table ? 0 : start[row];
@@ -516,9 +523,9 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
         const __nv_bfloat16* __restrict__ q, int ldq, const __nv_bfloat16* __restrict__ k,                        \
         const __nv_bfloat16* __restrict__ v, int ldk, const int* __restrict__ start, const int* __restrict__ length, \
         const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \
-        float scale) {                                                                                           \
+        float scale, int together) {                                                                             \
         let_dependents_launch();                                                                                 \
-        attention_decode<E>(q, ldq, k, v, ldk, start, length, table, table_stride, out, rows, H, scale);         \
+        attention_decode<E>(q, ldq, k, v, ldk, start, length, table, table_stride, out, rows, H, scale, together); \
     }
 DECODE_ENTRY(64, DECODE_MIN_BLOCKS)
 DECODE_ENTRY(128, 1)  // not capped: at 48 registers it spills (head size 128, unmeasured)

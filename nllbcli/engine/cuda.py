@@ -164,6 +164,7 @@ class CudaState(RowPositions):
     cross_keys: int  # the longest source's length: picks the cross-attention kernel
     t: np.ndarray | None = None  # (N,) positions filled, per row (None: all 0)
     keys: np.ndarray | None = None  # (N,) uint32 each row's random stream, for sampling (set_keys)
+    together: bool = False  # rows side by side mostly read one source (beams, samples, targets): kernels.attention's
 
     def __post_init__(self) -> None:
         if self.t is None:
@@ -451,7 +452,10 @@ class CudaEngine:
         except BaseException:
             pool.slots.release(slots)
             raise
-        state = CudaState(slots, ws, graphs, int(encoded.length[source_rows].max(initial=1)))
+        # a sentence's beams, samples or copies for several targets lie side by side and read one source's cross
+        # K/V: the cross-attention then takes rows 4 at a time a block, one head, so they share it (kernels.attention)
+        together = n > 1 and 2 * np.count_nonzero(source_rows[1:] == source_rows[:-1]) >= n
+        state = CudaState(slots, ws, graphs, int(encoded.length[source_rows].max(initial=1)), together=bool(together))
         if graphs:
             self.bound = state
         return state
@@ -475,9 +479,9 @@ class CudaEngine:
         cross_fast = state.cross_keys <= kernels.DECODE_MAX_KEYS
 
         def launches():
-            self.step_launches(ws, b, cross_fast, head, k, sample)
+            self.step_launches(ws, b, cross_fast, head, k, sample, state.together)
 
-        key = (head, k, b, cross_fast, sample)
+        key = (head, k, b, cross_fast, sample, state.together)
         graph = ws.graphs.get(key) if state.graphs else None
         if graph is None and state.graphs and key in ws.seen and key not in ws.failed:
             try:
@@ -508,7 +512,8 @@ class CudaEngine:
                 raise
             return stream.end_capture()
 
-    def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int, sample: tuple = ()) -> None:
+    def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int, sample: tuple = (),
+                      together: bool = False) -> None:
         """The kernels of one decoder step over the workspace's first b rows (see run_step)."""
         c, pool, d = self.config, self.pool, self.config.d_model
         take, rows = ws.take, ws.rows
@@ -534,7 +539,7 @@ class CudaEngine:
             x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], take)
             self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take)
             kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
-                              max_keys=cross_keys)
+                              max_keys=cross_keys, together=together)
             self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
             x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"], take)
             self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)

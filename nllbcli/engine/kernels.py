@@ -106,7 +106,11 @@ def quantize_rows(x: cp.ndarray, codes: cp.ndarray | None = None,
     scales = cp.empty((m,), dtype=F32) if scales is None else scales
     check_array("codes", codes, U8, (m, k))
     check_array("scales", scales, F32, (m,))
-    if m:  # an empty row (K = 0) has scale 1
+    vectors = x.dtype == BF16 and k % 8 == 0 and k > 0 and x.data.ptr % 16 == 0 and x.strides[0] % 16 == 0 \
+        and codes.data.ptr % 8 == 0
+    if m and vectors:  # a warp a row, 16-byte loads (the same bits)
+        function("quantize.cu", "quantize_rows_warp_kernel")((-(-m // 8),), (256,), (x, codes, scales, cp.int32(m), cp.int32(k)))
+    elif m:  # an empty row (K = 0) has scale 1
         function("quantize.cu", "quantize_rows_kernel")((m,), (256,), (x, codes, scales, cp.int32(k),
                                                                         cp.int32(1 if x.dtype == F32 else 0)))
     return codes, scales
@@ -651,14 +655,18 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table, positions: cp.ndarray, scale:
 
 
 def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,
-              out: cp.ndarray | None = None, table: cp.ndarray | None = None, max_keys: int | None = None) -> cp.ndarray:
+              out: cp.ndarray | None = None, table: cp.ndarray | None = None, max_keys: int | None = None,
+              together: bool = False) -> cp.ndarray:
     """Query r attends to key rows start[r] .. start[r] + length[r] - 1 (or, with a table, to rows
     table[r, 0 .. length[r] - 1]), per head: the decoder's self- and cross-attention, one query per row.
 
     q (R, D) bf16, or a column slice of a wider array whose rows hold D contiguous values (a fused QKV);
     k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1;
     table (R, T) int32. max_keys: the largest length, when the caller knows it (it picks the warp-per-row
-    kernel for head sizes 64 and 128). -> (R, D) bf16."""
+    kernel for head sizes 64 and 128). together: that kernel's blocks each take one head of 4 consecutive rows,
+    not 4 heads of one row, so that rows reading the same keys (a sentence's beams or samples, its copies for
+    several targets, in cross-attention) read them once from memory into the SM's L1; the same results.
+    -> (R, D) bf16."""
     r, d = q.shape
     check(q.dtype == BF16 and k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
     check(q.strides[1] == k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
@@ -680,8 +688,9 @@ def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | N
               table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out)
     aligned = aligned16(q, k, v)
     if e in (64, 128) and max_keys is not None and max_keys <= DECODE_MAX_KEYS and aligned:
-        function("attention.cu", f"attention_decode_{e}_kernel")((-(-r * heads // 4),), (128,), common + (
-            cp.int32(r), cp.int32(heads), cp.float32(e**-0.5)))
+        blocks = -(-r // 4) * heads if together else -(-r * heads // 4)
+        function("attention.cu", f"attention_decode_{e}_kernel")((blocks,), (128,), common + (
+            cp.int32(r), cp.int32(heads), cp.float32(e**-0.5), cp.int32(1 if together else 0)))
     else:
         function("attention.cu", "attention_kernel")((r, heads), (128,), common + (cp.int32(e), cp.float32(e**-0.5)))
     return out

@@ -368,6 +368,23 @@ def test_attention_matches_reference(heads, d, max_keys):
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
 
 
+@pytest.mark.parametrize("rows", [4, 9, 13])  # whole blocks of 4 rows, and a last block part-filled
+@pytest.mark.parametrize("heads,d", [(16, 1024), (4, 256), (8, 1024)])
+def test_attention_of_rows_together_is_the_same_bits(heads, d, rows):
+    """together (a block: one head of 4 rows, as a sentence's beams read one source) changes which warps run
+    together, not what any computes: the same bits as the default mapping, where runs are shared and where not."""
+    keys = 200
+    qkv = to_device_bf16(bf16(rng.normal(size=(keys, 3 * d)).astype(np.float32)))
+    q, k, v = qkv[:rows, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :]
+    for start in (np.repeat(rng.integers(0, 100, -(-rows // 4)), 4)[:rows], rng.integers(0, 100, rows)):
+        start = cp.asarray(start.astype(np.int32))
+        length = cp.asarray(rng.integers(1, 100, rows).astype(np.int32))
+        apart, together = poisoned((rows, d), BF16), poisoned((rows, d), BF16)
+        kernels.attention(q, k, v, start, length, heads, out=apart, max_keys=100)
+        kernels.attention(q, k, v, start, length, heads, out=together, max_keys=100, together=True)
+        assert (apart.view(cp.uint16) == together.view(cp.uint16)).all()
+
+
 @pytest.mark.parametrize("t", [9, 300])  # the decode kernel takes keys 32 at a time: one run, and several
 @pytest.mark.parametrize("heads,d", [(4, 64), (4, 256), (8, 1024)])
 def test_attention_reads_keys_through_a_row_table(heads, d, t):
