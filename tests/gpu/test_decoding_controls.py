@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
 SCORE_TOLERANCE = 0.15  # bf16 weights and activations against float32, a sum of ~20 log-probs: measured up to 0.12
+SAMPLED_SCORE_TOLERANCE = 0.75  # the same for whole-vocabulary draws (test_sampling_draws_what_the_cpu_draws)
 
 
 @lru_cache(maxsize=None)
@@ -106,9 +107,12 @@ def test_sampling_draws_what_the_cpu_draws(name):
     alone = sample("cuda").generate_hypotheses(batch[:7], "fra_Latn", options, keys[:7])
     assert [[h.ids for h in a] for a in alone] == [[h.ids for h in a] for a in gpu[:7]]
     if options.scores:
-        for a, b in zip(gpu, cpu):
-            if a[0].ids == b[0].ids:
-                assert abs(a[0].log_prob - b[0].log_prob) < SCORE_TOLERANCE
+        errors = [abs(a[0].log_prob - b[0].log_prob) for a, b in zip(gpu, cpu) if a[0].ids == b[0].ids]
+        # a draw from the whole vocabulary can take tokens far down the distribution, whose log-probs bf16 moves
+        # further than the likely tokens a search or a top-k draw takes: measured on the H200 over the held-out
+        # sentences, at most 0.16 (eng_Latn) and 0.52 (deu_Latn) for a sentence, 0.005 to 0.013 on average
+        assert max(errors) < (SCORE_TOLERANCE if options.sampling_topk else SAMPLED_SCORE_TOLERANCE)
+        assert sum(errors) / len(errors) < 0.03
 
 
 @pytest.mark.parametrize("options", [DecodeOptions(beam_size=1, max_length=64, scores=True),
