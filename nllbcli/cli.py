@@ -371,8 +371,10 @@ def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | Non
         names = parse_devices(devices)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    translator = host_translator(model, names[0], compute_type)
-    return translator, stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
+    translator = host_translator(model, names[0])
+    pool = stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
+    translator.compute_type = pool.compute_type  # what the workers took, for the job's identity
+    return translator, pool
 
 
 def input_output_pairs(paths: tuple[str, ...], output_option: str | None, output_format: str | None) -> list[tuple[str, str]]:

@@ -69,21 +69,20 @@ def gpu_count() -> int:
         return 0
 
 
-def host_translator(model: str, device: str, compute_type: str = "auto"):
+def host_translator(model: str, device: str):
     """What the main process needs of the model to prepare chunks and name the job (tokenizer, config, where
     it runs): no weights, which only the workers load. `device` is the first worker's, so that the job's
-    identity, and with it --resume, is a one-device job's."""
+    identity, and with it --resume, is a one-device job's; its compute_type is the workers' (Pool.compute_type)."""
     from .checkpoint import ModelConfig, resolve_model_dir
     from .tokenizer import tokenizer_from_model_dir
-    from .translator import Translator, expected_compute_type
+    from .translator import Translator
 
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
-    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir),
-                      expected_compute_type(compute_type, device != "cpu", model_dir))
+    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir))
 
 
 @dataclass(eq=False)
@@ -118,6 +117,7 @@ class Pool:
         share = None if threads is None else max(1, threads // len(devices))  # the CPU workers' --threads
         self.workers: list[Worker] = []
         self.taken = 0  # chunks numbered so far, over every job: a result is known by its chunk's number
+        self.compute_type = "bfloat16"  # the workers' (ready)
         for device in devices:
             mine, theirs = context.Pipe()
             gpu = None if device == "cpu" else device.split(":")[1]
@@ -129,7 +129,10 @@ class Pool:
             self.workers.append(Worker(device, process, mine, []))
 
     def ready(self) -> None:
-        """Wait for every worker's model to load."""
+        """Wait for every worker's model to load, and take the compute type they loaded it with (compute_type): the
+        same on every worker, or an NllbError, since a job's outputs must not depend on which worker took a chunk
+        (--compute-type auto takes float8 for a model stored in FP8 only on a GPU that has FP8)."""
+        types = {}
         for worker in self.workers:
             try:
                 kind, message = worker.connection.recv()
@@ -139,6 +142,11 @@ class Pool:
                                 f"({ended(worker.process)}).") from None
             if kind != "ready":
                 raise NllbError(f"the worker on {worker.device} could not load the model: {message}")
+            types[worker.device] = message
+        if len(set(types.values())) > 1:
+            raise NllbError("the devices would compute differently (" + ", ".join(f"{device} in {kind}" for device, kind in types.items())
+                            + "): give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs).")
+        self.compute_type = next(iter(types.values()), "bfloat16")
 
     def close(self) -> None:
         for worker in self.workers:
@@ -290,7 +298,7 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     except Exception as error:  # noqa: BLE001 - the main process says it in one line
         loaded = ("error", str(error))
     else:
-        loaded = ("ready", None)
+        loaded = ("ready", translator.compute_type)
     try:
         connection.send(loaded)
     except OSError:  # the main process has gone (another worker's error ended it)

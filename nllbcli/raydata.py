@@ -421,7 +421,8 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         remove_path(staging)
         return Outcomes(already=True)
     prepare_staging(staging, identity, resume, warn)
-    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads, options.compute_type)
+    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads, options.compute_type,
+                                     compute_type)
     started = start_ray(options.address)
     try:
         workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens,
@@ -434,11 +435,18 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     return outcomes
 
 
-def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str = "auto"):
-    """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`."""
+def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str = "auto",
+                  job_compute_type: str = "bfloat16"):
+    """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. On a GPU,
+    it computes as the job says (job_compute_type, in the job's identity), or an NllbError: a job's bytes must not
+    depend on which actor took a block."""
     from .translator import load_translator
 
     translator = load_translator(model, device, adapter, compute_type)
+    if translator.device != "cpu" and translator.compute_type != job_compute_type:
+        raise NllbError(f"the job computes in {job_compute_type} (--compute-type {compute_type}), and the Ray actor on "
+                        f"{translator.device} of {socket.gethostname()} in {translator.compute_type}: give --compute-type "
+                        "bfloat16, or only GPUs with FP8 (Hopper).")
     if threads is not None and translator.device == "cpu":
         from threadpoolctl import threadpool_limits
 

@@ -319,3 +319,37 @@ def test_workers_that_cannot_load_the_model_are_one_line(tmp_path):
     assert done.returncode == 1
     assert done.stderr == (f"Error: the worker on cpu could not load the model: {model}/model.safetensors is not a "
                            "readable safetensors file (header length out of range)\n")
+
+
+class Answering:
+    """A worker's end of the pipe that answers what a worker sends once its model is loaded."""
+
+    def __init__(self, answer):
+        self.answer = answer
+
+    def recv(self):
+        return self.answer
+
+
+def test_workers_that_would_compute_differently_are_one_line():
+    """--compute-type auto on GPUs of which only some have FP8, for a model stored in FP8: each worker takes what its
+    GPU can, and the job, whose bytes must not depend on which worker took a chunk, stops before it starts."""
+    from nllbcli.devices import Pool, Worker
+    from nllbcli.errors import NllbError
+
+    pool = Pool.__new__(Pool)
+    pool.workers = [Worker(device, None, Answering(("ready", kind)), [])
+                    for device, kind in (("cuda:0", "float8"), ("cuda:1", "bfloat16"), ("cuda:2", "float8"))]
+    with pytest.raises(NllbError) as raised:
+        pool.ready()
+    assert str(raised.value) == ("the devices would compute differently (cuda:0 in float8, cuda:1 in bfloat16, cuda:2 "
+                                 "in float8): give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs).")
+    pool.workers = [Worker(device, None, Answering(("ready", "float8")), []) for device in ("cuda:0", "cuda:1")]
+    pool.ready()
+    assert pool.compute_type == "float8"  # the job's identity, which --resume compares, says what the workers took
+
+
+def test_cpu_workers_name_the_job_as_one_device_does(tmp_path):
+    """The identity --devices gives the job (its compute type among it) is the one-device job's."""
+    with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
+        assert pool.compute_type == load_translator(TINY, "cpu").compute_type == "bfloat16"

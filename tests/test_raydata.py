@@ -411,3 +411,23 @@ def test_a_cluster_that_does_not_answer_is_one_line_not_a_wait(tmp_path, ray_tmp
     assert result.returncode == 1
     assert result.stderr.startswith(f"Error: Ray cluster {address.format(port=port)}: nothing answers at ")
     assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_an_actor_whose_gpu_computes_otherwise_than_the_job_is_one_line(monkeypatch):
+    """--compute-type auto for a model stored in FP8: the job's identity says float8 (its GPUs are not probed before
+    Ray starts), and an actor given a GPU without FP8, which would compute in bfloat16, stops the job in one line
+    instead of writing other bytes for its blocks."""
+    import nllbcli.translator as translator_module
+
+    def on_a_gpu(model, device, adapter, compute_type):
+        loaded = load_translator(model, "cpu", adapter)
+        if device != "cpu":
+            loaded.device, loaded.compute_type = "cuda:0", "bfloat16"
+        return loaded
+
+    monkeypatch.setattr(translator_module, "load_translator", on_a_gpu)
+    with pytest.raises(NllbError, match=r"^the job computes in float8 \(--compute-type auto\), and the Ray actor on cuda:0 "
+                                        r"of .+ in bfloat16: give --compute-type bfloat16, or only GPUs with FP8 \(Hopper\)\.$"):
+        raydata.load_on_actor(SAMPLE, "auto", None, None, "auto", "float8")
+    assert raydata.load_on_actor(SAMPLE, "auto", None, None, "auto", "bfloat16").compute_type == "bfloat16"
+    assert raydata.load_on_actor(SAMPLE, "cpu", None, 1, "auto", "float8").device == "cpu"  # the CPU computes in float32
