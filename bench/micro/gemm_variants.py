@@ -1,6 +1,6 @@
 """GEMM kernel variants against each other and cuBLAS at the engine's shapes (a tuning aid, not the harness).
 
-    python -m bench.micro.gemm_variants [--out results.jsonl]
+    python -m bench.micro.gemm_variants [--out results.jsonl] [--preset nllb-200-3.3B --rows 1024,2048 --no-encoder]
 
 Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline depths), with a bias (as every
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
@@ -10,7 +10,9 @@ tile: the f32 shapes in bf16 without their residual;
 kernels.gemm_tile's pick. Timed over
 10 launches back to back behind a spin kernel (bench/micro/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
-packed source rows) and each decode GEMM at 64, 256, 1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
+packed source rows, the 600M shape's) and each decode GEMM of the preset's widths (--preset: d_model, the FFN's;
+"cross query" is the d x d product with a bf16 output, "attention out" the one onto the residual) at 64, 256,
+1,024 and 4,096 rows. cuBLAS (`cupy.matmul`): bf16 out, no bias; "cublas+epilogue": the same product followed by
 one elementwise kernel doing what ours fuses (bias, ReLU for FFN1, the add onto the f32 residual for FFN2 and
 attention out), the cheapest way to the layer's result through cuBLAS from CuPy; "cublas f32+residual" (the f32
 shapes): cublasGemmEx adding onto the f32 residual in place (beta 1; no bias), cuBLAS's own fused way.
@@ -30,6 +32,7 @@ import numpy as np
 
 from bench.micro.engine_bench import GEMM_SHAPES, timed
 from nllbcli.engine import kernels, launch
+from nllbcli.shapes import DEFAULT, PRESETS
 
 EXTRA_TILES = {
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64, one k-step a stage: more tiles for few rows
@@ -112,6 +115,7 @@ def main() -> int:
     parser.add_argument("--rows", default="64,256,1024,4096", help="decode rows, comma-separated")
     parser.add_argument("--no-encoder", action="store_true", help="leave out the encoder's shapes")
     parser.add_argument("--no-logits", action="store_true", help="leave out the output projection's argmax passes")
+    parser.add_argument("--preset", default=DEFAULT, choices=sorted(PRESETS), help="the decode shapes' widths")
     args = parser.parse_args()
     with cp.cuda.Stream(non_blocking=True):  # a stream of its own (programmatic launches want one)
         return measure(args)
@@ -122,9 +126,11 @@ def measure(args) -> int:
     kernels.GEMM_TILES.update(EXTRA_TILES)
     rng = cp.random.default_rng(0)
     lines = []
+    config = PRESETS[args.preset].config
+    d, ffn = config.d_model, config.decoder_ffn_dim
     shapes = [s for s in GEMM_SHAPES if s[3].startswith("encoder") and not args.no_encoder] + [
         (m, k, n, f"decode {what}, {m:,} rows") for m in map(int, args.rows.split(","))
-        for k, n, what in ((1024, 3072, "QKV"), (1024, 1024, "attention out"), (1024, 4096, "FFN1"), (4096, 1024, "FFN2"))]
+        for k, n, what in ((d, 3 * d, "QKV"), (d, d, "attention out"), (d, d, "cross query"), (d, ffn, "FFN1"), (ffn, d, "FFN2"))]
     for m, k, n, what in shapes:
         a = rng.standard_normal((m, k), dtype=cp.float32).astype("bfloat16")
         w = rng.standard_normal((n, k), dtype=cp.float32).astype("bfloat16")
@@ -173,11 +179,11 @@ def measure(args) -> int:
         lines.append(json.dumps({key: round(v, 1) if isinstance(v, float) else v for key, v in row.items()}))
         print(lines[-1], flush=True)
     for m in () if args.no_logits else (16, 64, 256, 4096):  # the output projection's GEMM with its argmax epilogue
-        h = rng.standard_normal((m, 1024), dtype=cp.float32).astype("bfloat16")
-        w = (rng.standard_normal((256206, 1024), dtype=cp.float32) * 0.02).astype("bfloat16")
+        h = rng.standard_normal((m, d), dtype=cp.float32).astype("bfloat16")
+        w = (rng.standard_normal((config.vocab_size, d), dtype=cp.float32) * 0.02).astype("bfloat16")
         row = {"what": f"logits argmax pass {m} rows"}
         for tile in ("wg256", "wg64w") if m <= 256 else ("wg256",):
-            parts = -(-256206 // kernels.GEMM_TILES[tile]["BN"])
+            parts = -(-config.vocab_size // kernels.GEMM_TILES[tile]["BN"])
             pv, pi = cp.empty((m, parts), cp.float32), cp.empty((m, parts), cp.int32)
             seconds = timed(lambda: kernels.gemm_launch(tile, h, w, epilogue=kernels.EPILOGUE_ARGMAX, part_val=pv,
                                                         part_idx=pi), repeat=10, inner=5)
