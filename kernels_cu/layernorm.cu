@@ -3,9 +3,9 @@
 // x (M, D) f32: the residual stream stays f32 between layers; weight, bias (D,) f32; out (M, D) bf16, the
 // input of the next GEMM. Statistics in f32, two passes (mean, then the centred sum of squares), biased
 // variance. One warp per row, 16-byte loads where D % 4 == 0 and the arrays are aligned for them; there, up to
-// D = 128 * HELD, the row is loaded once into registers, all its loads in flight together (a warp's loads one after
-// another left the kernel at a quarter of HBM's bandwidth), and summed in the same order as the loop over L1 that
-// serves other rows (the same bits). Launch: grid (ceil(M / 8)), block 256 threads (8 rows); any D.
+// D = 128 * HELD, the row is loaded once into registers, all its loads in flight together (loads issued one after
+// another hold a warp per row to about a quarter of HBM's bandwidth), and summed in the same order as the loop
+// over L1 that serves other rows (the same bits). Launch: grid (ceil(M / 8)), block 256 threads (8 rows); any D.
 // layernorm_e4m3_kernel: the same LayerNorm, its output rounded to bf16 as layernorm_kernel's, then to FP8 E4M3 by the
 // row's largest size (quantize.cu's rule and arithmetic): codes (M, D) uint8 and scales (M,) f32 instead of the bf16
 // out, the input of an FP8 GEMM (--compute-type float8), bit for bit quantize_rows_kernel(layernorm_kernel(x)).

@@ -435,8 +435,8 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     return outcomes
 
 
-def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str = "auto",
-                  job_compute_type: str = "bfloat16"):
+def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str,
+                  job_compute_type: str):
     """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. On a GPU,
     it computes as the job says (job_compute_type, in the job's identity), or an NllbError: a job's bytes must not
     depend on which actor took a block."""

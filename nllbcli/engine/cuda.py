@@ -164,7 +164,7 @@ class CudaState(RowPositions):
     cross_keys: int  # the longest source's length: picks the cross-attention kernel
     t: np.ndarray | None = None  # (N,) positions filled, per row (None: all 0)
     keys: np.ndarray | None = None  # (N,) uint32 each row's random stream, for sampling (set_keys)
-    together: bool = False  # rows side by side mostly read one source (beams, samples, targets): kernels.attention's
+    together: bool = False  # rows side by side mostly share a source (beams, samples, targets): kernels.attention(together=)
 
     def __post_init__(self) -> None:
         if self.t is None:

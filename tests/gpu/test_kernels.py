@@ -406,41 +406,12 @@ def test_attention_reads_keys_through_a_row_table(heads, d, t):
     assert rel_err(cp.asnumpy(out.astype(cp.float32)), want) < 1e-2
 
 
-@pytest.mark.parametrize("heads,d,lengths", [(16, 1024, [60, 3, 17]), (2, 48, [5, 1]), (4, 256, [300, 40]), (16, 1024, [900])])
-def test_attention_prefill_matches_reference(heads, d, lengths):
-    """Encoder self-attention over padded sequences (a fused QKV); 900 tokens of head size 64 do not fit in shared memory and take the fallback."""
-    s = max(lengths)
-    b = len(lengths)
-    qkv = bf16(rng.normal(size=(b * s, 3 * d)).astype(np.float32))
-    device_qkv = to_device_bf16(qkv)
-    out = poisoned((b * s, d), BF16)
-    kernels.attention_prefill(device_qkv[:, :d], device_qkv[:, d : 2 * d], device_qkv[:, 2 * d :],
-                              cp.asarray(np.arange(b, dtype=np.int32) * s), cp.asarray(np.array(lengths, np.int32)), s, s,
-                              heads, out=out)
-    got = cp.asnumpy(out.astype(cp.float32))
-    for i, n in enumerate(lengths):
-        rows = qkv[i * s : i * s + n]
-        want = ref.attention(rows[None, :, :d].astype(np.float64), rows[None, :, d : 2 * d].astype(np.float64),
-                             rows[None, :, 2 * d :].astype(np.float64), None, heads)[0]
-        assert rel_err(got[i * s : i * s + n], want) < 1e-2
-    # packed: the same sequences one after another, no padding rows
-    packed = np.concatenate([qkv[i * s : i * s + n] for i, n in enumerate(lengths)])
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
-    out = poisoned((len(packed), d), BF16)
-    device_packed = to_device_bf16(packed)
-    kernels.attention_prefill(device_packed[:, :d], device_packed[:, d : 2 * d], device_packed[:, 2 * d :],
-                              cp.asarray(starts), cp.asarray(np.array(lengths, np.int32)), 0, s, heads, out=out)
-    got_packed = cp.asnumpy(out.astype(cp.float32))
-    for i, (start, n) in enumerate(zip(starts, lengths)):
-        np.testing.assert_array_equal(got_packed[start : start + n], got[i * s : i * s + n])
-
-
 PREFILL_LENGTHS = [1, 2, 17, 33, 64, 200, 256]
 
 
-def prefill_both_ways(qkv: np.ndarray, d: int, lengths: list[int], heads: int) -> tuple[np.ndarray, np.ndarray]:
+def prefill_both_ways(qkv: np.ndarray, d: int, lengths: list[int], heads: int, room: int = 40) -> tuple[np.ndarray, np.ndarray]:
     """kernels.attention_prefill over `lengths` padded to max(lengths) rows each (qkv: those rows, a fused QKV),
-    then packed one after another with max_len 40 past the longest; both outputs poisoned first. -> padded
+    then packed one after another with max_len `room` past the longest; both outputs poisoned first. -> padded
     (B S, D), packed (sum of lengths, D) as float32."""
     s, b = max(lengths), len(lengths)
     device_qkv = to_device_bf16(qkv)
@@ -453,8 +424,24 @@ def prefill_both_ways(qkv: np.ndarray, d: int, lengths: list[int], heads: int) -
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int32)
     out = poisoned((sum(lengths), d), BF16)
     kernels.attention_prefill(packed_qkv[:, :d], packed_qkv[:, d : 2 * d], packed_qkv[:, 2 * d :], cp.asarray(starts),
-                              cp.asarray(np.array(lengths, np.int32)), 0, s + 40, heads, out=out)
+                              cp.asarray(np.array(lengths, np.int32)), 0, s + room, heads, out=out)
     return padded, cp.asnumpy(out.astype(cp.float32))
+
+
+@pytest.mark.parametrize("heads,d,lengths", [(16, 1024, [60, 3, 17]), (2, 48, [5, 1]), (4, 256, [300, 40]), (16, 1024, [900])])
+def test_attention_prefill_matches_reference(heads, d, lengths):
+    """Encoder self-attention over padded sequences (a fused QKV), and packed (no padding rows, max_len the longest):
+    the same bits; 900 tokens of head size 64 do not fit in shared memory and take the fallback."""
+    s = max(lengths)
+    qkv = bf16(rng.normal(size=(len(lengths) * s, 3 * d)).astype(np.float32))
+    got, packed = prefill_both_ways(qkv, d, lengths, heads, room=0)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    for i, (start, n) in enumerate(zip(starts, lengths)):
+        rows = qkv[i * s : i * s + n]
+        want = ref.attention(rows[None, :, :d].astype(np.float64), rows[None, :, d : 2 * d].astype(np.float64),
+                             rows[None, :, 2 * d :].astype(np.float64), None, heads)[0]
+        assert rel_err(got[i * s : i * s + n], want) < 1e-2
+        np.testing.assert_array_equal(packed[start : start + n], got[i * s : i * s + n])
 
 
 @pytest.mark.parametrize("e", [64, 128])
