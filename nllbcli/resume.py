@@ -16,6 +16,10 @@ job that starts afresh removes the old state (durably) before it empties the old
 whose partial files hold fewer bytes than it says (damaged from outside) is reported and the job starts afresh,
 so that a `--resume` in cron is never stuck on it.
 
+A state's temporary file is removed when its write is interrupted (a stop signal, a full disk); one a kill -9
+left is removed by the next run, even one that finds the job finished (with the empty partial files of a run
+killed before its first state).
+
 A state also records what shapes the output (input identity, formats, fields, languages, decoding options,
 model, device); resuming with any of them changed is refused rather than mixing two jobs in one file. It also
 names the errors file the failed rows went to: a resume that would leave the rows recorded there behind (another
@@ -145,13 +149,19 @@ def save_state(path: str, saved: Saved) -> None:
     temp = path + ".tmp"
     try:
         fd = create_private(temp, os.O_WRONLY)
+    except OSError as error:
+        raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
+    try:
         with os.fdopen(fd, "w", encoding="utf-8") as stream:
             json.dump({"version": STATE_VERSION, **asdict(saved)}, stream, ensure_ascii=False)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temp, path)
-    except OSError as error:
-        raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
+    except BaseException as error:  # a full disk, or a stop signal: the state stays the old one, whole
+        remove_name(temp)
+        if isinstance(error, OSError):
+            raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
+        raise
     sync_directory(path)
 
 
@@ -438,6 +448,7 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
                 warn(f"Starting afresh: {error}.")
         if saved is not None and saved.finished:
             if saved.job == job and saved.output_file == file_stamp(output):
+                clear_leftovers(output, errors_path, state)
                 return JobFiles(None, None, state, saved, finished=True, already=True)
             warn(f"Starting afresh: {output} {changed_since(saved, job)}.")
             saved = None
@@ -468,6 +479,31 @@ def open_job_files(output: str, errors: str | None, job: dict, resume: bool, war
         files.close()
         raise
     return files
+
+
+def clear_leftovers(output: str, errors: str | None, state: str) -> None:
+    """Beside a finished job's record, what a later run killed (kill -9) before it saved its first state left:
+    its empty partial files and the state's temporary file. Nothing is touched while a job holds OUTPUT's
+    partial file, and an errors file's partial only when it is empty and no job holds it (it may be shared)."""
+    if os.path.lexists(partial_paths(output)[0]):
+        try:
+            leftover = PartialFile(output)
+        except NllbError:
+            return  # another job is writing OUTPUT: the files beside it are that job's
+        if leftover.size > 0:
+            leftover.close()
+            return
+        leftover.discard()
+    remove_name(state + ".tmp")
+    if errors is not None and os.path.lexists(partial_paths(errors)[0]):
+        try:
+            partial = PartialFile(errors)
+        except NllbError:
+            return
+        if partial.size == 0:
+            partial.discard()
+        else:
+            partial.close()
 
 
 def check_saved(files: JobFiles, saved: Saved, errors: str | None, warn: Callable[[str], None]) -> Saved | None:

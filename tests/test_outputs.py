@@ -118,6 +118,51 @@ def test_a_rerun_stopped_before_its_first_commit_may_still_replace_its_output(fa
     assert listing(here) == ["a.txt", "out.txt"]
 
 
+def test_a_rerun_stopped_while_it_records_its_state_leaves_nothing_behind(fake, here, monkeypatch):
+    """A fresh run over a finished job's output, stopped while it writes its first state (the temporary file
+    made, not yet renamed), removes the temporary file; and one a kill -9 left there is removed by the next run,
+    even when that run finds the job finished and has nothing else to do."""
+    import nllbcli.resume as resume
+
+    write_rows("a.txt")
+    assert invoke("-q", "a.txt", "out.txt").exit_code == 0
+    dump = resume.json.dump
+
+    def stopped(*args, **kwargs):
+        raise Stopped(signal.SIGINT)
+
+    monkeypatch.setattr(resume.json, "dump", stopped)
+    assert invoke("-q", "a.txt", "out.txt").exit_code == 130
+    assert listing(here) == ["a.txt", "out.txt"]
+    monkeypatch.setattr(resume.json, "dump", dump)
+    for name in (".out.txt.nllb-partial", ".e.jsonl.nllb-partial"):  # as a kill -9 leaves them
+        Path(name).write_bytes(b"")
+    Path(".out.txt.nllb-state.json.tmp").write_text('{"version": 2, "job": {}')
+    result = invoke("--resume", "a.txt", "out.txt")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("Already finished: out.txt")
+    assert listing(here) == [".e.jsonl.nllb-partial", "a.txt", "out.txt"]  # another job's errors file
+    assert lines("out.txt") == REVERSED
+
+
+def test_a_finished_jobs_resume_leaves_the_files_of_a_job_writing_its_output_alone(fake, here):
+    import fcntl
+
+    write_rows("a.txt")
+    assert invoke("-q", "--errors", "e.jsonl", "a.txt", "out.txt").exit_code == 0
+    Path(".out.txt.nllb-state.json.tmp").write_text("{")
+    Path(".e.jsonl.nllb-partial").write_bytes(b"")
+    with open(".out.txt.nllb-partial", "wb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result = invoke("--resume", "--errors", "e.jsonl", "a.txt", "out.txt")
+        assert result.exit_code == 0, result.output
+        assert result.stderr.startswith("Already finished: out.txt")
+        assert {".e.jsonl.nllb-partial", ".out.txt.nllb-partial", ".out.txt.nllb-state.json.tmp"} <= set(os.listdir(here))
+    result = invoke("-q", "--resume", "--errors", "e.jsonl", "a.txt", "out.txt")
+    assert result.exit_code == 0, result.output
+    assert listing(here) == ["a.txt", "e.jsonl", "out.txt"]
+
+
 # -- several inputs ---------------------------------------------------------------------------------------------------
 
 def test_more_than_two_paths_are_refused_with_what_to_do(fake, here):
