@@ -32,8 +32,8 @@ from .io.streams import compressing
 from .options import BatchOptions, DecodeOptions, Job
 from .overlap import FINISHER, ChunkReader, Finisher, Inline, fewer_collections, first_chunk_rows
 from .progress import Counters, Reporter
-from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, create_private, file_stamp,
-                     is_stream, open_job_files, partial_paths, save_record, save_state,
+from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, file_stamp,
+                     is_stream, open_job_files, partial_paths, replaced_atomically, save_record, save_state,
                      written_by_nllb)
 from .rows import Outcome, each_target, gather_targets, prepare_records, written_rows
 from .signals import Stopped, critical, job_finished
@@ -263,18 +263,14 @@ def finish_converter(job: Job, source: Input):
     def convert(partial: str, path: str) -> None:
         """Write the file beside `path` under a fixed name, then rename it into place. The name is fixed, not
         random, so a conversion killed half-way leaves nothing that the next run does not replace."""
-        temp = converting_path(path)
-        with NamedStream(os.fdopen(create_private(temp, os.O_WRONLY), "wb"), path) as target:
+        with replaced_atomically(path, converting_path(path), file_mode(path)) as raw:
+            target = NamedStream(raw, path)
             with compressing(target, job.output_compression) as sink:
                 if job.output_format == "parquet":
                     parquet.frames_to_parquet(partial, sink, source.schema, job.added, job.field)
                 else:
                     with open(partial, "rb") as lines:
                         shutil.copyfileobj(lines, sink, 1 << 20)
-            target.flush()
-            os.fsync(target.fileno())
-        os.chmod(temp, file_mode(path))
-        os.replace(temp, path)
 
     return convert
 

@@ -53,7 +53,7 @@ from .io.streams import Lines, Replay, compression_of, decompressing
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
-from .resume import create_private, sync_directory
+from .resume import replaced_atomically, sync_directory
 from .rows import Outcome, added_values, each_target, gather_targets, prepare_records
 from .translator import expected_compute_type
 
@@ -519,11 +519,8 @@ def write_json(path: str, value: dict) -> None:
     """A small JSON file written beside its name, fsynced and renamed into place."""
     temp = f"{path}.tmp"
     remove_path(temp)
-    with os.fdopen(create_private(temp, os.O_WRONLY), "w", encoding="utf-8") as f:
-        json.dump(value, f, ensure_ascii=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
+    with replaced_atomically(path, temp) as f:
+        f.write(json.dumps(value, ensure_ascii=False).encode())
     sync_directory(os.path.dirname(path))
 
 
@@ -735,10 +732,7 @@ def write_errors(parts: list[str], path: str) -> None:
     """The failed rows' lines, in input order, written beside the errors file and renamed onto it."""
     temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.nllb-partial")
     remove_path(temp)
-    with os.fdopen(create_private(temp, os.O_WRONLY), "wb") as target:
+    with replaced_atomically(path, temp) as target:
         for part in parts:
             with open(part, "rb") as source:
                 shutil.copyfileobj(source, target)
-        target.flush()
-        os.fsync(target.fileno())
-    os.replace(temp, path)

@@ -38,8 +38,9 @@ import json
 import os
 import stat
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
 from .errors import NllbError
 from .io import Position, file_mode
@@ -146,23 +147,31 @@ def written_by_nllb(output: str) -> bool:
 
 def save_state(path: str, saved: Saved) -> None:
     """Replace the state file atomically: a reader sees the old state or the new one, never a mix."""
-    temp = path + ".tmp"
     try:
-        fd = create_private(temp, os.O_WRONLY)
+        with replaced_atomically(path, path + ".tmp") as stream:
+            stream.write(json.dumps({"version": STATE_VERSION, **asdict(saved)}, ensure_ascii=False).encode())
     except OSError as error:
         raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
+    sync_directory(path)
+
+
+@contextmanager
+def replaced_atomically(path: str, temp: str, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file written under `temp` (created anew, private), fsynced, given `mode` and renamed onto `path`
+    when the block ends; removed instead when the block, or any of that, fails (a full disk, a stop signal), so
+    that nothing half-written stays beside `path`."""
+    fd = create_private(temp, os.O_WRONLY)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as stream:
-            json.dump({"version": STATE_VERSION, **asdict(saved)}, stream, ensure_ascii=False)
+        with os.fdopen(fd, "wb") as stream:
+            yield stream
             stream.flush()
             os.fsync(stream.fileno())
+        if mode is not None:
+            os.chmod(temp, mode)
         os.replace(temp, path)
-    except BaseException as error:  # a full disk, or a stop signal: the state stays the old one, whole
+    except BaseException:
         remove_name(temp)
-        if isinstance(error, OSError):
-            raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
         raise
-    sync_directory(path)
 
 
 def remove_state(path: str) -> None:

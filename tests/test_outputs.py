@@ -126,15 +126,15 @@ def test_a_rerun_stopped_while_it_records_its_state_leaves_nothing_behind(fake, 
 
     write_rows("a.txt")
     assert invoke("-q", "a.txt", "out.txt").exit_code == 0
-    dump = resume.json.dump
+    asdict = resume.asdict
 
     def stopped(*args, **kwargs):
         raise Stopped(signal.SIGINT)
 
-    monkeypatch.setattr(resume.json, "dump", stopped)
+    monkeypatch.setattr(resume, "asdict", stopped)  # in save_state, with the temporary file made
     assert invoke("-q", "a.txt", "out.txt").exit_code == 130
     assert listing(here) == ["a.txt", "out.txt"]
-    monkeypatch.setattr(resume.json, "dump", dump)
+    monkeypatch.setattr(resume, "asdict", asdict)
     for name in (".out.txt.nllb-partial", ".e.jsonl.nllb-partial"):  # as a kill -9 leaves them
         Path(name).write_bytes(b"")
     Path(".out.txt.nllb-state.json.tmp").write_text('{"version": 2, "job": {}')
