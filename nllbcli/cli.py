@@ -106,8 +106,30 @@ class Commands(click.Group):
         except BrokenPipeError:
             quiet_stdout()
             sys.exit(141)
-        except USER_ERRORS as error:
-            raise failure(error) from None
+        except Exception as error:
+            code = stopped_by(error)
+            if code is not None:
+                sys.exit(code)
+            if isinstance(error, USER_ERRORS):
+                raise failure(error) from None
+            raise
+
+
+def stopped_by(error: BaseException) -> int | None:
+    """The exit code of the Ctrl-C or stop signal `error` comes of, if it does: one that lands while a C extension
+    initializes (sentencepiece's, imported as the job starts) surfaces as ImportError("initialization failed"),
+    raised from the KeyboardInterrupt (or the job's Stopped)."""
+    from .signals import Stopped
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return 130
+        if isinstance(error, Stopped):
+            return error.exit_code
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})

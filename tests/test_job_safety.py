@@ -613,6 +613,27 @@ def test_ctrl_c_while_the_options_are_parsed_is_130(monkeypatch, where):
     assert result.exit_code == 130 and "Aborted" not in result.output, result.output
 
 
+
+@pytest.mark.parametrize("raised", [ImportError("initialization failed"), OSError(errno.EINTR, "Interrupted system call")])
+@pytest.mark.parametrize("stop, code", [(KeyboardInterrupt(), 130), (Stopped(signal.SIGTERM), 143)])
+def test_a_stop_that_surfaces_as_another_error_is_its_exit_code(monkeypatch, raised, stop, code):
+    """A Ctrl-C while a C extension initializes (sentencepiece's, imported as the job starts) comes out as an
+    ImportError raised from the KeyboardInterrupt: it was a traceback, and exit 1."""
+    from click.testing import CliRunner
+
+    from nllbcli import cli as cli_module
+
+    def interrupted_import(*args, **kwargs):
+        try:
+            raise stop
+        except BaseException as error:
+            raise raised from error
+
+    monkeypatch.setattr(cli_module, "load_tokenizer", interrupted_import)
+    result = CliRunner().invoke(cli_module.cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "-"], input="")
+    assert result.exit_code == code and result.output == "", result.output
+
+
 def test_a_signal_once_the_job_has_finished_does_not_change_its_exit(tmp_path):
     """A Ctrl-C that lands as the finished command exits (here: in sys.exit itself) leaves exit 0 and the
     finished output; it once went on as a KeyboardInterrupt to click's "Aborted!" and 1, or killed the
