@@ -96,20 +96,20 @@ class Commands(click.Group):
         try:  # the options are parsed before invoke: a Ctrl-C then is 130 too, not click's "Aborted!" and 1
             return super().make_context(*args, **kwargs)
         except KeyboardInterrupt:
-            sys.exit(130)
+            exit_stopped(130)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:
-            sys.exit(130)
+            exit_stopped(130)
         except BrokenPipeError:
             quiet_stdout()
             sys.exit(141)
         except Exception as error:
             code = stopped_by(error)
             if code is not None:
-                sys.exit(code)
+                exit_stopped(code)
             if isinstance(error, USER_ERRORS):
                 raise failure(error) from None
             raise
@@ -688,6 +688,23 @@ def ignore_signals() -> None:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
+
+
+def exit_stopped(code: int) -> None:
+    """End a command a Ctrl-C or stop signal ended outside a job's own handling (at start-up, say) with `code`.
+    As the nllb command, at once (os._exit, its streams flushed; what it opened was closed as the exception
+    passed): under `python -m`, Python turns the exit after a KeyboardInterrupt that passed through C code
+    running Python (PyRun_String, as some extensions' initialization does) into a death by SIGINT, whatever the
+    code. A test's process, running the command through click, gets a SystemExit."""
+    if AS_COMMAND:
+        ignore_signals()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
+        os._exit(code)
+    sys.exit(code)
 
 
 def command_done(code: int) -> None:

@@ -634,6 +634,28 @@ def test_a_stop_that_surfaces_as_another_error_is_its_exit_code(monkeypatch, rai
     assert result.exit_code == code and result.output == "", result.output
 
 
+
+def test_ctrl_c_through_c_code_at_start_up_is_130_under_python_m(tmp_path):
+    """A KeyboardInterrupt that passed through C code running Python (PyRun_String: some extensions'
+    initialization) and was then handled left Python's "unhandled KeyboardInterrupt" flag set: under `python -m`
+    the command died by SIGINT (-2) after choosing its exit code 130."""
+    (tmp_path / "through_c.py").write_text("\n".join([
+        "import ctypes",
+        "from nllbcli import cli",
+        "def interrupted(*args, **kwargs):",
+        "    run = ctypes.pythonapi.PyRun_String",
+        "    run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]",
+        "    run(b'raise KeyboardInterrupt', 257, {}, {})",
+        "cli.load_tokenizer = interrupted",
+        "from nllbcli.__main__ import main",
+        "main()",
+    ]) + "\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-m", "through_c", *TRANSLATE, "-"], input="Hello.\n", capture_output=True,
+                            text=True, cwd=tmp_path, env=env, timeout=120)
+    assert (result.returncode, result.stderr) == (130, "")
+
+
 def test_a_signal_once_the_job_has_finished_does_not_change_its_exit(tmp_path):
     """A Ctrl-C that lands as the finished command exits (here: in sys.exit itself) leaves exit 0 and the
     finished output; it once went on as a KeyboardInterrupt to click's "Aborted!" and 1, or killed the
