@@ -59,13 +59,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`."""
+def processes_where(field: int, value: int) -> list[int]:
+    """The processes whose /proc stat field `field` (counted after the command's name: 1 the parent, 2 the
+    process group) is `value`."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[field]) == value:
                     found.append(int(entry.name))
             except (OSError, IndexError, ValueError):
                 continue
@@ -75,26 +76,13 @@ def children(pid: int) -> list[int]:
 def workers_of(pid: int) -> list[int]:
     """The --devices job's worker processes (multiprocessing's spawned children, not its resource tracker)."""
     found = []
-    for child in children(pid):
+    for child in processes_where(1, pid):
         try:
             command = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
         if b"spawn_main" in command or b"forkserver" in command:
             found.append(child)
-    return found
-
-
-def in_group(pgid: int) -> list[int]:
-    """The processes of a process group (a job started in its own session: everything it started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
     return found
 
 
@@ -161,14 +149,14 @@ class Job:
     def record(self, code) -> dict:
         record = {"wall_s": self.t1 - self.t0, "exit": code, "summary": summary_of(self.stderr_path)}
         if len(self.commits) >= 3:  # the first and the last commit bound the steady span
-            (ta, ra), (tb, rb) = self.commits[0], self.commits[-2 if self.commits[-1][1] == self.commits[-2][1] else -1]
+            (ta, ra), (tb, rb) = self.commits[0], self.commits[-1]
             if tb > ta:
                 record["steady"] = {"rows": rb - ra, "seconds": tb - ta, "rows_per_s": (rb - ra) / (tb - ta),
                                     "commits": len(self.commits)}
                 inside = [(t, c) for t, c in self.cpu if ta <= t <= tb]
                 if len(inside) >= 2:
                     record["steady"]["main_cpu_per_s"] = (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0])
-        if self.cpu and record["wall_s"] > 0:
+        if self.cpu:
             record["main_cpu_s"] = self.cpu[-1][1]
         if code != 0:
             record["stderr_tail"] = tail(self.stderr_path)
@@ -359,7 +347,7 @@ def kill_runs(bench: Bench, ways: list[str], n: int, source: Path, reference: by
             job.wait(timeout, until=lambda j: staged_parts(output) >= 3)
         job.kill()
         time.sleep(2)
-        left = in_group(job.process.pid)  # what a kill -9 of the job left running (Ray's own processes)
+        left = processes_where(2, job.process.pid)  # what a kill -9 of the job's group left running
         resumed = bench.run(way, n, source, output, "resume after kill -9", "--resume")
         emit({"what": "kill_job_then_resume", "way": way, "gpus": n, "killed_after_s": job.t1 - job.t0,
               "commits_before_kill": len(job.commits), "left_running": len(left), "resume_exit": resumed["exit"],

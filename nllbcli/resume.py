@@ -494,25 +494,26 @@ def clear_leftovers(output: str, errors: str | None, state: str) -> None:
     """Beside a finished job's record, what a later run killed (kill -9) before it saved its first state left:
     its empty partial files and the state's temporary file. Nothing is touched while a job holds OUTPUT's
     partial file, and an errors file's partial only when it is empty and no job holds it (it may be shared)."""
-    if os.path.lexists(partial_paths(output)[0]):
-        try:
-            leftover = PartialFile(output)
-        except NllbError:
-            return  # another job is writing OUTPUT: the files beside it are that job's
-        if leftover.size > 0:
-            leftover.close()
-            return
-        leftover.discard()
+    if not discard_if_empty(output):
+        return  # another job is writing OUTPUT: the files beside it are that job's
     remove_name(state + ".tmp")
-    if errors is not None and os.path.lexists(partial_paths(errors)[0]):
-        try:
-            partial = PartialFile(errors)
-        except NllbError:
-            return
-        if partial.size == 0:
-            partial.discard()
-        else:
-            partial.close()
+    if errors is not None:
+        discard_if_empty(errors)
+
+
+def discard_if_empty(path: str) -> bool:
+    """Remove `path`'s partial file if it is empty and no job holds it; whether there is none now."""
+    if not os.path.lexists(partial_paths(path)[0]):
+        return True
+    try:
+        partial = PartialFile(path)
+    except NllbError:
+        return False
+    if partial.size > 0:
+        partial.close()
+        return False
+    partial.discard()
+    return True
 
 
 def check_saved(files: JobFiles, saved: Saved, errors: str | None, warn: Callable[[str], None]) -> Saved | None:
