@@ -1,6 +1,6 @@
 """A decoder's layer GEMMs as a decode step runs them, against cuBLAS run the way a step could run it.
 
-    python -m bench.micro.layer_gemms [--rows 64,256,1024,4096] [--layers 12] [--out results.jsonl]
+    python -m bench.micro.layer_gemms [--rows 64,256,1024,4096] [--layers 12] [--preset nllb-200-3.3B] [--out results.jsonl]
 
 Three ways of timing the same GEMMs, side by side, in one run:
 - kernels alone: queued behind a spin kernel, back to back, so that no host time is in them; each kind of GEMM
@@ -35,9 +35,14 @@ import numpy as np
 from bench.micro.engine_bench import hold_gpu
 from bench.micro.gemm_variants import cublas_library, cublas_onto_residual, epilogue
 from nllbcli.engine import kernels
+from nllbcli.shapes import DEFAULT, PRESETS
 
-D, FFN = 1024, 4096  # the 600M shape
-GEMMS = (("QKV", D, 3 * D), ("attention out", D, D), ("FFN1", D, FFN), ("FFN2", FFN, D))  # name, K, N
+
+def layer_gemms(preset: str) -> tuple:
+    """A decoder layer's four GEMMs at the preset's widths: (name, K, N) each."""
+    config = PRESETS[preset].config
+    d, ffn = config.d_model, config.decoder_ffn_dim
+    return ("QKV", d, 3 * d), ("attention out", d, d), ("FFN1", d, ffn), ("FFN2", ffn, d)
 
 
 def wall(fn, repeat: int = 20, hold: float = 0.0) -> float:
@@ -77,6 +82,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="64,256,1024,4096")
     parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--preset", default=DEFAULT, choices=sorted(PRESETS), help="the layers' widths")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--staging-div", type=int, help="kernels.STORE_OPTIONS's STAGING_DIV (default: its own)")
     args = parser.parse_args()
@@ -93,6 +99,8 @@ def main() -> int:
 
 
 def measure(args, stream) -> list[str]:
+    GEMMS = layer_gemms(args.preset)
+    D, FFN = GEMMS[0][1], GEMMS[3][1]
     rng = cp.random.default_rng(0)
     weights = [[(rng.standard_normal((n, k), dtype=cp.float32) * 0.02).astype(kernels.BF16),
                 rng.standard_normal(n, dtype=cp.float32) * 0.1] for _ in range(args.layers) for _, k, n in GEMMS]
