@@ -45,6 +45,30 @@ def translate_records(
     return gather_targets(outcomes, job)
 
 
+def translate_chunk(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,
+                    max_batch_tokens: int, max_batch_sentences: int | None = None,
+                    on_engine: Callable[[Callable[[], list]], list] = lambda task: task()) -> tuple[list[Outcome], int, int]:
+    """A chunk of rows through a worker that does all of a chunk's work (a --devices worker process, a Ray actor):
+    split and tokenized, its batches through the model by `on_engine` (which runs a task on the thread that runs
+    the model, while the worker's other threads prepare and decode other chunks), decoded and joined. Each row's
+    Outcome (gather_targets: the rows' order), the rows done and the tokens generated. With --on-error fail the
+    first bad row raises NllbError, as translate_records does."""
+    copies = each_target(records, job)
+    outcomes, sentences = prepare_records(translator, copies, job)
+    batches = plan_chunk(sentences, max_batch_tokens, max_batch_sentences)
+    stop = job.on_error == "fail"
+    generated = on_engine(lambda: [generate_batch_hypotheses(translator, batch, decode, stop) for batch in batches])
+    counts = [0, 0]
+
+    def advance(rows: int, tokens: int) -> None:
+        counts[0] += rows
+        counts[1] += tokens
+
+    translate_prepared(translator, copies, outcomes, sentences, job, decode, max_batch_tokens, advance, batches=batches,
+                       generated=generated)
+    return gather_targets(outcomes, job), counts[0], counts[1]
+
+
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
                        advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
@@ -54,8 +78,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     model: its sentences in length-sorted batches (plan_chunk's, made here
     unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
     each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
-    complete once the finisher has run them). `generated`: each batch's generate_batch_hypotheses, made already (by a
-    --devices worker, devices.py), instead of the translator's."""
+    complete once the finisher has run them). `generated`: each batch's generate_batch_hypotheses, made already (on
+    another thread: translate_chunk), instead of the translator's."""
     tokenizer = translator.tokenizer
     copies = max(1, len(job.targets))  # `records` holds each row's copies, one per target (rows.each_target)
     pending = [0] * (len(records) // copies)  # each row's sentences not translated yet, its copies' together

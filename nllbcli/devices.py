@@ -1,10 +1,12 @@
 """--devices: one worker process per device, each with the model loaded once, running the chunks' batches.
 
-The main process reads and prepares the chunks as in a one-device job (overlap.py's ChunkReader) and hands each
-to a worker as one is free (two a worker at most, so that a worker has its next chunk when it ends one). A worker
-sends back each batch's hypotheses (batching.generate_batch_hypotheses); the main process decodes, joins, writes and commits the
-chunks strictly in input order, so the output, the errors file and the resume state are those of a one-device
-job, whatever the number of workers and whichever chunk ends first.
+The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk to a worker as one is free
+(two a worker at most, so that a worker has its next chunk when it ends one). A worker does the rest of a chunk's
+work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its model runs another
+chunk on another, then decodes and joins the translations, and sends back each row's Outcome. So the main
+process's share of a row (reading it, handing it over, writing it) stays small as workers are added. It writes
+and commits the chunks strictly in input order, so the output, the errors file and the resume state are those of
+a one-device job, whatever the number of workers and whichever chunk ends first.
 
 A worker that dies (kill -9, out of memory) is named in one line and its chunks go to the others; when none is
 left, the job stops with what was committed saved for --resume. The workers ignore SIGINT (a terminal's Ctrl-C
@@ -16,8 +18,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import signal
+import sys
 import threading
 from collections import deque
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator
 
 from .errors import NllbError
-from .options import DecodeOptions
+from .options import DecodeOptions, Job
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
 
@@ -157,27 +159,29 @@ class Pool:
                 worker.process.kill()
                 worker.process.join()
 
-    def translate(self, chunks: Iterable[tuple], decode: DecodeOptions, stop: bool,
+    def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, limits: tuple[int, int | None],
                   finish: Callable[..., None], warn: Callable[[str], None]) -> None:
-        """Every chunk's batches through the workers, and `finish(chunk, position, prepared, generated)` for
-        each chunk in input order (`chunks` yields ChunkReader's items, `prepared` ending with the batches).
-        A chunk of a worker that died goes to another; with none left, an NllbError. A job that ends on an error
-        may leave chunks in the workers: their results come later and are dropped (no chunk of another job has
-        their numbers)."""
+        """Every chunk through the workers (`chunks` yields ChunkReader's items, each chunk's rows first; `limits`:
+        the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared, result)`
+        for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the rows
+        done, the tokens generated). A chunk of a worker that died goes to another; with none left, an NllbError.
+        A chunk's error (--on-error fail's first bad row, the reader's) is raised in its turn, after the chunks
+        before it are finished. A job that ends on an error may leave chunks in the workers: their results come
+        later and are dropped (no chunk of another job has their numbers)."""
         if not self.workers:
             raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
         chunks = iter(chunks)
         waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
-        results: dict[int, list | BaseException] = {}
+        results: dict[int, tuple | BaseException] = {}
         todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
         next_finish, exhausted = self.taken, False
         try:
             while True:
                 while next_finish in results:
-                    generated = results.pop(next_finish)
-                    if isinstance(generated, BaseException):  # in its chunk's turn, as a one-device job raises it
-                        raise generated
-                    finish(*waiting.pop(next_finish), generated)
+                    result = results.pop(next_finish)
+                    if isinstance(result, BaseException):  # in its chunk's turn, as a one-device job raises it
+                        raise result
+                    finish(*waiting.pop(next_finish), result)
                     next_finish += 1
                 while not exhausted and len(waiting) < AHEAD * len(self.workers):
                     number = self.taken
@@ -195,13 +199,14 @@ class Pool:
                     self.taken += 1
                 if exhausted and not waiting:
                     return
-                self.hand_out(todo, waiting, decode, stop)
-                self.receive(results, todo, warn)
+                self.hand_out(todo, waiting, (job, decode, limits))
+                if next_finish not in results:  # (the reader's error, with no chunk out, is raised at once)
+                    self.receive(results, todo, warn)
         finally:
             for worker in self.workers:
                 worker.chunks.clear()
 
-    def hand_out(self, todo: deque[int], waiting: dict[int, tuple], decode: DecodeOptions, stop: bool) -> None:
+    def hand_out(self, todo: deque[int], waiting: dict[int, tuple], task: tuple) -> None:
         while todo:
             worker = min(self.workers, key=lambda w: len(w.chunks))
             if len(worker.chunks) >= AHEAD:
@@ -209,7 +214,7 @@ class Pool:
             number = todo.popleft()
             worker.chunks.append(number)
             try:
-                worker.connection.send((number, waiting[number][2][-1], decode, stop))
+                worker.connection.send((number, waiting[number][0], *task))
             except OSError:  # it died: receive() hands its chunks out again
                 pass
 
@@ -223,7 +228,7 @@ class Pool:
             try:
                 if handle is not worker.connection:
                     raise EOFError
-                number, value = worker.connection.recv()  # the batches' ids, or the error that stopped them
+                number, value = worker.connection.recv()  # the chunk's result, or the error that stopped it
             except (EOFError, OSError):
                 self.lose(worker, todo, warn)
                 continue
@@ -283,14 +288,22 @@ def spawning(gpu: str | None) -> Iterator[None]:
 
 def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None,
          compute_type: str = "auto") -> None:
-    """A worker: the model loaded once, then each chunk's batches through generate_batch_hypotheses (or the error that
-    stopped them, sent back as the chunk's result), until the main process closes its end of the pipe. Chunks are read on a thread as they come, so the main process never waits to
-    hand one over while this one runs."""
+    """A worker: the model loaded once, on the thread that runs it; then each chunk that comes through
+    batching.translate_chunk on a thread of its own (two at once: one chunk is split and tokenized, or decoded,
+    while the model runs the other), its result (or the error that stopped it) sent back, until the main process
+    closes its end of the pipe. This thread only takes the chunks as they come, so the main process never waits
+    to hand one over."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .batching import translate_chunk
+    from .overlap import SWITCH_INTERVAL, fewer_collections
+
+    engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
     try:
         from .translator import load_translator
 
-        translator = load_translator(model, device, adapter, compute_type)
+        translator = engine.submit(load_translator, model, device, adapter, compute_type).result()
         if threads is not None and device == "cpu":
             from threadpoolctl import threadpool_limits
 
@@ -305,27 +318,33 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
         return
     if loaded[0] != "ready":
         return
-    tasks: queue.Queue = queue.Queue()
+    # the engine thread waits for the GIL behind the threads preparing and decoding chunks, as a one-device job's
+    # main thread does behind its reader and finisher: the same settings as a job's (overlap.py)
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+    fewer_collections().__enter__()  # for the worker's life
+    sending = threading.Lock()
 
-    def listen() -> None:
-        while True:
+    def send(message: tuple) -> None:
+        with sending:
             try:
-                tasks.put(connection.recv())
+                connection.send(message)
             except (EOFError, OSError):
-                os._exit(0)  # the main process closed its end, or is gone: nothing is left to do
+                os._exit(0)  # the main process is gone: nothing is left to do
+            except Exception as error:  # noqa: BLE001 - an error that does not pickle goes as its words
+                connection.send((message[0], NllbError(f"{type(error).__name__}: {error}")))
 
-    threading.Thread(target=listen, name="nllb-worker-listen", daemon=True).start()
-    from .batching import generate_batch_hypotheses
-
-    while True:
-        number, batches, decode, stop = tasks.get()
+    def run(number: int, records: list, job: Job, decode: DecodeOptions, limits: tuple[int, int | None]) -> None:
         try:
-            result = (number, [generate_batch_hypotheses(translator, batch, decode, stop) for batch in batches])
+            result = translate_chunk(translator, records, job, decode, *limits,
+                                     on_engine=lambda task: engine.submit(task).result())
         except Exception as error:  # noqa: BLE001 - raised in the main process, in the chunk's turn
-            result = (number, error)
+            result = error
+        send((number, result))
+
+    chunks = ThreadPoolExecutor(AHEAD, thread_name_prefix="nllb-chunk")
+    while True:
         try:
-            connection.send(result)
+            task = connection.recv()
         except (EOFError, OSError):
-            os._exit(0)
-        except Exception as error:  # noqa: BLE001 - an error that does not pickle goes as its words
-            connection.send((number, NllbError(f"{type(error).__name__}: {error}")))
+            os._exit(0)  # the main process closed its end, or is gone: nothing is left to do
+        chunks.submit(run, *task)

@@ -1,8 +1,9 @@
 """The job: a file (or stream) in, its translations out, in chunks that are each translated, written and committed.
 
     reader (io/) -> chunks (overlap.py, a thread ahead) -> rows' sentences, tokenized (rows.py) -> length-sorted
-    batches -> translator.generate (batching.py; with --devices, in worker processes: devices.py) -> decode, join
-    (behind the model) -> writer (io/) -> commit (resume.py)
+    batches -> translator.generate (batching.py) -> decode, join (behind the model) -> writer (io/) -> commit
+    (resume.py); with --devices, worker processes do each chunk's work from its sentences to its joined rows
+    (devices.py)
 
 Rows are read `read_chunk_rows` at a time (a chunk from a pipe also ends when the input is quiet), translated,
 joined back into rows in input order, and the chunk is written and committed: the partial file fsynced and the
@@ -198,6 +199,8 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         end = source.position
         if not (saved and saved.done):
             def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
+                if pool is not None:  # the workers do it (devices.py)
+                    return None
                 copies = each_target(chunk, job)
                 outcomes, sentences = prepare_records(translator, copies, job)
                 return (copies, outcomes, sentences,
@@ -206,18 +209,25 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \
                     (Finisher() if FINISHER else Inline()) as finisher:
-                def finish(chunk, position, prepared, generated=None) -> None:
+                def finish(chunk, position, prepared) -> None:
                     copies, outcomes, sentences, batches = prepared
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
                     translate_prepared(translator, copies, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                       reporter.advance, finisher, batches, generated)
+                                       reporter.advance, finisher, batches)
                     finisher.submit(lambda: commit(chunk, gather_targets(outcomes, job), position), chunk_end=True)
+
+                def finish_translated(chunk, position, _, result) -> None:  # a worker's chunk, in its turn
+                    outcomes, rows, tokens = result
+                    finisher.wait(behind=1)
+                    reporter.advance(rows, tokens)
+                    finisher.submit(lambda: commit(chunk, outcomes, position), chunk_end=True)
 
                 if pool is None:
                     for chunk, position, prepared in reader:
                         finish(chunk, position, prepared)
-                else:  # the workers generate, several chunks at once; finish() takes them in input order
-                    pool.translate(reader, decode, job.on_error == "fail", finish, warn)
+                else:  # the workers translate, several chunks at once; finish_translated takes them in input order
+                    pool.translate(reader, job, decode, (batching.max_batch_tokens, batching.max_batch_sentences),
+                                   finish_translated, warn)
             end = reader.position
         with critical():
             sink.close()

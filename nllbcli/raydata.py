@@ -44,7 +44,7 @@ from ray.data.checkpoint import CheckpointConfig
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
-from .batching import generate_batch_hypotheses, plan_chunk, translate_prepared
+from .batching import translate_chunk
 from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
@@ -54,7 +54,7 @@ from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
 from .resume import replaced_atomically, sync_directory
-from .rows import Outcome, added_values, each_target, gather_targets, prepare_records
+from .rows import Outcome, added_values
 from .translator import expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
@@ -245,14 +245,9 @@ class Translating:
     def __call__(self, block: pa.Table) -> pa.Table:
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
-        translator, decode = self.translator, self.decode
-        copies = each_target(records, self.job)
-        outcomes, sentences = prepare_records(translator, copies, self.job)
-        batches = plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences)
-        generated = self.engine.submit(lambda: [generate_batch_hypotheses(translator, b, decode, False) for b in batches]).result()
-        translate_prepared(translator, copies, outcomes, sentences, self.job, decode, self.batching.max_batch_tokens,
-                           batches=batches, generated=generated)
-        return self.output(block, records, gather_targets(outcomes, self.job), ids)
+        outcomes, _, _ = translate_chunk(self.translator, records, self.job, self.decode, self.batching.max_batch_tokens,
+                                         self.batching.max_batch_sentences, lambda task: self.engine.submit(task).result())
+        return self.output(block, records, outcomes, ids)
 
     def records(self, block: pa.Table, ids: list[int]) -> list[Record]:
         if self.job.input_format == "jsonl":

@@ -6,6 +6,7 @@ Real subprocesses on the tiny test model, as in test_resume.py, with two CPU wor
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -19,11 +20,11 @@ import pytest
 from jobfiles import listing
 from test_resume import EXTENSION, ROWS, TINY, command, make_input
 
-from nllbcli.batching import generate_batch_hypotheses, plan_chunk
+
+from nllbcli.batching import translate_chunk
 from nllbcli.devices import open_pool
 from nllbcli.options import DecodeOptions, Job
 from nllbcli.io import Record
-from nllbcli.rows import prepare_records
 from nllbcli.translator import load_translator
 
 LONGER = ("--max-length", "30")  # a job of a few seconds, so that a kill lands mid-job
@@ -94,18 +95,44 @@ def test_two_workers_write_a_one_device_jobs_bytes(tmp_path, plain, fmt):
     assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])
 
 
+# the nllb command with its main process's tokenizers refusing every text: only a worker may split, tokenize or decode
+NO_TOKENIZING = """
+import runpy, sys
+from nllbcli import tokenizer
+def refuse(*args, **kwargs):
+    raise AssertionError("the main process tokenized")
+for kind in (tokenizer.SentencePieceTokenizer, tokenizer.NllbTokenizer, tokenizer.M2M100Tokenizer):
+    for name in ("encode", "encode_many", "encode_pieces", "decode", "decode_many"):
+        if name in vars(kind):
+            setattr(kind, name, refuse)
+sys.argv[0] = "nllb"
+runpy.run_module("nllbcli.cli", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_the_main_process_leaves_tokenizing_and_decoding_to_the_workers(tmp_path, plain, fmt):
+    """With --devices the main process reads, hands out, writes and commits rows; the workers split, tokenize,
+    translate, decode and join them, so the main process's share of a row stays small as GPUs are added."""
+    source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
+    make_input(source, fmt)
+    args = on_workers(command(source, target, *LONGER))
+    assert args[1:3] == ["-m", "nllbcli.cli"]
+    done = subprocess.run([sys.executable, "-c", NO_TOKENIZING, *args[3:]], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == (3 if fmt == "jsonl" else 0), done.stderr
+    assert target.read_bytes() == plain[fmt][0]
+    assert (tmp_path / "errors.jsonl").read_bytes() == plain[fmt][1]
+
+
 def test_chunks_that_end_out_of_order_are_finished_in_order():
     """A first chunk far longer than the others: a worker ends later chunks before it, and finish() still
-    takes them in input order, with each chunk's ids those of the one-device translator."""
+    takes them in input order, with each chunk's result that of the one-device translator."""
     translator = load_translator(TINY, "cpu")
     job = Job(src="eng_Latn", tgt="fra_Latn")
     decode = DecodeOptions(beam_size=1, max_length=30)
     texts = [["The quick brown fox jumps over the lazy dog. " * 8] * 12] + [[f"Hi {n}."] for n in range(9)]
-    items = []
-    for n, chunk_texts in enumerate(texts):
-        chunk = [Record(index=n * 100 + i, text=t, fields={"text": t}) for i, t in enumerate(chunk_texts)]
-        outcomes, sentences = prepare_records(translator, chunk, job)
-        items.append((chunk, n, (outcomes, sentences, plan_chunk(sentences, 4096))))
+    items = [([Record(index=n * 100 + i, text=t, fields={"text": t}) for i, t in enumerate(chunk_texts)], n, None)
+             for n, chunk_texts in enumerate(texts)]
     finished, arrived = [], []
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         receive = pool.receive
@@ -115,12 +142,13 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
             arrived.extend(n for n in results if n not in arrived)
 
         pool.receive = recording
-        pool.translate(iter(items), decode, False, lambda chunk, position, prepared, generated:
-                       finished.append((position, generated)), print)
+        pool.translate(iter(items), job, decode, (4096, None), lambda chunk, position, prepared, result:
+                       finished.append((position, result)), print)
     assert [position for position, _ in finished] == list(range(len(texts)))
     assert arrived != sorted(arrived)  # some chunk ended before one ahead of it
-    for (_, _, (_, _, batches)), (_, generated) in zip(items, finished):
-        assert generated == [generate_batch_hypotheses(translator, batch, decode, False) for batch in batches]
+    for (chunk, _, _), (_, result) in zip(items, finished):
+        assert result == translate_chunk(translator, chunk, job, decode, 4096)
+        assert result[1] == len(chunk) and result[2] > 0  # the rows done and the tokens generated
 
 
 def test_a_worker_killed_mid_job_has_its_chunks_redone_by_the_other(tmp_path, plain):
@@ -260,19 +288,33 @@ def test_a_bad_row_under_on_error_fail_leaves_a_one_device_jobs_commit(tmp_path)
     assert left["workers"] == left["plain"]
 
 
+@pytest.mark.parametrize("keep", [200, 4000])
+def test_an_input_that_cannot_be_read_is_a_one_device_jobs_error_not_a_hang(tmp_path, keep):
+    """A compressed input cut short: the reader's error comes with no chunk (200 bytes: the first chunk), or some
+    chunks, in the workers; it is the one-device job's one line and exit code, once the chunks before it are done."""
+    source = tmp_path / "in.jsonl"
+    make_input(source, "jsonl")
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gzip.compress(source.read_bytes())[:keep])
+    results = []
+    for name, workers in (("plain", False), ("workers", True)):
+        args = command(cut, tmp_path / f"{name}.jsonl", *LONGER)
+        done = subprocess.run(on_workers(args) if workers else args, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=120)
+        results.append((done.returncode, done.stderr))
+    assert results[0] == results[1]
+    assert results[0][0] == 1 and results[0][1].startswith("Error: cannot read cut.jsonl.gz: ")
+
+
 def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
     """A job that stops while the workers hold its later chunks (here finish() fails on the first): their
     results, coming in later, are not taken for the next job's chunks."""
     translator = load_translator(TINY, "cpu")
+    job = Job(src="eng_Latn", tgt="fra_Latn")
     decode = DecodeOptions(beam_size=1, max_length=30)
 
     def chunks(texts):
-        items = []
-        for n, text in enumerate(texts):
-            chunk = [Record(index=n, text=text, fields={"text": text})]
-            outcomes, sentences = prepare_records(translator, chunk, Job(src="eng_Latn", tgt="fra_Latn"))
-            items.append((chunk, n, (outcomes, sentences, plan_chunk(sentences, 4096))))
-        return items
+        return [([Record(index=n, text=text, fields={"text": text})], n, None) for n, text in enumerate(texts)]
 
     def fail(*args):
         raise OSError("the disk is full")
@@ -281,11 +323,10 @@ def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
     finished = []
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         with pytest.raises(OSError):
-            pool.translate(iter(first), decode, False, fail, print)
-        pool.translate(iter(second), decode, False, lambda chunk, position, prepared, generated:
-                       finished.append(generated), print)
-    assert finished == [[generate_batch_hypotheses(translator, batch, decode, False) for batch in batches]
-                        for _, _, (_, _, batches) in second]
+            pool.translate(iter(first), job, decode, (4096, None), fail, print)
+        pool.translate(iter(second), job, decode, (4096, None), lambda chunk, position, prepared, result:
+                       finished.append(result), print)
+    assert finished == [translate_chunk(translator, chunk, job, decode, 4096) for chunk, _, _ in second]
 
 
 def test_a_job_after_every_worker_died_is_one_line(tmp_path):
