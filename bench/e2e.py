@@ -281,6 +281,22 @@ def build_model(model_dir: Path, shape: str, seed: int) -> dict:
     return {"model_dir": str(model_dir), "built": True, "build_s": time.perf_counter() - t}
 
 
+def model_and_cache(args, work: Path, model: Path | None = None) -> tuple[Path, dict, Path, object]:
+    """A run's model directory (`model` as it is, else args.model_dir or one in `work`, built of args.shape with
+    random weights or reused), what build_model said of it, the kernel cache (args.cache_dir or one in `work`)
+    and the model's tokenizer."""
+    from nllbcli.tokenizer import tokenizer_from_model_dir
+
+    if model is not None:
+        model_dir, built = model.resolve(), {"model_dir": str(model.resolve()), "built": False}
+    else:
+        model_dir = args.model_dir or work / "model"
+        built = build_model(model_dir, args.shape, args.seed)
+    cache_dir = args.cache_dir or work / "cupy-cache"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    return model_dir, built, cache_dir, tokenizer_from_model_dir(model_dir)
+
+
 # ------------------------------------------------------------------------------------------------------ input
 
 
@@ -849,13 +865,7 @@ def main() -> int:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="nllb-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        model_dir = args.model_dir or work / "model"
-        built = build_model(model_dir, args.shape, args.seed)
-        cache_dir = args.cache_dir or work / "cupy-cache"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        from nllbcli.tokenizer import tokenizer_from_model_dir
-
-        tokenizer = tokenizer_from_model_dir(model_dir)
+        model_dir, built, cache_dir, tokenizer = model_and_cache(args, work)
         t = time.perf_counter()
         lines = make_sentences(args.sentences, args.seed, tokenizer, args.src)
         source, jsonl_source = write_input(work, lines)

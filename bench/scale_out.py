@@ -43,8 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.e2e import (SHAPES, build_model, emit, gpu_facts, input_stats, log_size, make_sentences, ray_blocks,
-                       summary_of, tail, write_input)
+from bench.e2e import (SHAPES, emit, gpu_facts, input_stats, log_size, make_sentences, model_and_cache,
+                       ray_blocks, summary_of, tail, write_input)
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.1
@@ -272,16 +272,7 @@ def main() -> int:
     work = a.work_dir or Path(tempfile.mkdtemp(prefix="nllb-scale-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        if a.model is not None:
-            model_dir, built = a.model.resolve(), {"model_dir": str(a.model.resolve()), "built": False}
-        else:
-            model_dir = a.model_dir or work / "model"
-            built = build_model(model_dir, a.shape, a.seed)
-        cache_dir = a.cache_dir or work / "cupy-cache"
-        cache_dir.mkdir(parents=True, exist_ok=True)
-        from nllbcli.tokenizer import tokenizer_from_model_dir
-
-        tokenizer = tokenizer_from_model_dir(model_dir)
+        model_dir, built, cache_dir, tokenizer = model_and_cache(a, work, a.model)
         lines = make_sentences(a.sentences, a.seed, tokenizer, a.src)
         _, source = write_input(work, lines)
         warm = work / "warm.jsonl"
