@@ -224,3 +224,24 @@ def test_several_gzip_members_or_zstd_frames_are_one_input(fake, here, compressi
     (here / ("in.jsonl" + SUFFIX[compression])).write_bytes(compress(JSONL[:30], compression) + compress(JSONL[30:], compression))
     assert translate("in.jsonl" + SUFFIX[compression], "out.jsonl").exit_code == 0
     assert (here / "out.jsonl").read_bytes() == TRANSLATED
+
+
+def skippable_frame(magic_low: int, content: bytes) -> bytes:
+    """A zstd skippable frame (magic 0x184D2A50 + magic_low), as pzstd writes one first to index its frames."""
+    return (0x184D2A50 + magic_low).to_bytes(4, "little") + len(content).to_bytes(4, "little") + content
+
+
+@pytest.mark.parametrize("name", ["in.jsonl.zst", "in.jsonl.data", "-"])
+@pytest.mark.parametrize("magic_low", [0, 0xF])
+def test_a_zstd_input_may_begin_with_skippable_frames(fake, here, name, magic_low):
+    content = (skippable_frame(magic_low, b"\0\x10\0\0") + compress(JSONL[:30], "zstd")
+               + skippable_frame(0, bytes(300)) + compress(JSONL[30:], "zstd"))
+    if name == "-":
+        result = translate(input=content)
+        assert result.exit_code == 0, result.output
+        assert result.stdout_bytes == TRANSLATED
+        return
+    (here / name).write_bytes(content)
+    result = translate(name, "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert (here / "out.jsonl").read_bytes() == TRANSLATED

@@ -3,8 +3,8 @@ written transparently, and the lines of a pipe or terminal read as they come.
 
 An input named by an extension nllb knows (`.jsonl`, `.ndjson`, `.json`, `.parquet`, `.txt`, each optionally
 `.gz` or `.zst`) is read as it says; stdin and any other name are sniffed: Parquet's magic `PAR1`, gzip's
-`1f 8b`, zstd's `28 b5 2f fd` (then the decompressed bytes are sniffed again), a first non-blank character `{`
-for JSON Lines, else text; a NUL byte in the first bytes read is not text (as grep and git tell binary files).
+`1f 8b`, zstd's `28 b5 2f fd` or a skippable frame's (as pzstd writes first), then the decompressed bytes are
+sniffed again; a first non-blank character `{` for JSON Lines, else text; a NUL byte in the first bytes read is not text (as grep and git tell binary files).
 A stream's bytes are read once: those read to sniff it are kept (Replay) and given to the reader first, so
 nothing is lost. A terminal is text, without sniffing: sniffing would wait for the first line typed.
 """
@@ -28,6 +28,9 @@ from ..errors import NllbError
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 MAGIC = ((b"PAR1", "parquet"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"))
+# a zstd stream may begin with a skippable frame (pzstd writes one first): magic 0x184D2A50 to 0x184D2A5F, whose
+# little-endian bytes are 50..5f, then these
+SKIPPABLE_TAIL = b"\x2a\x4d\x18"
 SNIFF_BYTES = 1 << 16  # at most this much of an input is read to find its format
 BLANK = b" \t\r\n"
 BOM = b"\xef\xbb\xbf"
@@ -268,13 +271,21 @@ def read_magic(replay: Replay) -> bytes:
     """The stream's first bytes, as many as tell whether one of MAGIC begins it (a pipe's first line "A\n" is
     not waited on for more)."""
     head = replay.fill(1)
-    while not replay.eof and len(head) < 4 and any(magic.startswith(head) for magic, _ in MAGIC):
+    while not replay.eof and len(head) < 4 and begins_magic(head):
         head = replay.fill(len(head) + 1)
     return head
 
 
+def begins_magic(head: bytes) -> bool:
+    """Whether the bytes (fewer than 4) may be the beginning of a magic number."""
+    skippable = 0x50 <= head[0] <= 0x5F and SKIPPABLE_TAIL.startswith(head[1:])
+    return skippable or any(magic.startswith(head) for magic, _ in MAGIC)
+
+
 def compression_in(head: bytes) -> str | None:
-    """gzip or zstd when the bytes begin with its magic, else None."""
+    """gzip or zstd when the bytes begin with its magic (zstd's or that of a skippable frame), else None."""
+    if len(head) >= 4 and 0x50 <= head[0] <= 0x5F and head[1:4] == SKIPPABLE_TAIL:
+        return "zstd"
     return next((name for magic, name in MAGIC[1:] if head.startswith(magic)), None)
 
 
