@@ -124,13 +124,11 @@ def strip_output(tokens: list[int], eos: int) -> list[int]:
 
 
 def process_scores(scores: np.ndarray, sequences: np.ndarray, options: DecodeOptions, eos: int) -> np.ndarray:
-    """Scores (N, V) float32 after transformers' repetition penalty, its no-repeat n-gram ban, then its
-    min_new_tokens ban of </s>, given each row's tokens so far (N, T), the decoder start and language token
-    included (generate's processor order)."""
+    """Scores (N, V) float32 after transformers' repetition penalty and its no-repeat n-gram ban, given each row's
+    tokens so far (N, T), the decoder start and language token included (generate's processor order). Its
+    min_new_tokens ban of </s> is the caller's: greedy search takes its log-probabilities before it."""
     scores = np.array(scores, dtype=np.float32)
     rows = np.arange(len(scores))[:, None]
-    if sequences.shape[1] - 1 < options.min_length:
-        scores[:, eos] = -np.inf
     if options.repetition_penalty != 1.0:
         penalty = np.float32(options.repetition_penalty)
         seen = scores[rows, sequences]  # (N, T)
@@ -221,10 +219,12 @@ def greedy_search(engine: Engine, encoded, source_rows: np.ndarray, langs: np.nd
                 prefix = np.stack([np.full(len(alive), config.decoder_start_token_id), langs[alive]], axis=1)
                 sequences = np.concatenate([prefix, generated[alive, :t]], axis=1)  # (N, T)
                 processed = process_scores(to_host(engine.step(encoded, state, tokens)), sequences, options, eos)
+                row_lp = log_softmax(processed)  # the log-probabilities before </s> is banned, as without processing
+                if banned:
+                    processed[:, eos] = row_lp[:, eos] = -np.inf
                 if not options.sampling:
                     tokens = processed.argmax(axis=-1)
-                    return tokens, log_softmax(processed)[rows, tokens] if scores else None
-                row_lp = log_softmax(processed)
+                    return tokens, row_lp[rows, tokens] if scores else None
                 row_ids = np.broadcast_to(np.arange(row_lp.shape[1]), row_lp.shape)
                 if options.candidates:
                     row_lp, row_ids = topk_desc(row_lp, options.candidates)
@@ -376,6 +376,8 @@ def beam_search(engine: Engine, encoded, source_of: np.ndarray, langs: np.ndarra
                 log_probs = log_softmax(to_host(engine.step(encoded, state, tokens)))  # (n*K, V)
                 sequences = to_host(run_seq[:, :, :cur_len]).reshape(n * k, cur_len)
                 processed = process_scores(log_probs, sequences, options, eos)
+                if cur_len - 1 < options.min_length:
+                    processed[:, eos] = -np.inf
                 row_lp, row_ids = (xp.asarray(a) for a in topk_desc(processed, width))
                 row_lp, row_ids = forcing(row_lp, row_ids, cur_len,
                                           lambda ids: processed[np.arange(len(processed)), to_host(ids)])

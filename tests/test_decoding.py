@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nllbcli.engine.numerics import sentence_keys
 from nllbcli.options import DecodeOptions
 from nllbcli.search import generate
 from nllbcli.translator import load_translator
@@ -74,6 +75,22 @@ def test_min_length_keeps_eos_away(beam_size):
     for hypotheses in tr.generate_hypotheses(sources, "fra_Latn", options):
         for h in hypotheses:
             assert len(h.ids) + 1 >= 14  # the language token and the ids before </s>
+
+
+@pytest.mark.parametrize("topk", [1, 0, 5])
+def test_a_logits_processor_that_bans_nothing_changes_no_score_under_min_length(topk):
+    """--min-length's log-probabilities are the model's before </s> is banned, with or without another processor:
+    an n-gram ban longer than any output (it bans nothing) leaves tokens and scores as they were (greedy search,
+    and draws over the whole vocabulary or the top 5)."""
+    tr = translator("sample")
+    sources = [tr.tokenizer.encode(t, "eng_Latn") for t in ["Yes.", "Hello!", "The meeting is on the twentieth."]]
+    options = DecodeOptions(beam_size=1, max_length=30, min_length=14, scores=True, sampling_topk=topk)
+    keys = sentence_keys(3, np.arange(len(sources)), np.zeros(len(sources)))
+    plain = tr.generate_hypotheses(sources, "fra_Latn", options, keys)
+    banning_nothing = tr.generate_hypotheses(sources, "fra_Latn", replace(options, no_repeat_ngram_size=30), keys)
+    assert [h.ids for hs in banning_nothing for h in hs] == [h.ids for hs in plain for h in hs]
+    assert np.allclose([h.log_prob for hs in banning_nothing for h in hs], [h.log_prob for hs in plain for h in hs],
+                       atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])
