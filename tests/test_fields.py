@@ -597,3 +597,45 @@ def test_a_frame_holding_lists_of_nulls_conforms_to_a_wider_schema(value, wider)
     out = conform(table, schema)
     out.validate(full=True)
     assert out.to_pylist() == [{"c": {**value, "y": None} if isinstance(value, dict) else value, "b": None}]
+
+
+def view_columns() -> pa.Table:
+    """Arrow's view types (no take kernel in Arrow 26), with a row that fails (null text) between good ones."""
+    return pa.table({
+        "text": pa.array(["ab", None, "cd", "ef"], pa.string_view()),
+        "blob": pa.array([b"\x00", b"y", None, b""], pa.binary_view()),
+        "tags": pa.array([["a"], None, ["b", None], []], pa.list_(pa.string_view())),
+    })
+
+
+@pytest.mark.parametrize("out", ["out.parquet", "out.jsonl"])
+@pytest.mark.parametrize("commits", [None, 1])
+def test_view_columns_with_a_failed_row_between_good_ones(fake, here, out, commits):
+    """A chunk's rows less a failed one are taken from Arrow's view types too (straight through, and resumed after
+    a chunk of rows 1-3 committed)."""
+    pq.write_table(view_columns(), "in.parquet")
+    args = ["--chunk-rows", "3", "--on-error", "record", "--errors", "errors.jsonl", "in.parquet", out]
+    if commits:
+        with stopped_after_commits(commits):
+            assert translate(*args).exit_code == 130
+    result = translate(*args, *(["--resume"] if commits else []))
+    assert result.exit_code == 3, result.output
+    if out == "out.parquet":
+        output = read_parquet(out)
+        assert output.schema.equals(view_columns().schema.append(pa.field("translation", pa.string())))
+        assert output.drop_columns(["translation"]).to_pylist() == [view_columns().to_pylist()[n] for n in (0, 2, 3)]
+        assert output.column("translation").to_pylist() == ["ba", "dc", "fe"]
+    else:
+        assert [json.loads(line) for line in open(out)] == [
+            {"text": "ab", "blob": "AA==", "tags": ["a"], "translation": "ba"},
+            {"text": "cd", "blob": None, "tags": ["b", None], "translation": "dc"},
+            {"text": "ef", "blob": "", "tags": [], "translation": "fe"}]
+    assert [json.loads(line)["row"] for line in open("errors.jsonl")] == [2]
+
+
+def test_translate_table_takes_view_columns_with_a_failed_row(fake):
+    import nllbcli
+
+    table = nllbcli.translate_table(fake, view_columns(), "eng_Latn", "fra_Latn", nllbcli.DecodeOptions())
+    assert table.drop_columns(["translation"]).to_pylist() == [view_columns().to_pylist()[n] for n in (0, 2, 3)]
+    assert table.column("translation").to_pylist() == ["ba", "dc", "fe"]

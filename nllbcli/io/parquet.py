@@ -271,10 +271,17 @@ def with_nanoseconds(value: object, extra: int) -> object:
 
 
 def take_rows(batch: pa.RecordBatch, rows: list[int]) -> pa.RecordBatch:
-    """The batch's rows at these (increasing) positions: a slice where they are consecutive, as most are."""
+    """The batch's rows at these (increasing) positions: a slice where they are consecutive, as most are; else
+    taken, or its runs of consecutive rows joined where Arrow has no take for a column's type (string_view and
+    binary_view, alone or nested)."""
     if rows[-1] - rows[0] + 1 == len(rows):
         return batch.slice(rows[0], len(rows))
-    return batch.take(pa.array(rows, pa.int64()))
+    try:
+        return batch.take(pa.array(rows, pa.int64()))
+    except pa.ArrowNotImplementedError:
+        starts = [n for n, row in enumerate(rows) if n == 0 or row != rows[n - 1] + 1] + [len(rows)]
+        runs = [batch.slice(rows[a], b - a) for a, b in zip(starts, starts[1:])]
+        return pa.Table.from_batches(runs, batch.schema).combine_chunks().to_batches()[0]
 
 
 def batch_groups(records: list[Record]) -> Iterator[tuple[pa.RecordBatch | None, list[Record]]]:
