@@ -157,6 +157,7 @@ def row_prefix(tokenizer, record: Record, field: str, tgt: str) -> list[int]:
     if not isinstance(value, str):
         raise NllbError(f"{record.where}: field {field!r} is {type(value).__name__}, not a string to start the "
                         "translation with.")
+    check_text(record, field, value)
     try:
         return tokenizer.encode(value, tgt)[1:-1]  # without the language token and </s>
     except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
@@ -168,9 +169,9 @@ def tokenizer_reason(error: Exception) -> str:
     return next(iter(str(error).strip().splitlines()), type(error).__name__)
 
 
-def check_text(record: Record, field: str) -> None:
-    """Refuse text that is not Unicode characters throughout, naming the first offender."""
-    if (bad := SURROGATE.search(record.text)) is not None:
+def check_text(record: Record, field: str, text: str) -> None:
+    """Refuse text of the row's field that is not Unicode characters throughout, naming the first offender."""
+    if (bad := SURROGATE.search(text)) is not None:
         raise NllbError(f"{record.where}: field {field!r} holds a lone surrogate (\\u{ord(bad.group()):04x} at character "
                         f"{bad.start() + 1}), half of a UTF-16 pair, which is not text.")
 
@@ -194,7 +195,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 check_added_fields(record, job)
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
-            check_text(record, job.field)
+            check_text(record, job.field, record.text)
             if job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:

@@ -189,6 +189,15 @@ def test_a_prefix_field_starts_the_rows_translation(tmp_path, sample, beam_size)
     assert [r["translation"] for r in got[1:]] == [r["translation"] for r in want[1:4]]  # the others as without
 
 
+def test_a_prefix_with_a_lone_surrogate_fails_its_row_naming_it(tmp_path):
+    (tmp_path / "in.jsonl").write_text('{"text": "Yes.", "p": "Oui\\ud800"}\n{"text": "Yes.", "p": "Oui"}\n')
+    result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p", "--on-error", "skip", str(tmp_path / "in.jsonl"), "-"])
+    assert result.exit_code == 3
+    assert result.stderr == (f"Skipped: {tmp_path / 'in.jsonl'}:1: field 'p' holds a lone surrogate (\\ud800 at character 4), "
+                             "half of a UTF-16 pair, which is not text.\n")
+    assert json.loads(result.stdout)["translation"].startswith("Oui")
+
+
 def test_a_prefix_field_needs_fields(tmp_path):
     (tmp_path / "in.txt").write_text("Yes.\n")
     result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p", str(tmp_path / "in.txt"), "-"])
