@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engine.numerics import E4M3Matrix, bf16_to_float32
+from .engine.numerics import E4M3Matrix, bf16_to_float32, has_nonfinite
 from .errors import NllbError
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -558,6 +558,7 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False, float8: bool = Fal
         wanted = {name for name in [*chosen.values(), *scale_of.values()] if file_of[name] == path}
         if wanted:
             stored.update(read_weights(path, bf16_bits, wanted))
+    check_finite(stored, file_of, dtypes)
     matrices: dict[str, E4M3Matrix] = {}
     for name, scale in scale_of.items():
         scales = stored.pop(scale)
@@ -567,6 +568,15 @@ def load_checkpoint(model_dir: Path, bf16_bits: bool = False, float8: bool = Fal
     if bf16_bits and any(a.dtype != np.uint16 for a in stored.values()):  # mixed: float32 for all
         stored = {name: bf16_to_float32(a) if a.dtype == np.uint16 else a for name, a in stored.items()}
     return config, {name: matrices[source] if source in matrices else stored[source] for name, source in chosen.items()}
+
+
+def check_finite(arrays: dict[str, np.ndarray], file_of: dict, dtypes: dict) -> None:
+    """Refuse weights that hold a NaN or an infinity, naming the first: a model computes with them without an
+    error, and every translation would be empty or garbage."""
+    for name, array in arrays.items():
+        if has_nonfinite(array, float8=dtypes.get(name) == FLOAT8):
+            raise NllbError(f"{file_of[name]}: {name} holds NaN or infinite values: the checkpoint is damaged (or was "
+                            "saved from a training run that diverged), and no translation can come from it.")
 
 
 def float8_scale(model_dir: Path, name: str, shapes: dict, dtypes: dict) -> str:

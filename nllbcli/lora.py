@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import (ModelConfig, json_int, json_value, quoted, read_json_object, read_weights, shown,
-                         stored_tensors)
+from .checkpoint import (ModelConfig, check_finite, json_int, json_value, quoted, read_json_object, read_weights,
+                         shown, stored_tensors)
+from .engine.numerics import has_nonfinite
 from .errors import NllbError
 
 LORA_TENSOR = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(.+)\.lora_([AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
@@ -114,6 +115,7 @@ def merge_lora(config: ModelConfig, weights: dict[str, np.ndarray], adapter_dir:
             raise NllbError(f"--adapter {adapter_dir}: {module}'s LoRA matrices {tuple(b)} x {tuple(a)} do not fit "
                             f"its weight {tuple(w)}: the adapter was trained for a model of other dimensions")
     arrays = read_weights(path)
+    check_finite(arrays, dict.fromkeys(arrays, path), {})
     merged = dict(weights)
     for module, ab in sorted(pairs.items()):
         target = module + ".weight"
@@ -123,5 +125,9 @@ def merge_lora(config: ModelConfig, weights: dict[str, np.ndarray], adapter_dir:
         alpha = pattern_value(settings.get("alpha_pattern"), peft_name, settings["lora_alpha"])
         scale = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
         # in float64, then rounded once: the merged weight is W + scale * B @ A as exactly as float32 holds it
-        merged[target] = (w.astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+        with np.errstate(over="ignore"):  # a value past float32's range is refused below
+            merged[target] = (w.astype(np.float64) + scale * (b.astype(np.float64) @ a.astype(np.float64))).astype(np.float32)
+        if has_nonfinite(merged[target]):
+            raise NllbError(f"--adapter {adapter_dir}: {module}'s merged weight is past float32's range: the adapter "
+                            "does not fit this model")
     return merged

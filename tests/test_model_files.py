@@ -438,3 +438,48 @@ def test_an_adapter_of_rank_0_is_one_error_line(sources, tmp_path):
     write_safetensors(adapter / "adapter_model.safetensors", empty, "F32")
     result = info_and_translate(MODELS / "tiny-a", tmp_path, "--adapter", str(adapter))[1]
     assert "LoRA matrices" in one_error_line(result)  # (it divided by the rank 0)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
+@pytest.mark.parametrize("value", [math.nan, -math.inf])
+def test_weights_that_are_not_finite_are_one_error_line(sources, tmp_path, dtype, value):
+    """A damaged checkpoint is refused at load: it computes without an error, and greedy search wrote empty
+    translations while beam search failed in NumPy."""
+    model = linked(sources, tmp_path)
+    weights = read_safetensors(sources / "tiny-a" / "model.safetensors")
+    weights["model.decoder.layers.1.fc2.weight"][3, 5] = value
+    replace(model, "model.safetensors", b"")
+    write_safetensors(model / "model.safetensors", weights, dtype)
+    for beams in ("1", "2"):
+        line = one_error_line(info_and_translate(model, tmp_path, "--beam-size", beams)[1])
+        assert line == (f"Error: {model / 'model.safetensors'}: model.decoder.layers.1.fc2.weight holds NaN or infinite "
+                        "values: the checkpoint is damaged (or was saved from a training run that diverged), and no "
+                        "translation can come from it.")
+    if dtype == "BF16":  # as the GPU engine reads it: the bits
+        with pytest.raises(NllbError, match="fc2.weight holds NaN or infinite values"):
+            load_checkpoint(model, bf16_bits=True)
+
+
+def test_bf16_bits_and_e4m3_codes_that_are_not_finite_are_found():
+    from nllbcli.engine.numerics import FINITE_CHECK_BLOCK, has_nonfinite
+
+    bits = np.full(FINITE_CHECK_BLOCK + 5, 0x7F7F, np.uint16)  # bf16's largest finite number
+    assert not has_nonfinite(bits) and not has_nonfinite(bits | 0x8000)
+    for bad in (0x7F80, 0xFF80, 0x7FC0, 0xFFFF):  # +inf, -inf, NaNs
+        bits[-1] = bad
+        assert has_nonfinite(bits)
+    codes = np.arange(256, dtype=np.uint8)
+    assert has_nonfinite(codes, float8=True) and not has_nonfinite(np.delete(codes, [0x7F, 0xFF]), float8=True)
+
+
+@pytest.mark.parametrize("scale", [math.nan, 1e30])
+def test_an_adapter_that_is_not_finite_or_overflows_merged_is_one_error_line(sources, tmp_path, scale):
+    adapter = linked(sources, tmp_path, "tiny-a-lora")
+    lora = read_safetensors(sources / "tiny-a-lora" / "adapter_model.safetensors")
+    a = next(n for n in sorted(lora) if ".lora_A." in n)
+    for name in (a, a.replace(".lora_A.", ".lora_B.")):  # B @ A of 1e30 x 1e30 is past float32's range
+        lora[name] = lora[name] * np.float32(scale)
+    replace(adapter, "adapter_model.safetensors", b"")
+    write_safetensors(adapter / "adapter_model.safetensors", lora, "F32")
+    line = one_error_line(info_and_translate(MODELS / "tiny-a", tmp_path, "--adapter", str(adapter))[1])
+    assert ("holds NaN or infinite values" if math.isnan(scale) else "merged weight is past float32's range") in line

@@ -188,6 +188,26 @@ def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
     return wide.view(np.float32)
 
 
+FINITE_CHECK_BLOCK = 1 << 20  # elements looked at once by has_nonfinite: its temporaries stay at a few MB
+
+
+def has_nonfinite(array: np.ndarray, float8: bool = False) -> bool:
+    """Whether a stored tensor holds a NaN or an infinity: float values, bf16 bits (uint16: the exponent all ones)
+    or, with float8, E4M3 codes (uint8: E4M3's NaN, S.1111.111; it has no infinity)."""
+    flat = np.asarray(array).reshape(-1)
+    for first in range(0, flat.size, FINITE_CHECK_BLOCK):
+        block = flat[first : first + FINITE_CHECK_BLOCK]
+        if block.dtype == np.uint16:
+            bad = ((block & np.uint16(0x7FFF)) >= 0x7F80).any()
+        elif block.dtype == np.uint8:
+            bad = float8 and ((block & np.uint8(0x7F)) == 0x7F).any()
+        else:
+            bad = not np.isfinite(block).all()
+        if bad:
+            return True
+    return False
+
+
 class E4M3Matrix:
     """A weight matrix (N, K) in FP8 E4M3 with a scale per row, its output channel: values e4m3_values()[codes] *
     scales. What `--compute-type float8` multiplies by (the engines take it where a float matrix would be), and
