@@ -496,8 +496,10 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
                                       threads=threads, pool=pool)
         return 3 if counters.failed else 0
     except Stopped as stop:
-        if is_stream(job.output):
-            click.echo(f"Stopped by {stop}: the rows done so far are written.", err=True)
+        if is_stream(job.output) and getattr(stop, "rows", 0):
+            click.echo(f"Stopped by {stop}: the first {stop.rows:,} rows are done and written.", err=True)
+        elif is_stream(job.output):
+            click.echo(f"Stopped by {stop} before any rows were written.", err=True)
         elif getattr(stop, "resumable", False):
             click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)
         else:

@@ -61,12 +61,13 @@ def translate_file(
     `progress` is a mode of progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
     continues an interrupted job's partial output (resume.py); `threads` holds the BLAS library's thread pool, the
     CPU engine's matrix products, to that many threads while the job runs (None: the library's own count). A `Stopped` that ends the job carries
-    `resumable`: whether a commit is saved for --resume to continue from."""
+    `resumable`: whether a commit is saved for --resume to continue from, and `rows`: the rows written (or failed)
+    before it."""
     mode = {True: "bar", False: "none"}.get(progress, progress)
     check_paths(job)
     check_fields(job)
     job = replace(job, output=follow_link(job.output), errors=follow_link(job.errors))
-    files = None
+    files = counters = None
     with ExitStack() as stack:
         try:
             identity = job_identity(translator, job, decode, batching)
@@ -109,6 +110,7 @@ def translate_file(
                 files.discard_uncommitted()
             if isinstance(error, Stopped):
                 error.resumable = files is not None and files.resumable
+                error.rows = counters.rows if counters is not None else 0
             raise
         reporter.close()
         return counters

@@ -220,8 +220,28 @@ def test_a_job_stopped_while_writing_to_a_fifo_says_its_rows_are_written(fake, t
     result = invoke("-q", "--chunk-rows", "5", "in.txt", "out.txt")
     reader.join(10)
     assert result.exit_code == 143
-    assert result.stderr == "Stopped by SIGTERM: the rows done so far are written.\n"
+    assert result.stderr == "Stopped by SIGTERM: the first 10 rows are done and written.\n"
     assert got == ["".join(t + "\n" for t in REVERSED[:10]).encode()]
+
+
+def test_a_job_stopped_waiting_for_a_fifo_reader_says_nothing_was_written(fake, tmp_path, monkeypatch):
+    """A FIFO nobody opens to read holds the job at its open: a stop there wrote no row."""
+    from nllbcli import signals
+
+    monkeypatch.chdir(tmp_path)
+    Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
+    os.mkfifo("out.txt")
+
+    def stop_once_handled() -> None:  # SIGTERM once the job handles it (before, it would end the test run)
+        while signal.getsignal(signal.SIGTERM) is not signals._handle:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_once_handled, daemon=True).start()
+    result = invoke("-q", "in.txt", "out.txt")
+    assert result.exit_code == 143
+    assert result.stderr == "Stopped by SIGTERM before any rows were written.\n"
 
 
 @pytest.mark.parametrize("fmt", ["txt", "parquet"])
