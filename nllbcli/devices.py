@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -34,41 +35,50 @@ AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
 
 
 def parse_devices(text: str) -> list[str]:
-    """The workers' devices from --devices: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N CPU
-    workers)."""
+    """The workers' devices from --devices: GPU numbers (0,1,3: the job's GPUs, cuda:0 being the first that an
+    inherited CUDA_VISIBLE_DEVICES names), all (every GPU the job may use), or cpu:N (N CPU workers, at most one
+    a core this process may run on: more only share the cores and each holds a copy of the model)."""
+    from .options import usable_cores
+    from .translator import gpu_count, visible_gpus
+
     text = text.strip()
     if text.startswith("cpu:"):
-        count = text[4:]
-        if not count.isdigit() or int(count) < 1:
+        count, cores = text[4:], usable_cores()
+        if not re.fullmatch("[0-9]+", count) or int(count) < 1:
             raise NllbError(f"--devices {text}: cpu:N needs a number of CPU workers, at least 1 (cpu:2).")
+        if int(count) > cores:
+            raise NllbError(f"--devices {text}: at most {cores} CPU worker(s), one a core this process may run on "
+                            f"(cpu:{cores}).")
         return ["cpu"] * int(count)
+    option = f"--devices {text}"
     if text == "all":
-        count = gpu_count()
+        count = gpu_count(option)
         if not count:
-            raise NllbError("--devices all: no GPU is visible to CuPy (cpu:N runs N workers on the CPU).")
+            raise NllbError(f"{option}: {visible_gpus(count)}; cpu:N runs N workers on the CPU.")
         return [f"cuda:{n}" for n in range(count)]
     numbers = text.split(",")
-    if not all(n.strip().isdigit() for n in numbers):
-        raise NllbError(f"--devices {text}: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.")
+    if not all(re.fullmatch("[0-9]+", n.strip()) for n in numbers):
+        raise NllbError(f"{option}: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.")
     indices = [int(n) for n in numbers]
+    named = set()
     for index in indices:
-        if indices.count(index) > 1:
-            raise NllbError(f"--devices {text}: GPU {index} is named twice.")
-    from .translator import choose_device
+        if index in named:
+            raise NllbError(f"{option}: GPU {index} is named twice.")
+        named.add(index)
+    count = gpu_count(option)
+    for index in indices:
+        if index >= count:
+            raise NllbError(f"{option}: GPU {index} asked for, but {visible_gpus(count)}.")
+    return [f"cuda:{index}" for index in indices]
 
-    try:
-        return [choose_device(f"cuda:{index}", f"--devices {text}") for index in indices]
-    except ValueError as error:
-        raise NllbError(f"--devices {text}: {error}.") from None
 
+def worker_gpu(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES of the worker on the job's GPU `device` (cuda:N): that GPU as the job's own
+    CUDA_VISIBLE_DEVICES names it (its Nth entry), else N."""
+    from .translator import inherited_gpus
 
-def gpu_count() -> int:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, or no driver
-        return 0
+    index, given = int(device.split(":")[1]), inherited_gpus()
+    return str(index) if given is None else given[index]
 
 
 def host_translator(model: str, device: str):
@@ -122,7 +132,7 @@ class Pool:
         self.compute_type = "bfloat16"  # the workers' (ready)
         for device in devices:
             mine, theirs = context.Pipe()
-            gpu = None if device == "cpu" else device.split(":")[1]
+            gpu = None if device == "cpu" else worker_gpu(device)
             process = context.Process(target=work, args=(theirs, "cpu" if gpu is None else "cuda:0", model, adapter,
                                                          share, compute_type), name=f"nllb-worker-{device}", daemon=True)
             with spawning(gpu):
