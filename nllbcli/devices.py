@@ -1,12 +1,13 @@
 """--devices: one worker process per device, each with the model loaded once, running the chunks' batches.
 
-The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk to a worker as one is free
-(two a worker at most, so that a worker has its next chunk when it ends one). A worker does the rest of a chunk's
-work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its model runs another
-chunk on another, then decodes and joins the translations, and sends back each row's Outcome. So the main
-process's share of a row (reading it, handing it over, writing it) stays small as workers are added. It writes
-and commits the chunks strictly in input order, so the output, the errors file and the resume state are those of
-a one-device job, whatever the number of workers and whichever chunk ends first.
+The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk, as soon as it is read,
+to a worker that is free (two a worker at most, so that a worker has its next chunk when it ends one); while a
+pipe is quiet, it writes the chunks that end meanwhile instead of waiting for the pipe's next row. A worker does
+the rest of a chunk's work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its
+model runs another chunk on another, then decodes and joins the translations, and sends back each row's Outcome.
+So the main process's share of a row (reading it, handing it over, writing it) stays small as workers are added.
+It writes and commits the chunks strictly in input order, so the output, the errors file and the resume state
+are those of a one-device job, whatever the number of workers and whichever chunk ends first.
 
 A worker that dies (kill -9, out of memory) is named in one line and its chunks go to the others; when none is
 left, the job stops with what was committed saved for --resume. The workers ignore SIGINT (a terminal's Ctrl-C
@@ -30,8 +31,10 @@ from typing import Callable, Iterable, Iterator
 
 from .errors import NllbError
 from .options import DecodeOptions, Job
+from .overlap import SWITCH_INTERVAL, ChunkReader, fewer_collections
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
+POLL = 0.05  # seconds between looks at a quiet pipe while chunks are out, their results taken meanwhile
 
 
 def parse_devices(text: str) -> list[str]:
@@ -171,16 +174,20 @@ class Pool:
 
     def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, limits: tuple[int, int | None],
                   finish: Callable[..., None], warn: Callable[[str], None]) -> None:
-        """Every chunk through the workers (`chunks` yields ChunkReader's items, each chunk's rows first; `limits`:
-        the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared, result)`
-        for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the rows
-        done, the tokens generated). A chunk of a worker that died goes to another; with none left, an NllbError.
-        A chunk's error (--on-error fail's first bad row, the reader's) is raised in its turn, after the chunks
-        before it are finished. A job that ends on an error may leave chunks in the workers: their results come
-        later and are dropped (no chunk of another job has their numbers)."""
+        """Every chunk through the workers (`chunks`: a ChunkReader, or its items, each chunk's rows first;
+        `limits`: the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared,
+        result)` for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the
+        rows done, the tokens generated). Each chunk goes to a worker as it is read, and is finished as soon as it
+        and those before it are done: the next chunk of a quiet pipe is waited for only when none is out. A chunk
+        of a worker that died goes to another; with none left, an NllbError. A chunk's error (--on-error fail's
+        first bad row, the reader's) is raised in its turn, after the chunks before it are finished. A job that
+        ends on an error may leave chunks in the workers: their results come later and are dropped (no chunk of
+        another job has their numbers)."""
         if not self.workers:
             raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
+        quiet = chunks.quiet if isinstance(chunks, ChunkReader) else lambda: False
         chunks = iter(chunks)
+        task = (job, decode, limits)
         waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
         results: dict[int, tuple | BaseException] = {}
         todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
@@ -193,9 +200,13 @@ class Pool:
                         raise result
                     finish(*waiting.pop(next_finish), result)
                     next_finish += 1
+                paused = False  # the input is quiet while chunks are out: look at it again after POLL seconds
                 while not exhausted and len(waiting) < AHEAD * len(self.workers):
                     number = self.taken
                     try:
+                        if waiting and quiet():
+                            paused = True
+                            break
                         item = next(chunks, None)
                     except Exception as error:  # noqa: BLE001 - the reader's, raised after the chunks before it
                         waiting[number], results[number], exhausted = None, error, True
@@ -207,11 +218,12 @@ class Pool:
                     waiting[number] = item
                     todo.append(number)
                     self.taken += 1
+                    self.hand_out(todo, waiting, task)
                 if exhausted and not waiting:
                     return
-                self.hand_out(todo, waiting, (job, decode, limits))
+                self.hand_out(todo, waiting, task)
                 if next_finish not in results:  # (the reader's error, with no chunk out, is raised at once)
-                    self.receive(results, todo, warn)
+                    self.receive(results, todo, warn, POLL if paused else None)
         finally:
             for worker in self.workers:
                 worker.chunks.clear()
@@ -228,10 +240,11 @@ class Pool:
             except OSError:  # it died: receive() hands its chunks out again
                 pass
 
-    def receive(self, results: dict[int, list], todo: deque[int], warn: Callable[[str], None]) -> None:
-        """Wait for a worker's chunk (or its death)."""
+    def receive(self, results: dict[int, list], todo: deque[int], warn: Callable[[str], None],
+                timeout: float | None = None) -> None:
+        """Wait for a worker's chunk (or its death), at most `timeout` seconds (None: as long as it takes)."""
         by_handle = {w.connection: w for w in self.workers} | {w.process.sentinel: w for w in self.workers}
-        for handle in wait(list(by_handle)):
+        for handle in wait(list(by_handle), timeout):
             worker = by_handle[handle]
             if worker not in self.workers:
                 continue
@@ -307,7 +320,6 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     from concurrent.futures import ThreadPoolExecutor
 
     from .batching import translate_chunk
-    from .overlap import SWITCH_INTERVAL, fewer_collections
 
     engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
     try:

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from click.testing import CliRunner
 
 from nllbcli.batching import translate_chunk
 from nllbcli.cli import cli
-from nllbcli.devices import Pool, open_pool, parse_devices
+from nllbcli.devices import AHEAD, Pool, open_pool, parse_devices
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions, Job, usable_cores
 from nllbcli.io import Record
@@ -143,8 +144,8 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         receive = pool.receive
 
-        def recording(results, todo, warn):
-            receive(results, todo, warn)
+        def recording(results, *args):
+            receive(results, *args)
             arrived.extend(n for n in results if n not in arrived)
 
         pool.receive = recording
@@ -409,6 +410,48 @@ def test_cpu_workers_name_the_job_as_one_device_does(tmp_path):
     """The identity --devices gives the job (its compute type among it) is the one-device job's."""
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         assert pool.compute_type == load_translator(TINY, "cpu").compute_type == "bfloat16"
+
+
+def test_a_quiet_pipes_rows_come_out_as_they_are_translated(tmp_path):
+    """A pipe that goes quiet after a row: its translation is written while the pipe stays quiet, before the next
+    row comes, with --devices as without (the workers are not kept waiting for chunks the pipe has not given)."""
+    args = [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
+            "--beam-size", "1", "--max-length", "8", "--progress", "none"]
+    lines = {}
+    for name, extra in (("plain", ["--device", "cpu"]), ("workers", ["--devices", "cpu:2"])):
+        process = subprocess.Popen([*args, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        try:
+            process.stdin.write(b"The green bicycle costs forty-five euros.\n")
+            process.stdin.flush()
+            assert select.select([process.stdout], [], [], 60)[0], f"{name}: no row written while the pipe was quiet"
+            first = process.stdout.readline()
+            process.stdin.write(b"Anna will find seven blue umbrellas.\n")
+            rest, stderr = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        assert process.returncode == 0, stderr
+        lines[name] = [first, *rest.splitlines(keepends=True)]
+    assert lines["workers"] == lines["plain"] and len(lines["plain"]) == 2
+
+
+def test_a_regular_file_keeps_two_chunks_a_worker_in_flight(tmp_path, monkeypatch):
+    """Chunks go to the workers as they are read, and while the input has more, every worker holds its next."""
+    (tmp_path / "in.txt").write_text("".join(f"Hello {n}.\n" for n in range(12)))
+    in_flight = []
+    receive = Pool.receive
+
+    def recording(pool, *args):
+        in_flight.append(sum(len(worker.chunks) for worker in pool.workers))
+        receive(pool, *args)
+
+    monkeypatch.setattr(Pool, "receive", recording)
+    args = ["translate", "--src", "en", "--tgt", "fr", "--model", TINY, "--beam-size", "1", "--max-length", "8",
+            "--chunk-rows", "2", "-q", str(tmp_path / "in.txt")]
+    on_workers, plain = (CliRunner().invoke(cli, [*args, *extra]) for extra in (["--devices", "cpu:2"], ["--device", "cpu"]))
+    assert on_workers.exit_code == 0, on_workers.output
+    assert max(in_flight) == AHEAD * 2
+    assert on_workers.output == plain.output
 
 
 # CuPy on a host of 4 GPUs, counting them as the CUDA runtime does: those CUDA_VISIBLE_DEVICES names (by number or
