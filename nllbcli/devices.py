@@ -1,12 +1,13 @@
 """--devices: one worker process per device, each with the model loaded once, running the chunks' batches.
 
-The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk to a worker as one is free
-(two a worker at most, so that a worker has its next chunk when it ends one). A worker does the rest of a chunk's
-work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its model runs another
-chunk on another, then decodes and joins the translations, and sends back each row's Outcome. So the main
-process's share of a row (reading it, handing it over, writing it) stays small as workers are added. It writes
-and commits the chunks strictly in input order, so the output, the errors file and the resume state are those of
-a one-device job, whatever the number of workers and whichever chunk ends first.
+The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk, as soon as it is read,
+to a worker that is free (two a worker at most, so that a worker has its next chunk when it ends one); while a
+pipe is quiet, it writes the chunks that end meanwhile instead of waiting for the pipe's next row. A worker does
+the rest of a chunk's work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its
+model runs another chunk on another, then decodes and joins the translations, and sends back each row's Outcome.
+So the main process's share of a row (reading it, handing it over, writing it) stays small as workers are added.
+It writes and commits the chunks strictly in input order, so the output, the errors file and the resume state
+are those of a one-device job, whatever the number of workers and whichever chunk ends first.
 
 A worker that dies (kill -9, out of memory) is named in one line and its chunks go to the others; when none is
 left, the job stops with what was committed saved for --resume. The workers ignore SIGINT (a terminal's Ctrl-C
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -29,46 +31,57 @@ from typing import Callable, Iterable, Iterator
 
 from .errors import NllbError
 from .options import DecodeOptions, Job
+from .overlap import SWITCH_INTERVAL, ChunkReader, fewer_collections
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
+POLL = 0.05  # seconds between looks at a quiet pipe while chunks are out, their results taken meanwhile
 
 
 def parse_devices(text: str) -> list[str]:
-    """The workers' devices from --devices: GPU numbers (0,1,3), all (every GPU CuPy sees), or cpu:N (N CPU
-    workers)."""
+    """The workers' devices from --devices: GPU numbers (0,1,3: the job's GPUs, cuda:0 being the first that an
+    inherited CUDA_VISIBLE_DEVICES names), all (every GPU the job may use), or cpu:N (N CPU workers, at most one
+    a core this process may run on: more only share the cores and each holds a copy of the model)."""
+    from .options import usable_cores
+    from .translator import gpu_count, visible_gpus
+
     text = text.strip()
     if text.startswith("cpu:"):
-        count = text[4:]
-        if not count.isdigit() or int(count) < 1:
+        count, cores = text[4:], usable_cores()
+        if not re.fullmatch("[0-9]+", count) or int(count) < 1:
             raise NllbError(f"--devices {text}: cpu:N needs a number of CPU workers, at least 1 (cpu:2).")
+        if int(count) > cores:
+            raise NllbError(f"--devices {text}: at most {cores} CPU worker(s), one a core this process may run on "
+                            f"(cpu:{cores}).")
         return ["cpu"] * int(count)
+    option = f"--devices {text}"
     if text == "all":
-        count = gpu_count()
+        count = gpu_count(option)
         if not count:
-            raise NllbError("--devices all: no GPU is visible to CuPy (cpu:N runs N workers on the CPU).")
+            raise NllbError(f"{option}: {visible_gpus(count)}; cpu:N runs N workers on the CPU.")
         return [f"cuda:{n}" for n in range(count)]
     numbers = text.split(",")
-    if not all(n.strip().isdigit() for n in numbers):
-        raise NllbError(f"--devices {text}: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.")
+    if not all(re.fullmatch("[0-9]+", n.strip()) for n in numbers):
+        raise NllbError(f"{option}: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.")
     indices = [int(n) for n in numbers]
+    named = set()
     for index in indices:
-        if indices.count(index) > 1:
-            raise NllbError(f"--devices {text}: GPU {index} is named twice.")
-    from .translator import choose_device
+        if index in named:
+            raise NllbError(f"{option}: GPU {index} is named twice.")
+        named.add(index)
+    count = gpu_count(option)
+    for index in indices:
+        if index >= count:
+            raise NllbError(f"{option}: GPU {index} asked for, but {visible_gpus(count)}.")
+    return [f"cuda:{index}" for index in indices]
 
-    try:
-        return [choose_device(f"cuda:{index}", f"--devices {text}") for index in indices]
-    except ValueError as error:
-        raise NllbError(f"--devices {text}: {error}.") from None
 
+def worker_gpu(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES of the worker on the job's GPU `device` (cuda:N): that GPU as the job's own
+    CUDA_VISIBLE_DEVICES names it (its Nth entry), else N."""
+    from .translator import inherited_gpus
 
-def gpu_count() -> int:
-    try:
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no CuPy, or no driver
-        return 0
+    index, given = int(device.split(":")[1]), inherited_gpus()
+    return str(index) if given is None else given[index]
 
 
 def host_translator(model: str, device: str):
@@ -122,7 +135,7 @@ class Pool:
         self.compute_type = "bfloat16"  # the workers' (ready)
         for device in devices:
             mine, theirs = context.Pipe()
-            gpu = None if device == "cpu" else device.split(":")[1]
+            gpu = None if device == "cpu" else worker_gpu(device)
             process = context.Process(target=work, args=(theirs, "cpu" if gpu is None else "cuda:0", model, adapter,
                                                          share, compute_type), name=f"nllb-worker-{device}", daemon=True)
             with spawning(gpu):
@@ -161,16 +174,20 @@ class Pool:
 
     def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, limits: tuple[int, int | None],
                   finish: Callable[..., None], warn: Callable[[str], None]) -> None:
-        """Every chunk through the workers (`chunks` yields ChunkReader's items, each chunk's rows first; `limits`:
-        the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared, result)`
-        for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the rows
-        done, the tokens generated). A chunk of a worker that died goes to another; with none left, an NllbError.
-        A chunk's error (--on-error fail's first bad row, the reader's) is raised in its turn, after the chunks
-        before it are finished. A job that ends on an error may leave chunks in the workers: their results come
-        later and are dropped (no chunk of another job has their numbers)."""
+        """Every chunk through the workers (`chunks`: a ChunkReader, or its items, each chunk's rows first;
+        `limits`: the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared,
+        result)` for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the
+        rows done, the tokens generated). Each chunk goes to a worker as it is read, and is finished as soon as it
+        and those before it are done: the next chunk of a quiet pipe is waited for only when none is out. A chunk
+        of a worker that died goes to another; with none left, an NllbError. A chunk's error (--on-error fail's
+        first bad row, the reader's) is raised in its turn, after the chunks before it are finished. A job that
+        ends on an error may leave chunks in the workers: their results come later and are dropped (no chunk of
+        another job has their numbers)."""
         if not self.workers:
             raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
+        quiet = chunks.quiet if isinstance(chunks, ChunkReader) else lambda: False
         chunks = iter(chunks)
+        task = (job, decode, limits)
         waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
         results: dict[int, tuple | BaseException] = {}
         todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
@@ -183,9 +200,13 @@ class Pool:
                         raise result
                     finish(*waiting.pop(next_finish), result)
                     next_finish += 1
+                paused = False  # the input is quiet while chunks are out: look at it again after POLL seconds
                 while not exhausted and len(waiting) < AHEAD * len(self.workers):
                     number = self.taken
                     try:
+                        if waiting and quiet():
+                            paused = True
+                            break
                         item = next(chunks, None)
                     except Exception as error:  # noqa: BLE001 - the reader's, raised after the chunks before it
                         waiting[number], results[number], exhausted = None, error, True
@@ -197,11 +218,12 @@ class Pool:
                     waiting[number] = item
                     todo.append(number)
                     self.taken += 1
+                    self.hand_out(todo, waiting, task)
                 if exhausted and not waiting:
                     return
-                self.hand_out(todo, waiting, (job, decode, limits))
+                self.hand_out(todo, waiting, task)
                 if next_finish not in results:  # (the reader's error, with no chunk out, is raised at once)
-                    self.receive(results, todo, warn)
+                    self.receive(results, todo, warn, POLL if paused else None)
         finally:
             for worker in self.workers:
                 worker.chunks.clear()
@@ -218,10 +240,11 @@ class Pool:
             except OSError:  # it died: receive() hands its chunks out again
                 pass
 
-    def receive(self, results: dict[int, list], todo: deque[int], warn: Callable[[str], None]) -> None:
-        """Wait for a worker's chunk (or its death)."""
+    def receive(self, results: dict[int, list], todo: deque[int], warn: Callable[[str], None],
+                timeout: float | None = None) -> None:
+        """Wait for a worker's chunk (or its death), at most `timeout` seconds (None: as long as it takes)."""
         by_handle = {w.connection: w for w in self.workers} | {w.process.sentinel: w for w in self.workers}
-        for handle in wait(list(by_handle)):
+        for handle in wait(list(by_handle), timeout):
             worker = by_handle[handle]
             if worker not in self.workers:
                 continue
@@ -297,7 +320,6 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     from concurrent.futures import ThreadPoolExecutor
 
     from .batching import translate_chunk
-    from .overlap import SWITCH_INTERVAL, fewer_collections
 
     engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
     try:

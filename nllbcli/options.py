@@ -137,8 +137,12 @@ def cpu_threads() -> int:
     threads wait for each other by spinning, so a core taken by another process (or by the job's own reader and
     writer threads) stalls them all: with a thread on every core, a job beside other work took up to 80 times as
     long as with half as many (README, Options)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // 2)
+    return max(1, usable_cores() // 2)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least one."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 ON_ERROR = ("fail", "skip", "record")  # what --on-error takes

@@ -105,6 +105,11 @@ class ChunkReader:
         if self.thread is not None:
             self.thread.join()
 
+    def quiet(self) -> bool:
+        """Whether taking the next chunk would wait on the input: a pipe or terminal, read on the caller's thread,
+        whose next row has not come (what has come meanwhile is read)."""
+        return not self.ahead and self.source.arrived is not None and not self.source.arrived(0)
+
     def __enter__(self) -> "ChunkReader":
         # The reader thread tokenizes while the caller drives the GPU, and a thread that wants the GIL waits for
         # the switch interval (5 ms by default) before the holder lets go: the caller, back from a GPU wait,

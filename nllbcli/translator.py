@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -141,26 +142,51 @@ def choose_device(device: str, option: str | None = None) -> str:
         return "cpu"
     if device not in ("auto", "cuda") and not device.startswith("cuda:"):
         raise ValueError(f"unknown device {device!r}: use auto, cpu, cuda or cuda:N")
-    try:
-        import cupy  # noqa: F401
-
-        count = cupy.cuda.runtime.getDeviceCount()
-    except ImportError as error:
-        if device == "auto":
-            count = 0
-        elif isinstance(error, ModuleNotFoundError) and error.name == "cupy":
-            raise NllbError(f"{option} needs CuPy, which is not installed: pip install cupy-cuda13x "
-                            "(CUDA 13 drivers) or cupy-cuda12x (CUDA 12)") from None
-        else:
-            raise NllbError(f"{option} needs CuPy, which is installed but does not import: {error}") from None
-    except Exception:  # no driver or no GPU: auto runs on the CPU, a GPU asked for is not there
-        count = 0
+    count = gpu_count(None if device == "auto" else option)
     if device == "auto":
         return "cuda:0" if count else "cpu"
     index = 0 if device == "cuda" else int(device.split(":", 1)[1])
     if index >= count:
-        raise ValueError(f"device {device} asked for, but {'no GPU is' if not count else f'only {count} GPU(s) are'} visible to CuPy")
+        raise ValueError(f"device {device} asked for, but {visible_gpus(count)}")
     return f"cuda:{index}"
+
+
+def gpu_count(option: str | None) -> int:
+    """The GPUs this process may use, cuda:0 to cuda:N-1: those the CUDA runtime counts, which are those an
+    inherited CUDA_VISIBLE_DEVICES gives (inherited_gpus); 0 without a driver or a GPU. `option` names what asked
+    for a GPU: without CuPy, an NllbError that says how to install it (None: no GPU)."""
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except ImportError as error:
+        if option is None:
+            return 0
+        if isinstance(error, ModuleNotFoundError) and error.name == "cupy":
+            raise NllbError(f"{option} needs CuPy, which is not installed: pip install cupy-cuda13x "
+                            "(CUDA 13 drivers) or cupy-cuda12x (CUDA 12)") from None
+        raise NllbError(f"{option} needs CuPy, which is installed but does not import: {error}") from None
+    except Exception:  # no driver or no GPU
+        return 0
+    given = inherited_gpus()
+    return count if given is None else min(count, len(given))
+
+
+def inherited_gpus() -> list[str] | None:
+    """The GPUs that CUDA_VISIBLE_DEVICES gives this process, as it names them (numbers, or UUIDs such as GPU-...
+    and MIG-...): cuda:N is the Nth. None where it is not set (every GPU of the host, by CUDA's numbers); empty
+    where it is set empty (no GPU)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [entry.strip() for entry in value.split(",")] if value.strip() else []
+
+
+def visible_gpus(count: int) -> str:
+    """`count` GPUs visible, in words, with the CUDA_VISIBLE_DEVICES that chose them."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    chosen = "" if value is None else f" (CUDA_VISIBLE_DEVICES={value})" if value else " (CUDA_VISIBLE_DEVICES is empty)"
+    return ("no GPU is" if not count else f"only {count} GPU(s) are") + " visible to CuPy" + chosen
 
 
 def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:

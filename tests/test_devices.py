@@ -9,11 +9,14 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import multiprocessing
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -21,9 +24,13 @@ from jobfiles import listing
 from test_resume import EXTENSION, ROWS, TINY, command, make_input
 
 
+from click.testing import CliRunner
+
 from nllbcli.batching import translate_chunk
-from nllbcli.devices import open_pool
-from nllbcli.options import DecodeOptions, Job
+from nllbcli.cli import cli
+from nllbcli.devices import AHEAD, Pool, open_pool, parse_devices
+from nllbcli.errors import NllbError
+from nllbcli.options import DecodeOptions, Job, usable_cores
 from nllbcli.io import Record
 from nllbcli.translator import load_translator
 
@@ -137,8 +144,8 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         receive = pool.receive
 
-        def recording(results, todo, warn):
-            receive(results, todo, warn)
+        def recording(results, *args):
+            receive(results, *args)
             arrived.extend(n for n in results if n not in arrived)
 
         pool.receive = recording
@@ -241,9 +248,17 @@ def test_stdin_through_workers_gives_a_one_device_jobs_stdout(tmp_path, plain):
     assert done.stdout == plain["text"][0]
 
 
+CORES = usable_cores()
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--devices", "cpu:0"], "Error: --devices cpu:0: cpu:N needs a number of CPU workers, at least 1 (cpu:2).\n"),
+    (["--devices", "cpu:\u00b2"], "Error: --devices cpu:\u00b2: cpu:N needs a number of CPU workers, at least 1 (cpu:2).\n"),
+    *[(["--devices", f"cpu:{count}"], f"Error: --devices cpu:{count}: at most {CORES} CPU worker(s), one a core this "
+                                      f"process may run on (cpu:{CORES}).\n")
+      for count in (CORES + 1, 100_000, 99999999999999999999)],
     (["--devices", "0,x"], "Error: --devices 0,x: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.\n"),
+    (["--devices", "0,\u00b2"], "Error: --devices 0,\u00b2: name GPUs by number (0,1,3), all, or cpu:N for N CPU workers.\n"),
     (["--devices", "cpu:2", "--device", "cpu"], "Error: --device and --devices cannot be used together: --devices "
                                                 "names every device.\n"),
 ])
@@ -252,9 +267,10 @@ def test_bad_devices_are_one_line_and_exit_2(tmp_path, extra, message):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
-def test_gpu_devices_without_cupy_say_what_to_install(tmp_path):
-    bad_devices(tmp_path, ["--devices", "0,1"], "Error: --devices 0,1 needs CuPy, which is not installed: pip install "
-                "cupy-cuda13x (CUDA 13 drivers) or cupy-cuda12x (CUDA 12)\n")
+@pytest.mark.parametrize("devices", ["0,1", "all"])
+def test_gpu_devices_without_cupy_say_what_to_install(tmp_path, devices):
+    bad_devices(tmp_path, ["--devices", devices], f"Error: --devices {devices} needs CuPy, which is not installed: pip "
+                "install cupy-cuda13x (CUDA 13 drivers) or cupy-cuda12x (CUDA 12)\n")
 
 
 def bad_devices(tmp_path, extra, message):
@@ -394,3 +410,147 @@ def test_cpu_workers_name_the_job_as_one_device_does(tmp_path):
     """The identity --devices gives the job (its compute type among it) is the one-device job's."""
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         assert pool.compute_type == load_translator(TINY, "cpu").compute_type == "bfloat16"
+
+
+def test_a_quiet_pipes_rows_come_out_as_they_are_translated(tmp_path):
+    """A pipe that goes quiet after a row: its translation is written while the pipe stays quiet, before the next
+    row comes, with --devices as without (the workers are not kept waiting for chunks the pipe has not given)."""
+    args = [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
+            "--beam-size", "1", "--max-length", "8", "--progress", "none"]
+    lines = {}
+    for name, extra in (("plain", ["--device", "cpu"]), ("workers", ["--devices", "cpu:2"])):
+        process = subprocess.Popen([*args, *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+        try:
+            process.stdin.write(b"The green bicycle costs forty-five euros.\n")
+            process.stdin.flush()
+            assert select.select([process.stdout], [], [], 60)[0], f"{name}: no row written while the pipe was quiet"
+            first = process.stdout.readline()
+            process.stdin.write(b"Anna will find seven blue umbrellas.\n")
+            rest, stderr = process.communicate(timeout=60)
+        finally:
+            process.kill()
+        assert process.returncode == 0, stderr
+        lines[name] = [first, *rest.splitlines(keepends=True)]
+    assert lines["workers"] == lines["plain"] and len(lines["plain"]) == 2
+
+
+def test_a_regular_file_keeps_two_chunks_a_worker_in_flight(tmp_path, monkeypatch):
+    """Chunks go to the workers as they are read, and while the input has more, every worker holds its next."""
+    (tmp_path / "in.txt").write_text("".join(f"Hello {n}.\n" for n in range(12)))
+    in_flight = []
+    receive = Pool.receive
+
+    def recording(pool, *args):
+        in_flight.append(sum(len(worker.chunks) for worker in pool.workers))
+        receive(pool, *args)
+
+    monkeypatch.setattr(Pool, "receive", recording)
+    args = ["translate", "--src", "en", "--tgt", "fr", "--model", TINY, "--beam-size", "1", "--max-length", "8",
+            "--chunk-rows", "2", "-q", str(tmp_path / "in.txt")]
+    on_workers, plain = (CliRunner().invoke(cli, [*args, *extra]) for extra in (["--devices", "cpu:2"], ["--device", "cpu"]))
+    assert on_workers.exit_code == 0, on_workers.output
+    assert max(in_flight) == AHEAD * 2
+    assert on_workers.output == plain.output
+
+
+# CuPy on a host of 4 GPUs, counting them as the CUDA runtime does: those CUDA_VISIBLE_DEVICES names (by number or
+# UUID), up to the first entry that names none; and a cupyx that says which GPUs its process was given
+FAKE_CUPY = '''
+import os
+from types import SimpleNamespace
+
+UUIDS = ["GPU-0a", "GPU-1b", "GPU-2c", "GPU-3d"]
+
+
+def count():
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [str(n) for n in range(len(UUIDS))] if value is None else value.split(",") if value else []
+    visible = 0
+    for entry in entries:
+        if entry not in UUIDS and not (entry.isdigit() and int(entry) < len(UUIDS)):
+            break
+        visible += 1
+    if not visible:
+        raise RuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+    return visible
+
+
+cuda = SimpleNamespace(runtime=SimpleNamespace(getDeviceCount=count))
+'''
+FAKE_CUPYX = 'import os\nraise ImportError("a fake CuPy, given CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"])\n'
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    cupy = types.ModuleType("cupy")
+    exec(FAKE_CUPY, vars(cupy))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+
+
+class Spawned:
+    """A worker process that is not started: it notes the CUDA_VISIBLE_DEVICES it would have started with."""
+
+    def __init__(self, started: list, **kwargs):
+        self.started = started
+
+    def start(self) -> None:
+        self.started.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def join(self, timeout=None) -> None:
+        pass
+
+    def is_alive(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("given,devices,workers", [
+    (None, "all", ["0", "1", "2", "3"]),
+    ("2,3", "all", ["2", "3"]),
+    ("2,3", "1", ["3"]),
+    ("3,1,0", "2,0", ["0", "3"]),
+    ("2,3,7,1", "all", ["2", "3"]),  # CUDA stops at the entry that names no GPU
+    ("GPU-2c,GPU-0a", "all", ["GPU-2c", "GPU-0a"]),
+])
+def test_gpu_workers_are_given_the_jobs_gpus(monkeypatch, fake_cupy, given, devices, workers):
+    """The job's GPU N is the Nth that its CUDA_VISIBLE_DEVICES names (on a shared host, under Slurm), and `all`
+    is every one of them: each worker starts with that one GPU as its CUDA_VISIBLE_DEVICES."""
+    if given is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+    started = []
+    monkeypatch.setattr(multiprocessing.get_context("spawn"), "Process",
+                        lambda **kwargs: Spawned(started, **kwargs))
+    names = parse_devices(devices)
+    Pool(names, TINY, None, None).close()
+    assert started == workers
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == given
+
+
+@pytest.mark.parametrize("given,devices,message", [
+    ("2,3", "2", "Error: --devices 2: GPU 2 asked for, but only 2 GPU(s) are visible to CuPy "
+                 "(CUDA_VISIBLE_DEVICES=2,3).\n"),
+    ("", "all", "Error: --devices all: no GPU is visible to CuPy (CUDA_VISIBLE_DEVICES is empty); cpu:N runs N "
+                "workers on the CPU.\n"),
+    ("1", "0,99999999999999999999", "Error: --devices 0,99999999999999999999: GPU 99999999999999999999 asked for, "
+                                    "but only 1 GPU(s) are visible to CuPy (CUDA_VISIBLE_DEVICES=1).\n"),
+])
+def test_gpus_the_job_was_not_given_are_one_line_and_exit_2(monkeypatch, fake_cupy, given, devices, message):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", given)
+    result = CliRunner().invoke(cli, ["translate", "--src", "en", "--tgt", "fr", "--model", TINY, "--devices", devices],
+                                input="Hello.\n")
+    assert (result.exit_code, result.output) == (2, message)
+
+
+def test_a_gpu_worker_process_starts_on_the_jobs_gpu(tmp_path):
+    """The whole command, with CuPy faked in the main process and the worker: the job's GPU 1 of 2,3 is GPU 3."""
+    (tmp_path / "cupy.py").write_text(FAKE_CUPY)
+    (tmp_path / "cupyx.py").write_text(FAKE_CUPYX)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "2,3",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fr", "--model",
+                           TINY, "--devices", "1", "-"], input="Hello.\n", env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (1, "Error: the worker on cuda:1 could not load the model: a fake CuPy, "
+                                                 "given CUDA_VISIBLE_DEVICES=3\n")
