@@ -393,7 +393,7 @@ def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | Non
         names = parse_devices(devices)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    translator = host_translator(model, names[0])
+    translator = host_translator(model, names[0], adapter)
     pool = stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
     translator.compute_type = pool.compute_type  # what the workers took, for the job's identity
     return translator, pool
