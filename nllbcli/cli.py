@@ -673,7 +673,7 @@ def reopen_closed_streams() -> set[int]:
     streams = {0: ("stdin", "r"), 1: ("stdout", "w"), 2: ("stderr", "w")}
     for fd in closed:
         name, mode = streams[fd]
-        setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))
+        setattr(sys, name, open(fd, mode, encoding="utf-8", errors="backslashreplace" if fd == 2 else None, closefd=False))
     return closed
 
 
@@ -724,6 +724,10 @@ def main(handlers: dict | None = None) -> None:
     for signum, handler in (handlers or {}).items():
         signal.signal(signum, handler)
     CLOSED_STREAMS.update(reopen_closed_streams())
+    # a path on stdout (nllb info, nllb download) is written as its own bytes, as ls writes it: a Linux file name
+    # need not be UTF-8, and Python holds its other bytes as surrogates, which a strict stdout refuses (stderr
+    # writes them as \udcXX escapes)
+    sys.stdout.reconfigure(errors="surrogateescape")
     try:
         cli(prog_name="nllb")
     finally:

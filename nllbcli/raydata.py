@@ -124,6 +124,17 @@ def expand_inputs(paths: list[str]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def check_names(paths: list[str]) -> None:
+    """The paths Ray Data reads and writes are UTF-8: pyarrow's file systems take no other name, where a Linux
+    file name may be any bytes."""
+    for path in paths:
+        try:
+            os.path.abspath(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NllbError(f"{path}: --ray reads and writes files by UTF-8 names (through pyarrow), and this path is "
+                            "not UTF-8: rename it, or translate without --ray.") from None
+
+
 def hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split(os.sep))
 
@@ -399,6 +410,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with
     `options.threads`)."""
     files = expand_inputs(paths)
+    check_names([*files, output])
     fmt = inputs_format(files, input_format)
     if output_format is not None and output_format != fmt:
         raise NllbError(f"--ray writes the inputs' format ({fmt}), not {output_format}.")
@@ -512,11 +524,12 @@ def remove_path(path: str) -> None:
 
 
 def write_json(path: str, value: dict) -> None:
-    """A small JSON file written beside its name, fsynced and renamed into place."""
+    """A small JSON file written beside its name, fsynced and renamed into place; ASCII, as the state's (the
+    inputs' names that are not UTF-8 kept as escapes, resume.save_state)."""
     temp = f"{path}.tmp"
     remove_path(temp)
     with replaced_atomically(path, temp) as f:
-        f.write(json.dumps(value, ensure_ascii=False).encode())
+        f.write(json.dumps(value).encode())
     sync_directory(os.path.dirname(path))
 
 

@@ -156,10 +156,12 @@ def written_by_nllb(output: str) -> bool:
 
 
 def save_state(path: str, saved: Saved) -> None:
-    """Replace the state file atomically: a reader sees the old state or the new one, never a mix."""
+    """Replace the state file atomically: a reader sees the old state or the new one, never a mix. It is ASCII
+    JSON: a path whose name is not UTF-8 (its bytes surrogate-escaped, as Python gives them) is kept as \\udcXX
+    escapes, which read back as the same path."""
     try:
         with replaced_atomically(path, path + ".tmp") as stream:
-            stream.write(json.dumps({"version": STATE_VERSION, **asdict(saved)}, ensure_ascii=False).encode())
+            stream.write(json.dumps({"version": STATE_VERSION, **asdict(saved)}).encode())
     except OSError as error:
         raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
     sync_directory(path)

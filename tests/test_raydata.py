@@ -361,6 +361,23 @@ def test_usage_errors_are_one_line_before_ray_starts(tmp_path, args, message):
     assert code == 2 and message in said and "Traceback" not in said
 
 
+def test_names_that_are_not_utf8_are_refused_in_one_line_or_recorded(tmp_path):
+    """Ray Data reads and writes through pyarrow, which takes UTF-8 names only: an input or OUTPUT named otherwise
+    is refused before Ray starts. The job's record holds such a name (a model's directory) as the command's state
+    does, and reads it back the same."""
+    source = tmp_path / os.fsdecode(b"in\xff.jsonl")
+    write_jsonl(source, 3)
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    for inputs, output in (([str(source)], tmp_path / "out"), ([str(tmp_path / "in.jsonl")], tmp_path / os.fsdecode(b"out\xfe"))):
+        code, said = run(tmp_path, inputs, output)
+        named = str(source if output.name == "out" else output).encode("utf-8", "backslashreplace").decode()  # as stderr writes it
+        assert code == 1 and said == (f"Error: {named}: --ray reads and writes files by UTF-8 names (through pyarrow), "
+                                      "and this path is not UTF-8: rename it, or translate without --ray.\n")
+    staging, identity = str(tmp_path / ".out.nllb-staging"), {"model": {"path": os.fsdecode(b"/models/m\xf1")}}
+    raydata.prepare_staging(staging, identity, False, print)
+    raydata.prepare_staging(staging, identity, True, print)  # the same job: continued
+
+
 def test_outputs_nllb_did_not_write_are_refused(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", 3)
     (tmp_path / "theirs").mkdir()
