@@ -524,8 +524,8 @@ def remove_path(path: str) -> None:
 
 
 def write_json(path: str, value: dict) -> None:
-    """A small JSON file written beside its name, fsynced and renamed into place; ASCII, as the state's (the
-    inputs' names that are not UTF-8 kept as escapes, resume.save_state)."""
+    """A small JSON file written beside its name, fsynced and renamed into place; ASCII, as the command's state
+    (resume.save_state): a name that is not UTF-8 (the model's directory) is kept as escapes."""
     temp = f"{path}.tmp"
     remove_path(temp)
     with replaced_atomically(path, temp) as f:
