@@ -8,6 +8,7 @@ embedding may be stored once (`model.shared.weight`) or several times.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -641,3 +642,59 @@ def select_weights(config: ModelConfig, shapes: dict[str, tuple[int, ...]], wher
         if tuple(shapes[chosen[name]]) != shape:
             raise NllbError(f"{where}: {name} has shape {tuple(shapes[chosen[name]])} but config.json implies {shape}")
     return chosen
+
+
+# ---------------------------------------------------------------------------------------------- a job's model
+
+# what loading reads from a model directory besides the weights: the config, the tokenizer's files (NLLB's and
+# M2M-100's), the decoding defaults and a sharded checkpoint's index; and from a PEFT adapter's directory
+MODEL_FILES = ("config.json", "generation_config.json", "sentencepiece.bpe.model", "tokenizer.json",
+               "tokenizer_config.json", "vocab.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+HASHED_BYTES = 1 << 20  # a file up to this size is known by its content; a larger one (weights) by size and mtime
+MODEL_PARTS = ("model", "adapter")  # model_identity's directories of files (changed_files says how they differ)
+
+
+def model_identity(model_dir: str | Path, adapter: str | Path | None = None, compute_type: str = "bfloat16") -> dict:
+    """The model part of a job's identity (pipeline.job_identity, raydata.ray_identity): what the model computes
+    with, so that --resume never continues a job's rows with another model's. The model's directory and files
+    (MODEL_FILES and the weights), the adapter's likewise (None without one), and the compute type. A translator
+    made without a model directory has none (None)."""
+    model = Path(model_dir) if model_dir else None
+    return {"model": None if model is None else files_identity(model, named_files(model, MODEL_FILES) + weight_files(model)),
+            "adapter": None if adapter is None else files_identity(Path(adapter), named_files(Path(adapter), ADAPTER_FILES)),
+            "compute_type": compute_type}
+
+
+def named_files(directory: Path, names: tuple[str, ...]) -> list[Path]:
+    return [directory / name for name in names if (directory / name).is_file()]
+
+
+def files_identity(directory: Path, files: list[Path]) -> dict:
+    """A directory (its absolute path, links resolved) and each of its files: its size and the SHA-256 of its
+    content up to HASHED_BYTES, else its size and modification time (hashing gigabytes of weights would take
+    seconds a job; writing them anew changes their time)."""
+    known = {}
+    for path in files:
+        try:
+            info = path.stat()
+            if info.st_size <= HASHED_BYTES:
+                known[path.name] = {"size": info.st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+            else:
+                known[path.name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns}
+        except OSError as exc:
+            raise NllbError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return {"path": str(directory.resolve()), "files": known}
+
+
+def changed_files(was, now) -> str:
+    """How a model (or an adapter) differs between two of model_identity's parts, in words: another directory,
+    or which of its files changed."""
+    if isinstance(was, str):  # a job's identity from before the files were in it
+        return "an earlier nllb recorded its directory alone, not its files"
+    was = was if isinstance(was, dict) else {}
+    if now is None or was.get("path") != now["path"]:
+        return f"was {was.get('path', 'none')}, now {now['path'] if now else 'none'}"
+    files, before = now["files"], was.get("files") or {}
+    names = sorted(name for name in set(files) | set(before) if files.get(name) != before.get(name))
+    return f"{', '.join(names)} in {now['path']} changed"

@@ -393,7 +393,7 @@ def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | Non
         names = parse_devices(devices)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    translator = host_translator(model, names[0])
+    translator = host_translator(model, names[0], adapter)
     pool = stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
     translator.compute_type = pool.compute_type  # what the workers took, for the job's identity
     return translator, pool
@@ -675,7 +675,7 @@ def reopen_closed_streams() -> set[int]:
     streams = {0: ("stdin", "r"), 1: ("stdout", "w"), 2: ("stderr", "w")}
     for fd in closed:
         name, mode = streams[fd]
-        setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))
+        setattr(sys, name, open(fd, mode, encoding="utf-8", errors="backslashreplace" if fd == 2 else None, closefd=False))
     return closed
 
 
@@ -726,6 +726,10 @@ def main(handlers: dict | None = None) -> None:
     for signum, handler in (handlers or {}).items():
         signal.signal(signum, handler)
     CLOSED_STREAMS.update(reopen_closed_streams())
+    # a path on stdout (nllb info, nllb download) is written as its own bytes, as ls writes it: a Linux file name
+    # need not be UTF-8, and Python holds its other bytes as surrogates, which a strict stdout refuses (stderr
+    # writes them as \udcXX escapes)
+    sys.stdout.reconfigure(errors="surrogateescape")
     try:
         cli(prog_name="nllb")
     finally:

@@ -84,9 +84,9 @@ def worker_gpu(device: str) -> str:
     return str(index) if given is None else given[index]
 
 
-def host_translator(model: str, device: str):
+def host_translator(model: str, device: str, adapter: str | None = None):
     """What the main process needs of the model to prepare chunks and name the job (tokenizer, config, where
-    it runs): no weights, which only the workers load. `device` is the first worker's, so that the job's
+    it runs, the adapter): no weights, which only the workers load. `device` is the first worker's, so that the job's
     identity, and with it --resume, is a one-device job's; its compute_type is the workers' (Pool.compute_type)."""
     from .checkpoint import ModelConfig, resolve_model_dir
     from .tokenizer import tokenizer_from_model_dir
@@ -97,7 +97,7 @@ def host_translator(model: str, device: str):
     if not config_path.is_file():
         raise NllbError(f"{model_dir} has no config.json: it is not a model directory in the Hugging Face layout")
     config = ModelConfig.from_json(config_path)
-    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir))
+    return Translator(config, tokenizer_from_model_dir(model_dir, config), None, device, str(model_dir), adapter=adapter)
 
 
 @dataclass(eq=False)

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from .batching import plan_chunk, translate_prepared
+from .checkpoint import model_identity
 from .errors import NllbError
 from .io import STDIN_NAME, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
 from .io.parquet import check_columns
@@ -294,9 +295,10 @@ def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOpt
         "input_format": job.input_format, "output_format": job.output_format, "field": job.field,
         "output_field": job.output_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
         "tgt_field": job.tgt_field, "split": job.split, "decode": decode.identity(),
-        "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input), "model": str(getattr(translator, "model_dir", "")),
+        "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input),
+        **model_identity(getattr(translator, "model_dir", ""), getattr(translator, "adapter", None),
+                         getattr(translator, "compute_type", "bfloat16")),
         "device": getattr(translator, "device", ""),
-        **({"compute_type": "float8"} if getattr(translator, "compute_type", "") == "float8" else {}),
         # only where given, so that a job started before these options existed resumes
         **({"status_field": job.status_field} if job.status_field else {}),
         **({"overwrite_field": True} if job.overwrite_field else {}),

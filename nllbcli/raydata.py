@@ -45,6 +45,7 @@ from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
 from .batching import translate_chunk
+from .checkpoint import model_identity
 from .errors import NllbError
 from .io import Position, Record, extension_format, file_identity
 from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
@@ -53,7 +54,7 @@ from .io.streams import Lines, Replay, compression_of, decompressing
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
 from .pipeline import check_fields, error_line, failed_inputs
-from .resume import replaced_atomically, sync_directory
+from .resume import differences, replaced_atomically, sync_directory
 from .rows import Outcome, added_values
 from .translator import expected_compute_type
 
@@ -123,6 +124,17 @@ def expand_inputs(paths: list[str]) -> list[str]:
     return list(dict.fromkeys(files))
 
 
+def check_names(paths: list[str]) -> None:
+    """The paths Ray Data reads and writes are UTF-8: pyarrow's file systems take no other name, where a Linux
+    file name may be any bytes."""
+    for path in paths:
+        try:
+            os.path.abspath(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise NllbError(f"{path}: --ray reads and writes files by UTF-8 names (through pyarrow), and this path is "
+                            "not UTF-8: rename it, or translate without --ray.") from None
+
+
 def hidden(relative: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split(os.sep))
 
@@ -162,14 +174,15 @@ def check_parquet_inputs(files: list[str], field: str) -> pa.Schema:
 
 
 def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: int | None,
-                 max_batch_tokens: int | None, model: str, adapter: str | None) -> dict:
-    """What shapes the output: a resumed job must match the interrupted one in all of it."""
+                 max_batch_tokens: int | None, model: str, adapter: str | None, compute_type: str) -> dict:
+    """What shapes the output: a resumed job must match the interrupted one in all of it (the model's part as
+    the command's, checkpoint.model_identity)."""
     return {"inputs": [dict(file_identity(f), name=f) for f in files], "format": job.input_format,
             "field": job.field, "output_field": job.output_field, "status_field": job.status_field,
             "overwrite_field": job.overwrite_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
             "tgt_field": job.tgt_field, "split": job.split, "max_input_length": job.max_input_length,
             "decode": decode.identity(), "chunk_rows": chunk_rows,
-            "max_batch_tokens": max_batch_tokens, "model": model, "adapter": adapter,
+            "max_batch_tokens": max_batch_tokens, **model_identity(model, adapter, compute_type),
             **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
             **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
             **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
@@ -397,6 +410,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with
     `options.threads`)."""
     files = expand_inputs(paths)
+    check_names([*files, output])
     fmt = inputs_format(files, input_format)
     if output_format is not None and output_format != fmt:
         raise NllbError(f"--ray writes the inputs' format ({fmt}), not {output_format}.")
@@ -407,10 +421,8 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     check_fields(job)
     schema = check_parquet_inputs(files, job.field) if fmt == "parquet" else None
     check_output(output, files, job, force)
-    identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter)
     compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
-    if compute_type == "float8":
-        identity["compute_type"] = compute_type
+    identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter, compute_type)
     staging = staging_path(output)
     if resume and finished_job(output) == identity:
         remove_path(staging)
@@ -492,7 +504,8 @@ def prepare_staging(staging: str, identity: dict, resume: bool, warn: Callable[[
             remove_path(os.path.join(staging, WRITING))  # files of tasks killed while they wrote
             return
         if resume and stored is not None:
-            raise NllbError(f"--resume: the interrupted job in {staging} had other inputs or options; run without "
+            raise NllbError(f"--resume: the interrupted job in {staging} differs in "
+                            f"{differences(stored if isinstance(stored, dict) else {}, identity)}; run without "
                             "--resume to start afresh.")
         if resume:
             warn(f"Starting afresh: {staging} holds no job to continue.")
@@ -511,11 +524,12 @@ def remove_path(path: str) -> None:
 
 
 def write_json(path: str, value: dict) -> None:
-    """A small JSON file written beside its name, fsynced and renamed into place."""
+    """A small JSON file written beside its name, fsynced and renamed into place; ASCII, as the command's state
+    (resume.save_state): a name that is not UTF-8 (the model's directory) is kept as escapes."""
     temp = f"{path}.tmp"
     remove_path(temp)
     with replaced_atomically(path, temp) as f:
-        f.write(json.dumps(value, ensure_ascii=False).encode())
+        f.write(json.dumps(value).encode())
     sync_directory(os.path.dirname(path))
 
 

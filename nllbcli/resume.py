@@ -21,9 +21,9 @@ left is removed by the next run, even one that finds the job finished (with the 
 killed before its first state).
 
 A state also records what shapes the output (input identity, formats, fields, languages, decoding options,
-model, device); resuming with any of them changed is refused rather than mixing two jobs in one file. It also
-names the errors file the failed rows went to: a resume that would leave the rows recorded there behind (another
---errors, or none) is refused.
+the model and adapter with their files, compute type, device: pipeline.job_identity); resuming with any of them
+changed is refused rather than mixing two jobs in one file. It also names the errors file the failed rows went
+to: a resume that would leave the rows recorded there behind (another --errors, or none) is refused.
 
 Partial, state and temporary files are created exclusively and never through a link: a symbolic link, a hard
 link, a FIFO or another user's file planted under one of their names is removed (its name only, never what it
@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import BinaryIO, Callable, Iterator
 
+from .checkpoint import MODEL_PARTS, changed_files
 from .errors import NllbError
 from .io import Position, file_mode
 
@@ -113,10 +114,19 @@ def changed_keys(stored_job: dict, job: dict) -> list[str]:
 
 
 def check_same_job(stored_job: dict, job: dict) -> None:
-    changed = changed_keys(stored_job, job)
-    if changed:
-        what = ", ".join(f"{key} (was {stored_job.get(key)!r}, now {job.get(key)!r})" for key in changed[:3])
-        raise NllbError(f"cannot resume: the interrupted job differs in {what}; run without --resume to start over.")
+    if changed_keys(stored_job, job):
+        raise NllbError(f"cannot resume: the interrupted job differs in {differences(stored_job, job)}; run without "
+                        "--resume to start over.")
+
+
+def differences(stored_job: dict, job: dict) -> str:
+    """How a job differs from the interrupted one, for a refusal: up to three of what differs, each with what it
+    was and is (a model or an adapter: another directory, or which of its files changed)."""
+    described = []
+    for key in changed_keys(stored_job, job)[:3]:
+        was, now = stored_job.get(key), job.get(key)
+        described.append(f"{key} ({changed_files(was, now) if key in MODEL_PARTS else f'was {was!r}, now {now!r}'})")
+    return ", ".join(described)
 
 
 def file_stamp(path: str) -> dict | None:
@@ -146,10 +156,12 @@ def written_by_nllb(output: str) -> bool:
 
 
 def save_state(path: str, saved: Saved) -> None:
-    """Replace the state file atomically: a reader sees the old state or the new one, never a mix."""
+    """Replace the state file atomically: a reader sees the old state or the new one, never a mix. It is ASCII
+    JSON: a path whose name is not UTF-8 (its bytes surrogate-escaped, as Python gives them) is kept as \\udcXX
+    escapes, which read back as the same path."""
     try:
         with replaced_atomically(path, path + ".tmp") as stream:
-            stream.write(json.dumps({"version": STATE_VERSION, **asdict(saved)}, ensure_ascii=False).encode())
+            stream.write(json.dumps({"version": STATE_VERSION, **asdict(saved)}).encode())
     except OSError as error:
         raise NllbError(f"cannot save the resume state {path}: {error.strerror or error}.") from None
     sync_directory(path)

@@ -246,10 +246,12 @@ def load_sentencepiece(model_dir: Path) -> spm.SentencePieceProcessor:
             "(nllbcli tokenizes with sentencepiece)"
         )
     sp = spm.SentencePieceProcessor()
-    try:
-        sp.Load(str(model_file))
-    except (OSError, RuntimeError) as exc:
-        raise NllbError(f"cannot read {model_file}: {exc}") from None
+    try:  # from its bytes: sentencepiece takes a file name as UTF-8, which a Linux path need not be
+        sp.LoadFromSerializedProto(model_file.read_bytes())
+    except OSError as exc:
+        raise NllbError(f"cannot read {model_file}: {exc.strerror or exc}") from None
+    except RuntimeError:
+        raise NllbError(f"cannot read {model_file}: it is not a sentencepiece model") from None
     return sp
 
 

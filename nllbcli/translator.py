@@ -53,6 +53,7 @@ class Translator:
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
     compute_type: str = "bfloat16"  # the GPU's matrix products: bfloat16 or float8 (load_translator)
+    adapter: str | None = None  # the PEFT LoRA adapter directory merged into the weights, if any
 
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
@@ -214,11 +215,11 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
         weights = merge_lora(config, weights, Path(adapter))
     tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
-        return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir))
+        return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir), adapter=adapter)
     from .engine.cuda import CudaEngine
 
     return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1]), float8=float8), where,
-                      str(model_dir), "float8" if float8 else "bfloat16")
+                      str(model_dir), "float8" if float8 else "bfloat16", adapter)
 
 
 def uses_float8(compute_type: str, where: str, model_dir) -> bool:

@@ -184,4 +184,4 @@ def test_a_float8_job_is_not_resumed_by_a_bf16_one(monkeypatch):
     plain = job_identity(base, job, DecodeOptions(), BatchOptions())
     fp8 = job_identity(Translator(base.config, base.tokenizer, base.engine, "cuda:0", base.model_dir, "float8"), job,
                        DecodeOptions(), BatchOptions())
-    assert "compute_type" not in plain and fp8["compute_type"] == "float8"
+    assert plain["compute_type"] == "bfloat16" and fp8["compute_type"] == "float8"

@@ -10,11 +10,14 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from test_job_identity import rewrite_weights
 
 ray = pytest.importorskip("ray")
 
@@ -33,6 +37,7 @@ from nllbcli.translator import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = str(ROOT / "data" / "samples" / "model")
+TINY = str(ROOT / "tests" / "models" / "tiny-a")
 GREEDY = DecodeOptions(beam_size=1, max_length=48)
 DECODE_ARGS = ["--beam-size", "1", "--max-length", "48"]
 TEXTS = ["The concert is on the twelfth of March.", "David sees twenty black hats at the market every morning.",
@@ -308,6 +313,41 @@ def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
         tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
 
 
+def test_a_job_whose_weights_were_written_anew_is_refused_or_translated_again(tmp_path):
+    """The model part of the job's identity is the command's (checkpoint.model_identity): after the model's
+    weights are written anew in the same directory, an interrupted job is not continued, and a finished one is not
+    "already finished"."""
+    model = tmp_path.resolve() / "model"
+    shutil.copytree(TINY, model)
+    write_jsonl(tmp_path / "in.jsonl", 20)
+    files, output = [str(tmp_path / "in.jsonl")], tmp_path / "out"
+    job = Job(src="eng_Latn", tgt="fra_Latn", on_error="skip")
+
+    def ray_job() -> raydata.Outcomes:
+        return raydata.translate_with_ray(files, str(output), job, GREEDY, raydata.RayOptions(), model=str(model),
+                                          chunk_rows=5, resume=True, warn=lambda message: None)
+
+    # the job as it finished, and as it was interrupted, before the weights were written anew
+    before = raydata.ray_identity(files, replace(job, input_format="jsonl", output_format="jsonl"), GREEDY, 5, None,
+                                  str(model), None, "bfloat16")
+    output.mkdir()
+    raydata.write_json(str(output / raydata.SUCCESS), {"nllb": 1, "job": before})
+    assert ray_job().already
+    rewrite_weights(model)
+    staging = raydata.staging_path(str(output))
+    raydata.prepare_staging(staging, before, False, print)
+    with pytest.raises(NllbError, match=rf"^--resume: the interrupted job in .+ differs in model \(model.safetensors in "
+                                        rf"{re.escape(str(model))} changed\); run without --resume to start afresh\.$"):
+        ray_job()
+    raydata.remove_path(staging)
+    outcomes = ray_job()
+    assert not outcomes.already and outcomes.rows == 20
+    result = CliRunner().invoke(cli, ["translate", "-q", "-m", str(model), "--device", "cpu", *DECODE_ARGS, "--src", "en",
+                                      "--tgt", "fr", files[0], str(tmp_path / "cli.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert b"".join(p.read_bytes() for p in parts(output, ".jsonl")) == (tmp_path / "cli.jsonl").read_bytes()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--devices", "cpu:2"], "--devices and --ray cannot be used together"),
     (["-"], "--ray reads files and writes a directory"),
@@ -319,6 +359,23 @@ def test_usage_errors_are_one_line_before_ray_starts(tmp_path, args, message):
     inputs = [] if args == ["-"] else [str(tmp_path / "in.jsonl")]
     code, said = run(tmp_path, inputs + (args if args == ["-"] else []), tmp_path / "out", *([] if args == ["-"] else args))
     assert code == 2 and message in said and "Traceback" not in said
+
+
+def test_names_that_are_not_utf8_are_refused_in_one_line_or_recorded(tmp_path):
+    """Ray Data reads and writes through pyarrow, which takes UTF-8 names only: an input or OUTPUT named otherwise
+    is refused before Ray starts. The job's record holds such a name (a model's directory) as the command's state
+    does, and reads it back the same."""
+    source = tmp_path / os.fsdecode(b"in\xff.jsonl")
+    write_jsonl(source, 3)
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    for inputs, output in (([str(source)], tmp_path / "out"), ([str(tmp_path / "in.jsonl")], tmp_path / os.fsdecode(b"out\xfe"))):
+        code, said = run(tmp_path, inputs, output)
+        named = str(source if output.name == "out" else output).encode("utf-8", "backslashreplace").decode()  # as stderr writes it
+        assert code == 1 and said == (f"Error: {named}: --ray reads and writes files by UTF-8 names (through pyarrow), "
+                                      "and this path is not UTF-8: rename it, or translate without --ray.\n")
+    staging, identity = str(tmp_path / ".out.nllb-staging"), {"model": {"path": os.fsdecode(b"/models/m\xf1")}}
+    raydata.prepare_staging(staging, identity, False, print)
+    raydata.prepare_staging(staging, identity, True, print)  # the same job: continued
 
 
 def test_outputs_nllb_did_not_write_are_refused(tmp_path):

@@ -81,9 +81,10 @@ def repeated_names(kind: pa.DataType, path: str) -> list[str]:
 
 
 def open_parquet(source: str, name: str, field: str, start: Position, identity: dict) -> Input:
-    """Open a Parquet file and check its text column before any row is read."""
+    """Open a Parquet file and check its text column before any row is read. It is opened by its name's bytes:
+    pyarrow takes a name as UTF-8, which a Linux file name need not be."""
     try:
-        parquet = pq.ParquetFile(source)
+        parquet = pq.ParquetFile(pa.OSFile(os.fsencode(source)))
     except (pa.ArrowException, OSError) as error:
         raise NllbError(f"{name}: cannot read it as Parquet: {error}") from None
     schema = parquet.schema_arrow
