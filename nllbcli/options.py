@@ -97,7 +97,10 @@ class DecodeOptions:
                              f"{self.num_hypotheses}: raise --beam-size for more, or sample them")
 
 SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the whole vocabulary (the GPU's top-k lists)
-# Where the decoding options' meanings end (DecodeOptions; the CLI's option types take the same bounds):
+ADDED_LATER = frozenset({"num_hypotheses", "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk",
+                         "sampling_topp", "sampling_temperature", "seed"})  # DecodeOptions.identity
+
+# Where the options' meanings end (the records check them; the CLI's option types take the same bounds):
 MAX_LENGTH = 1 << 16  # generated tokens: no model has more positions (checkpoint.MAX_POSITIONS), and a length
 #                       option (or an n-gram, or a*source+b) past this changes nothing more
 MAX_BEAMS = 1024  # decoder rows a sentence takes (beams, hypotheses, samples): generation_config.json's num_beams
@@ -149,8 +152,6 @@ def check_types(record) -> None:
             object.__setattr__(record, f.name, int(value))
         elif annotation == "float" and type(value) not in (int, float):
             object.__setattr__(record, f.name, float(value))
-ADDED_LATER = frozenset({"num_hypotheses", "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk",
-                         "sampling_topp", "sampling_temperature", "seed"})  # DecodeOptions.identity
 
 
 @dataclass(frozen=True)
