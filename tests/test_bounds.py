@@ -1,7 +1,7 @@
 """Every numeric option bounded where its meaning ends: the command refuses a value past its bound (huge,
 negative, zero, inf, nan) with exit 2 before any work, naming the option; the option records (what the API, Spark
 and Ray take) raise ValueError naming the field. What only the model knows, its vocabulary and the memory a beam
-takes, is one sentence when the job meets it, never a traceback."""
+takes (tests/test_translator.py), is one sentence when the job meets it, never a traceback."""
 
 from __future__ import annotations
 
@@ -14,11 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 import nllbcli
-from nllbcli.batching import translate_records
 from nllbcli.cli import cli
-from nllbcli.io import Record
 from nllbcli.options import BatchOptions, DecodeOptions, Job
-from nllbcli.translator import SentenceError
 
 TINY = str(Path(__file__).parent / "models" / "tiny-a")
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
@@ -140,36 +137,3 @@ def test_the_widest_length_penalties_keep_scores_finite(length_penalty):
     result = nllbcli.translate(tiny(), ["The quick brown fox jumps over the lazy dog."], "eng_Latn", "fra_Latn",
                                options)[0]
     assert result.error is None and math.isfinite(result.score) and math.isfinite(result.log_prob)
-
-
-class ShortOfHostMemory:
-    """The CPU engine, out of memory (NumPy's MemoryError) for a batch of more than `most` sentences, or one
-    longer than `longest` tokens."""
-
-    def __init__(self, engine, most: int, longest: int):
-        self.engine, self.most, self.longest, self.batches = engine, most, longest, []
-
-    def encode(self, sources):
-        self.batches.append(len(sources))
-        if len(sources) > self.most or max(map(len, sources)) > self.longest:
-            raise MemoryError("Unable to allocate 3.05 GiB for an array with shape (100000, 32, 256)")
-        return self.engine.encode(sources)
-
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
-
-
-def test_the_cpu_out_of_memory_halves_the_batch_then_names_the_sentence_and_the_beams():
-    texts = ["Hello!", "We will meet at the station at seven tonight, by the clock.", "a b c"]
-    options = DecodeOptions(beam_size=2, max_length=10)
-    short = replace(tiny(), engine=ShortOfHostMemory(tiny().engine, most=1, longest=10))
-    records = [Record(n, text, {}, where=f"in:{n + 1}") for n, text in enumerate(texts)]
-    outcomes = translate_records(short, records, Job("eng_Latn", "fra_Latn", on_error="skip", split=False), options, 1000)
-    expected = tiny().translate_sentences(texts, "eng_Latn", "fra_Latn", options)
-    assert [o.translation for o in outcomes] == [expected[0], None, expected[2]]
-    tokens = len(tiny().tokenizer.encode(texts[1], "eng_Latn"))
-    assert outcomes[1].error == (f"in:2: the CPU ran out of memory on this sentence alone ({tokens} source tokens) with "
-                                 "2 beams of up to 10 tokens: lower --beam-size or --max-length")
-    sampling = replace(options, beam_size=1, sampling_topk=0, num_hypotheses=3, seed=1)
-    with pytest.raises(SentenceError, match=r"\) with 3 samples of up to 10 tokens: lower --num-hypotheses or "):
-        short.generate_hypotheses([tiny().tokenizer.encode(texts[1], "eng_Latn")], "fra_Latn", sampling)
