@@ -10,7 +10,9 @@
 Rows go through what `nllb translate` does to them: each is split into sentences, which are translated in
 length-sorted batches and joined back, a row's own src_lang/tgt_lang fields (columns) override the languages
 given, and a row that cannot be translated fails alone, as a value (`Result.error`, an error column), never as an
-exception: the translations are those of the CLI's output, to the byte.
+exception: the translations are those of the CLI's output, to the byte. The arguments are checked at the door, as
+the command checks its options: one of the wrong type raises TypeError naming it, a value the command refuses
+ValueError (the option records') or NllbError (a language, a table's columns).
 """
 
 from __future__ import annotations

@@ -71,9 +71,9 @@ class PartitionTranslator:
         return StructType(fields)
 
     def job(self) -> Job:
-        """translate_table's job for these options, its arguments' types and fields checked (api.table_job),
-        without the model: the languages are the rows' to check, but for several targets, which name the added
-        columns (the model's tokenizer resolves them)."""
+        """translate_table's job for these options, its arguments' types and fields checked (api.table_job)
+        without loading the model: only its tokenizer, for several target languages, whose codes name the added
+        columns."""
         from .api import check_languages, check_options, table_job
 
         arguments = inspect.signature(translate_table).bind(None, None, **self.options)
