@@ -10,13 +10,16 @@
 Rows go through what `nllb translate` does to them: each is split into sentences, which are translated in
 length-sorted batches and joined back, a row's own src_lang/tgt_lang fields (columns) override the languages
 given, and a row that cannot be translated fails alone, as a value (`Result.error`, an error column), never as an
-exception: the translations are those of the CLI's output, to the byte.
+exception: the translations are those of the CLI's output, to the byte. The arguments are checked at the door, as
+the command checks its options: one of the wrong type raises TypeError naming it, a value the command refuses
+ValueError (the option records') or NllbError (a language, a table's columns).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import pyarrow as pa
 
@@ -25,7 +28,7 @@ from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import BatchOptions, DecodeOptions, Job
+from .options import BatchOptions, DecodeOptions, Job, described
 from .overlap import read_chunks
 from .pipeline import check_added_columns, check_fields
 from .progress import Reporter
@@ -33,6 +36,7 @@ from .rows import status_of, written_rows
 from .translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
+TABLE = "the table"  # what messages call the rows translate_table was given
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,11 @@ def load(model: str | None = None, device: str = "auto", adapter: str | None = N
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
     bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator)."""
-    return load_translator(model or ENV.model or DEFAULT_MODEL, device, adapter, compute_type)
+    for name, value in (("model", model), ("adapter", adapter)):
+        check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
+    for name, value in (("device", device), ("compute_type", compute_type)):
+        check_type(name, value, str, "a str")
+    return load_translator(str(model or ENV.model or DEFAULT_MODEL), device, adapter and str(adapter), compute_type)
 
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
@@ -63,9 +71,16 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
     device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
     from .langs import resolve_lang
 
-    known = translator.tokenizer.lang_codes
-    if not isinstance(tgt, str) or "," in tgt:
+    check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
+    check_options(decode, batching, progress)
+    if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a list of strings, not {described(texts)}"
+                        + (": put one text in a list, [text]." if isinstance(texts, str) else "."))
+    check_type("src", src, str, "a language code (a str), such as eng_Latn or en")
+    if isinstance(tgt, (list, tuple)) or isinstance(tgt, str) and "," in tgt:
         raise NllbError(f"translate takes one target language, not {tgt!r}: translate_table takes several.")
+    check_type("tgt", tgt, str, "a language code (a str), such as fra_Latn or fr")
+    known = translator.tokenizer.lang_codes
     job = Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
               output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
     records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
@@ -94,28 +109,23 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     `tgt_field`)."""
     from .langs import resolve_lang, resolve_targets
 
-    batches = [table] if isinstance(table, pa.RecordBatch) else table.to_batches() if isinstance(table, pa.Table) else list(table)
-    schema = table.schema if isinstance(table, (pa.Table, pa.RecordBatch)) else batches[0].schema if batches else None
-    if schema is None:
-        raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
+    check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
+    check_options(decode, batching, progress)
+    schema, batches = table_batches(table)
+    check_languages(src, tgt)
     known = translator.tokenizer.lang_codes
     decode = decode or model_decode(translator)
     targets = () if tgt is None else resolve_targets(tgt, known)
-    job = Job(src=src and resolve_lang(src, known), tgt=targets[0] if len(targets) == 1 else None,
-              targets=targets if len(targets) > 1 else (), targets_as=targets_as, input_format="parquet",
-              output_format="parquet", field=field, output_field=output_field, src_field=src_field,
-              tgt_field=tgt_field, split=split, on_error="skip", status_field=status_field,
-              overwrite_field=overwrite_field, max_input_length=max_input_length,
-              score_field=score_field if decode.scores else None, log_prob_field=log_prob_field if decode.scores else None,
-              hypotheses=decode.num_hypotheses, prefix_field=prefix_field)
-    check_fields(job)
-    check_text_column(schema, "the table", field)
+    job = table_job(decode, src and resolve_lang(src, known), targets, field=field, output_field=output_field,
+                    status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
+                    split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
+                    score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
+                    targets_as=targets_as)
+    check_text_column(schema, TABLE, field)
     check_added_columns(schema, job)
     added = job.added
-    if error_field is not None and error_field in (field, *added.names):
-        raise NllbError(f"error_field {error_field!r} is another added field's or the text's: name another.")
     position = Position()
-    records = [record for batch in batches for record in batch_records(batch, "the table", field, position)]
+    records = [record for batch in batches for record in batch_records(batch, TABLE, field, position)]
     done = run_records(translator, records, job, decode, batching, progress)
     kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
     outcome_of = {id(r): o for r, o in kept}
@@ -135,6 +145,69 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
             names.append(name)
             columns.append(pa.array(column, kind))
     return pa.Table.from_arrays(columns, names=names)
+
+
+def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], *, field: str, output_field: str,
+              status_field: str | None, error_field: str | None, src_field: str, tgt_field: str, split: bool,
+              overwrite_field: bool, max_input_length: int | None, score_field: str, log_prob_field: str,
+              prefix_field: str | None, targets_as: str) -> Job:
+    """translate_table's job from its arguments (`targets`: the model's codes of `tgt`), its fields checked as
+    the command checks its options' (pipeline.check_fields): a field named twice, or the translation over the
+    text without `overwrite_field`, raises NllbError."""
+    job = Job(src=src, tgt=targets[0] if len(targets) == 1 else None, targets=targets if len(targets) > 1 else (),
+              targets_as=targets_as, input=TABLE, input_format="parquet", output_format="parquet", field=field,
+              output_field=output_field, src_field=src_field, tgt_field=tgt_field, split=split, on_error="skip",
+              status_field=status_field, error_field=error_field, overwrite_field=overwrite_field,
+              max_input_length=max_input_length, score_field=score_field if decode.scores else None,
+              log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,
+              prefix_field=prefix_field)
+    check_fields(job)
+    return job
+
+
+def table_batches(table) -> tuple[pa.Schema, list[pa.RecordBatch]]:
+    """translate_table's `table` as its schema and record batches: a Table's, a RecordBatch, or record batches of
+    one schema; anything else raises TypeError (or NllbError: no batch, no columns to know)."""
+    if isinstance(table, pa.Table):
+        return table.schema, table.to_batches()
+    if isinstance(table, pa.RecordBatch):
+        return table.schema, [table]
+    what = "a pyarrow Table, a RecordBatch or record batches"
+    if isinstance(table, (str, bytes, Mapping)) or not isinstance(table, Iterable):
+        hint = ": pyarrow.table(columns) makes a Table of a dict of columns" if isinstance(table, Mapping) else ""
+        raise TypeError(f"table must be {what}, not {described(table)}{hint}.")
+    batches = list(table)
+    for batch in batches:
+        if not isinstance(batch, pa.RecordBatch):
+            raise TypeError(f"table must be {what}, not a {type(table).__name__} holding {described(batch)}.")
+    if not batches:
+        raise NllbError("translate_table needs a table, or at least one record batch, to know its columns.")
+    for n, batch in enumerate(batches[1:], 2):
+        if not batch.schema.equals(batches[0].schema, check_metadata=False):
+            raise NllbError(f"{TABLE}: record batch {n} has other columns than the first: the batches of a table "
+                            "share one schema.")
+    return batches[0].schema, batches
+
+
+def check_type(name: str, value, kinds, what: str) -> None:
+    """Refuse an argument that is not of `kinds`, naming it as the caller wrote it."""
+    if not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {what}, not {described(value)}.")
+
+
+def check_options(decode, batching, progress) -> None:
+    """Refuse decode, batching or progress (translate's, translate_table's) of the wrong type."""
+    check_type("decode", decode, (DecodeOptions, type(None)), "a DecodeOptions (nllbcli.DecodeOptions(beam_size=...)) or None")
+    check_type("batching", batching, (BatchOptions, type(None)), "a BatchOptions (nllbcli.BatchOptions(...)) or None")
+    check_type("progress", progress, bool, "True or False")
+
+
+def check_languages(src, tgt) -> None:
+    """Refuse translate_table's src or tgt of the wrong type."""
+    check_type("src", src, (str, type(None)), "a language code (a str), such as eng_Latn or en, or None")
+    if not (tgt is None or isinstance(tgt, str) or
+            isinstance(tgt, (list, tuple)) and all(isinstance(code, str) for code in tgt)):
+        raise TypeError(f"tgt must be a language code (a str), a list of them or None, not {described(tgt)}.")
 
 
 def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:

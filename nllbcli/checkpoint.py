@@ -20,6 +20,7 @@ import numpy as np
 
 from .engine.numerics import E4M3Matrix, bf16_to_float32, has_nonfinite
 from .errors import NllbError
+from .options import FACTOR_RANGE, LENGTH_PENALTY_LIMIT, MAX_BEAMS, MAX_LENGTH
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 
@@ -493,24 +494,30 @@ def generation_defaults(model_dir: Path) -> dict:
     given = lambda key: key in found and found[key] is not None  # noqa: E731 - transformers writes null for unset
     defaults = {}
     if given("num_beams"):
-        defaults["beam_size"] = json_int(path, "num_beams", found["num_beams"], 1, 1024)
+        defaults["beam_size"] = json_int(path, "num_beams", found["num_beams"], 1, MAX_BEAMS)
     if given("max_new_tokens"):
-        defaults["max_length"] = json_int(path, "max_new_tokens", found["max_new_tokens"], 1)
+        defaults["max_length"] = json_int(path, "max_new_tokens", found["max_new_tokens"], 1, MAX_LENGTH)
     elif given("max_length"):
-        defaults["max_length"] = json_int(path, "max_length", found["max_length"], 2) - 1
+        defaults["max_length"] = json_int(path, "max_length", found["max_length"], 2, MAX_LENGTH + 1) - 1
     if given("length_penalty"):
-        defaults["length_penalty"] = float(json_value(path, "length_penalty", found["length_penalty"], float))
+        penalty = float(json_value(path, "length_penalty", found["length_penalty"], float))
+        if not -LENGTH_PENALTY_LIMIT <= penalty <= LENGTH_PENALTY_LIMIT:
+            raise NllbError(f"{path}: length_penalty must be from {-LENGTH_PENALTY_LIMIT} to {LENGTH_PENALTY_LIMIT}, "
+                            f"not {shown(penalty)}")
+        defaults["length_penalty"] = penalty
     if given("no_repeat_ngram_size"):
-        defaults["no_repeat_ngram_size"] = json_int(path, "no_repeat_ngram_size", found["no_repeat_ngram_size"])
+        defaults["no_repeat_ngram_size"] = json_int(path, "no_repeat_ngram_size", found["no_repeat_ngram_size"], 0,
+                                                    MAX_LENGTH)
     if given("repetition_penalty"):
         penalty = float(json_value(path, "repetition_penalty", found["repetition_penalty"], float))
-        if not penalty > 0:
-            raise NllbError(f"{path}: repetition_penalty must be above 0, not {shown(penalty)}")
+        if not FACTOR_RANGE[0] <= penalty <= FACTOR_RANGE[1]:
+            raise NllbError(f"{path}: repetition_penalty must be above 0 (from {FACTOR_RANGE[0]:g} to "
+                            f"{FACTOR_RANGE[1]:g}), not {shown(penalty)}")
         defaults["repetition_penalty"] = penalty
     if given("min_new_tokens"):
-        defaults["min_length"] = json_int(path, "min_new_tokens", found["min_new_tokens"])
+        defaults["min_length"] = json_int(path, "min_new_tokens", found["min_new_tokens"], 0, MAX_LENGTH)
     elif given("min_length") and found["min_length"] != 0:
-        defaults["min_length"] = json_int(path, "min_length", found["min_length"], 1) - 1
+        defaults["min_length"] = json_int(path, "min_length", found["min_length"], 1, MAX_LENGTH + 1) - 1
     return defaults
 
 

@@ -14,7 +14,8 @@ import click
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .langs import resolve_lang, resolve_targets
-from .options import COMPUTE_TYPES, GPU_BATCHING, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads
+from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
+                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads)
 from .progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -38,6 +39,16 @@ class Device(click.ParamType):
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
             self.fail(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N.", param, ctx)
         return value
+
+
+class Between(click.FloatRange):
+    """A float within its range, NaN refused too: it compares false with both ends, so the range lets it by."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number:
+            self.fail(f"{value!r} is not a number.", param, ctx)
+        return number
 
 
 def load_model(model: str, device: str, adapter: str | None = None, compute_type: str = "auto"):
@@ -167,29 +178,29 @@ def cli():
 @click.option("--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
 @click.option("--src-lang-field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
 @click.option("--tgt-lang-field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
-@click.option("--beam-size", type=click.IntRange(min=1), help=f"Beams per sentence; 1 is greedy search. [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
-@click.option("--max-length", type=click.IntRange(min=1), help=f"At most this many generated tokens per sentence, the target-language token included. [default: the model's generation_config.json max_new_tokens, or its max_length less 1 (NLLB's: 199), else {DecodeOptions.max_length}]")
-@click.option("--length-penalty", type=float, help=f"Beam search ranks finished beams by sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
-@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
-@click.option("--repetition-penalty", type=click.FloatRange(min=0, min_open=True), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off. [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
-@click.option("--min-length", type=click.IntRange(min=0), help=f"At least this many generated tokens before </s>, the target-language token included (transformers' min_new_tokens); 0 is off. [default: the model's generation_config.json min_new_tokens, else {DecodeOptions.min_length}]")
-@click.option("--max-length-a", type=click.FloatRange(min=0), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
-@click.option("--max-length-b", type=click.IntRange(min=0), help="See --max-length-a (either alone takes the other as 0).")
-@click.option("--num-hypotheses", type=click.IntRange(min=1), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
+@click.option("--beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), help=f"Beams per sentence; 1 is greedy search (at most {MAX_BEAMS:,}, and half the model's vocabulary). [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
+@click.option("--max-length", type=click.IntRange(min=1, max=MAX_LENGTH), help=f"At most this many generated tokens per sentence, the target-language token included (at most {MAX_LENGTH:,}: no model has more positions). [default: the model's generation_config.json max_new_tokens, or its max_length less 1 (NLLB's: 199), else {DecodeOptions.max_length}]")
+@click.option("--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help=f"Beam search ranks finished beams by sum(log p) / length ** this (within ±{LENGTH_PENALTY_LIMIT:g}, so that length ** this stays a finite float32 at any length). [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
+@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
+@click.option("--repetition-penalty", type=Between(*FACTOR_RANGE), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that the scores stay finite). [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
+@click.option("--min-length", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"At least this many generated tokens before </s>, the target-language token included (transformers' min_new_tokens); 0 is off. [default: the model's generation_config.json min_new_tokens, else {DecodeOptions.min_length}]")
+@click.option("--max-length-a", type=Between(0, MAX_LENGTH), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
+@click.option("--max-length-b", type=click.IntRange(min=0, max=MAX_LENGTH), help="See --max-length-a (either alone takes the other as 0).")
+@click.option("--num-hypotheses", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
 @click.option("--sampling-topk", type=click.IntRange(min=0, max=SAMPLING_TOPP_TOKENS), help="Draw each token at random among the K most likely (0: the whole vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
-@click.option("--sampling-topp", type=click.FloatRange(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
-@click.option("--sampling-temperature", type=click.FloatRange(min=0, min_open=True), help="With sampling: draw from softmax(logits / T); below 1 sharper, above flatter. [default: 1]")
-@click.option("--seed", type=click.IntRange(min=0), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes. [default: a random seed]")
+@click.option("--sampling-topp", type=Between(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
+@click.option("--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
+@click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")
 @click.option("--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
 @click.option("--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
 @click.option("--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
 @click.option("--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
 @click.option("--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
-@click.option("--max-batch-tokens", type=click.IntRange(min=1), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
-@click.option("--max-batch-sentences", type=click.IntRange(min=1), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
-@click.option("--chunk-rows", type=click.IntRange(min=1), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
-@click.option("--threads", type=click.IntRange(min=1), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help="Threads of the CPU engine's matrix products (the BLAS library's); a GPU job's engine does not use them.")
+@click.option("--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
+@click.option("--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
+@click.option("--chunk-rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (the BLAS library's; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
 @click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
@@ -542,7 +553,7 @@ def langs(filters, model, as_json):
 @cli.command()
 @click.argument("model_argument", metavar="[MODEL]", required=False)
 @model_option
-@click.option("--max-length", type=click.IntRange(min=1), default=DecodeOptions.max_length, show_default=True, help="The --max-length the KV cache per sequence is counted for.")
+@click.option("--max-length", type=click.IntRange(min=1, max=MAX_LENGTH), default=DecodeOptions.max_length, show_default=True, help="The --max-length the KV cache per sequence is counted for.")
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as one JSON object.")
 @click.pass_context
 def info(ctx, model_argument, model, max_length, as_json):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
@@ -14,20 +15,27 @@ if TYPE_CHECKING:
 class DecodeOptions:
     """How each sentence is decoded: the semantics of transformers' `generate` with early_stopping=False."""
 
-    beam_size: int = 4  # beams per sentence; 1 is greedy search
-    max_length: int = 200  # generated tokens after the decoder start, language token included (max_new_tokens)
-    length_penalty: float = 1.0  # finished beams are ranked by sum(log p) / length ** length_penalty
-    no_repeat_ngram_size: int = 0  # no n-gram of this many tokens occurs twice in an output; 0 is off
-    repetition_penalty: float = 1.0  # scores of tokens already in the output: negative ones times this, others divided; 1 is off
-    num_hypotheses: int = 1  # translations kept per sentence, best first (at most beam_size: transformers' num_return_sequences)
+    beam_size: int = 4  # beams per sentence, 1 to MAX_BEAMS; 1 is greedy search
+    max_length: int = 200  # generated tokens after the decoder start, language token included (max_new_tokens),
+    #                        1 to MAX_LENGTH
+    length_penalty: float = 1.0  # finished beams are ranked by sum(log p) / length ** length_penalty, within
+    #                              ±LENGTH_PENALTY_LIMIT
+    no_repeat_ngram_size: int = 0  # no n-gram of this many tokens occurs twice in an output; 0 is off; at most MAX_LENGTH
+    repetition_penalty: float = 1.0  # scores of tokens already in the output: negative ones times this, others
+    #                                  divided; 1 is off; within FACTOR_RANGE
+    num_hypotheses: int = 1  # translations kept per sentence, best first (at most beam_size: transformers'
+    #                          num_return_sequences; samples at most MAX_BEAMS)
     scores: bool = False  # each translation's log-probability and score are wanted (greedy search then computes them)
-    min_length: int = 0  # generated tokens before </s> at least, language token included (transformers' min_new_tokens)
+    min_length: int = 0  # generated tokens before </s> at least, language token included (transformers'
+    #                      min_new_tokens), 0 to MAX_LENGTH
     max_length_a: float | None = None  # at most a * source tokens + b generated tokens (fairseq's --max-len-a/b),
-    max_length_b: int | None = None  #    never more than max_length; either may be given (the other is then 0)
+    max_length_b: int | None = None  #    never more than max_length; either may be given (the other is then 0);
+    #                                     each 0 to MAX_LENGTH (more gives max_length to any source)
     sampling_topk: int = 1  # sample each token among the k most likely (0: the whole vocabulary); 1 is greedy search
     sampling_topp: float = 1.0  # ... and among those, the fewest whose probabilities reach p (at most SAMPLING_TOPP_TOKENS)
-    sampling_temperature: float = 1.0  # sample from softmax(logits / temperature)
-    seed: int | None = None  # sampling's seed: a sentence's draws depend on it and the sentence's place in the input
+    sampling_temperature: float = 1.0  # sample from softmax(logits / temperature), within FACTOR_RANGE
+    seed: int | None = None  # sampling's seed, 0 to MAX_SEED: a sentence's draws depend on it and the sentence's
+    #                          place in the input
 
     @property
     def sampling(self) -> bool:
@@ -67,27 +75,21 @@ class DecodeOptions:
         return max(1, min(self.max_length, int(ratio)))
 
     def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError(f"beam size must be at least 1, not {self.beam_size}")
-        if self.max_length < 1:
-            raise ValueError(f"max length must be at least 1, not {self.max_length}")
-        if self.no_repeat_ngram_size < 0:
-            raise ValueError(f"no-repeat n-gram size must be 0 (off) or more, not {self.no_repeat_ngram_size}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition penalty must be above 0, not {self.repetition_penalty}")
-        if self.num_hypotheses < 1:
-            raise ValueError(f"hypotheses per sentence must be at least 1, not {self.num_hypotheses}")
-        if self.min_length < 0:
-            raise ValueError(f"min length must be 0 (off) or more, not {self.min_length}")
-        if self.max_length_a is not None and not self.max_length_a >= 0:
-            raise ValueError(f"max length a must be 0 or more, not {self.max_length_a}")
-        if not 0 <= self.sampling_topk <= SAMPLING_TOPP_TOKENS:
-            raise ValueError(f"sampling top-k must be from 0 (the whole vocabulary) to {SAMPLING_TOPP_TOKENS}, not "
-                             f"{self.sampling_topk}")
+        check_types(self)
+        check_range("beam_size", self.beam_size, 1, MAX_BEAMS)
+        check_range("max_length", self.max_length, 1, MAX_LENGTH)
+        check_range("length_penalty", self.length_penalty, -LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT)
+        check_range("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, MAX_LENGTH)
+        check_range("repetition_penalty", self.repetition_penalty, *FACTOR_RANGE)
+        check_range("num_hypotheses", self.num_hypotheses, 1, MAX_BEAMS)
+        check_range("min_length", self.min_length, 0, MAX_LENGTH)
+        check_range("max_length_a", self.max_length_a, 0, MAX_LENGTH)
+        check_range("max_length_b", self.max_length_b, 0, MAX_LENGTH)
+        check_range("sampling_topk", self.sampling_topk, 0, SAMPLING_TOPP_TOKENS, "(the whole vocabulary)")
         if not 0 < self.sampling_topp <= 1:
-            raise ValueError(f"sampling top-p must be above 0 and at most 1, not {self.sampling_topp}")
-        if not self.sampling_temperature > 0:
-            raise ValueError(f"sampling temperature must be above 0, not {self.sampling_temperature}")
+            raise ValueError(f"sampling_topp must be above 0 and at most 1, not {self.sampling_topp}.")
+        check_range("sampling_temperature", self.sampling_temperature, *FACTOR_RANGE)
+        check_range("seed", self.seed, 0, MAX_SEED)
         if self.sampling and self.beam_size != 1:
             raise ValueError(f"sampling draws one token a step: it takes beam size 1, not {self.beam_size}")
         if self.num_hypotheses > self.beam_size and not self.sampling:
@@ -98,6 +100,59 @@ SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the w
 ADDED_LATER = frozenset({"num_hypotheses", "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk",
                          "sampling_topp", "sampling_temperature", "seed"})  # DecodeOptions.identity
 
+# Where the options' meanings end (the records check them; the CLI's option types take the same bounds):
+MAX_LENGTH = 1 << 16  # generated tokens: no model has more positions (checkpoint.MAX_POSITIONS), and a length
+#                       option (or an n-gram, or a*source+b) past this changes nothing more
+MAX_BEAMS = 1024  # decoder rows a sentence takes (beams, hypotheses, samples): generation_config.json's num_beams
+#                   bound; a beam search keeps 2 x beams candidates a step, and the vocabulary must hold them
+#                   (search.check_vocabulary)
+LENGTH_PENALTY_LIMIT = 7.0  # length ** length_penalty stays a normal float32 (2^-126 to 2^128) at every length a
+#                             translation can have: (MAX_LENGTH + 1) ** ±7 is about 2^±112
+FACTOR_RANGE = (1e-30, 1e30)  # repetition_penalty, sampling_temperature: float32 log-probabilities and logits
+#                               (|x| below 1e8) times or divided by one of these stay finite
+MAX_SEED = (1 << 64) - 1  # sampling's keys take the seed's 64 bits (numerics.sentence_keys): more would repeat seeds
+MAX_BATCH = (1 << 31) - 1  # rows, sentences and tokens a batch or chunk may count (BatchOptions): the CUDA engine
+#                            holds sizes as 32-bit integers (checkpoint.MAX_ID)
+MAX_THREADS = 8192  # --threads: the most CPUs a Linux kernel runs on (NR_CPUS of distributions' kernels); more
+#                     threads than cores only wait for each other
+
+
+def check_range(name: str, value: int | float | None, least: int | float, most: int | float, note: str = "") -> None:
+    """Refuse a number (None passes) outside least..most, NaN included, naming it as the record's field."""
+    if value is not None and not least <= value <= most:
+        raise ValueError(f"{name} must be from {least:,} {note + ' ' if note else ''}to {most:,}, not {value}.")
+
+
+def described(value) -> str:
+    """A value as a message names what was given: its type and its repr, cut when long."""
+    shown = repr(value)
+    return f"{type(value).__name__} {shown if len(shown) <= 40 else shown[:37] + '...'}"
+
+
+# a field's annotation: the types its value may have, what a message calls them
+KINDS = {"int": ((numbers.Integral,), "an integer"), "float": ((numbers.Real,), "a number"),
+         "bool": ((bool,), "True or False"), "str": ((str,), "a string"),
+         "tuple[str, ...]": ((tuple,), "a tuple of strings")}
+
+
+def check_types(record) -> None:
+    """Refuse a field of the dataclass `record` whose value is not of its annotated type (`X | None`: or None),
+    naming the field: a record made by a program (the API's, Spark's) fails here, not deep in a job. bool is not
+    taken for a number; NumPy's integers and floats are, stored as Python's (JSON writes the job's identity)."""
+    for f in fields(record):
+        value, annotation = getattr(record, f.name), f.type.removesuffix(" | None")
+        if value is None and f.type.endswith(" | None"):
+            continue
+        kinds, what = KINDS[annotation]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds) or (
+                annotation == "tuple[str, ...]" and not all(isinstance(item, str) for item in value)):
+            raise TypeError(f"{f.name} must be {what}{' or None' if f.type.endswith(' | None') else ''}, not "
+                            f"{described(value)}.")
+        if annotation == "int" and type(value) is not int:
+            object.__setattr__(record, f.name, int(value))
+        elif annotation == "float" and type(value) not in (int, float):
+            object.__setattr__(record, f.name, float(value))
+
 
 @dataclass(frozen=True)
 class BatchOptions:
@@ -106,12 +161,13 @@ class BatchOptions:
     max_batch_tokens: int = 4096  # source tokens per batch, counted as rows x longest row (padding included)
     read_chunk_rows: int = 2048  # rows read ahead, sorted by length, batched, then written and committed together
     max_batch_sentences: int | None = None  # sentences per batch as well (CTranslate2's max_batch_size); None: any
+    #                                         (each 1 to MAX_BATCH)
 
     def __post_init__(self) -> None:
-        if self.max_batch_tokens < 1:
-            raise ValueError(f"max batch tokens must be at least 1, not {self.max_batch_tokens}")
-        if self.max_batch_sentences is not None and self.max_batch_sentences < 1:
-            raise ValueError(f"max batch sentences must be at least 1, not {self.max_batch_sentences}")
+        check_types(self)
+        check_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH)
+        check_range("read_chunk_rows", self.read_chunk_rows, 1, MAX_BATCH)
+        check_range("max_batch_sentences", self.max_batch_sentences, 1, MAX_BATCH)
 
     @classmethod
     def for_device(cls, device: str, max_batch_tokens: int | None = None, read_chunk_rows: int | None = None,
@@ -121,8 +177,8 @@ class BatchOptions:
         200,000 at 4,096; the Translator splits what its KV pool cannot hold); the CPU's reference engine gains
         nothing from large batches and would only hold more in memory."""
         default = GPU_BATCHING if device.startswith("cuda") else cls()
-        return cls(max_batch_tokens or default.max_batch_tokens, read_chunk_rows or default.read_chunk_rows,
-                   max_batch_sentences)
+        return cls(default.max_batch_tokens if max_batch_tokens is None else max_batch_tokens,
+                   default.read_chunk_rows if read_chunk_rows is None else read_chunk_rows, max_batch_sentences)
 
 
 # The GPU's matrix products (--compute-type; translator.load_translator): auto is float8 for a model stored in FP8
@@ -155,7 +211,7 @@ class Job:
 
     src: str | None  # FLORES-200 code of the input text, e.g. eng_Latn (None: every row names its own)
     tgt: str | None  # FLORES-200 code of the translation
-    input: str = "-"  # a path, or - for stdin
+    input: str = "-"  # a path, or - for stdin (the API's: what its messages call the rows it was given)
     output: str = "-"  # a path, or - for stdout
     input_format: str = "text"  # jsonl, parquet or text
     output_format: str = "text"
@@ -179,8 +235,11 @@ class Job:
     targets: tuple[str, ...] = ()  # several target languages (--tgt a,b,...): each row into each; tgt is then None
     targets_as: str = "columns"  # with several targets: the added fields once per target (columns, named
     #                              io.target_column), or each row once per target, its language in tgt_field (rows)
+    error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
+    #                                 command records failed rows in --errors instead)
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.on_error not in ON_ERROR:
             raise ValueError(f"--on-error is one of {', '.join(ON_ERROR)}, not {self.on_error}.")
         if self.on_error == "record" and not self.errors:
@@ -192,6 +251,14 @@ class Job:
         if self.max_input_length is not None and self.max_input_length < 3:
             raise ValueError("--max-input-length must leave room for the language token, a piece and </s>: 3 or "
                              f"more, not {self.max_input_length}.")
+        if self.max_input_length is not None and self.max_input_length > MAX_LENGTH:
+            raise ValueError(f"--max-input-length is at most {MAX_LENGTH:,} (no model has more positions), not "
+                             f"{self.max_input_length}.")
+
+    @property
+    def added_fields(self) -> tuple[tuple[str, str], ...]:
+        """(option, name) of each field the job adds to a row: those of `added`, and the error field where named."""
+        return self.added.options + ((("error_field", self.error_field),) if self.error_field is not None else ())
 
     @property
     def added(self) -> Added:

@@ -386,7 +386,7 @@ def check_fields(job: Job) -> None:
                         "columns. Pass --targets-as rows for a line per target language.")
     if job.targets and job.targets_as == "rows" and job.output_format != "text" and not job.tgt_field:
         raise NllbError("--targets-as rows names each row's target language in --tgt-lang-field: give it a name.")
-    named = [("--field", job.field), *((o, n) for o, n in job.added.options
+    named = [("--field", job.field), *((o, n) for o, n in job.added_fields
                                        if not (o == "--tgt-lang-field" and job.output_format == "text"))]
     for n, (option, name) in enumerate(named[1:], 1):
         if job.output_format == "text" and option != "--output-field":
@@ -412,7 +412,7 @@ def check_added_columns(schema, job: Job) -> None:
     if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
         return
     name = STDIN_NAME if job.input == "-" else job.input
-    for option, column in job.added.options:
+    for option, column in job.added_fields:
         if column in schema.names:
             raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
                             f"another with {option}, or pass --overwrite-field to replace it.")

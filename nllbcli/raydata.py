@@ -624,6 +624,9 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
     actors = options.actors or max(1, gpus)
     if gpus and actors > gpus:
         raise NllbError(f"--ray-actors {actors}: the Ray cluster has {gpus} GPU(s), one an actor.")
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    if actors > cpus:  # an actor takes a CPU: more would wait for ever for theirs
+        raise NllbError(f"--ray-actors {actors}: the Ray cluster has {cpus} CPU(s), one an actor.")
     defaults = GPU_BATCHING if gpus else BatchOptions()
     chunk_rows = chunk_rows or defaults.read_chunk_rows
     names = list(files)  # as messages name them; the read tasks, on any node, get them whole

@@ -55,6 +55,7 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
     their log-probabilities."""
     if not sources:
         return []
+    check_vocabulary(options, config.vocab_size)
     # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
     langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
     limits = np.array([options.length_limit(len(source)) for source in sources], dtype=np.int64)
@@ -90,6 +91,20 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
             drawn.sort(key=lambda h: -h.log_prob)
         results[i] = drawn
     return results
+
+
+def check_vocabulary(options: DecodeOptions, vocab_size: int) -> None:
+    """Refuse a search that takes more candidate tokens a step than the model's vocabulary has: beam search 2 a
+    beam, sampling its top-k, each one more while --min-length bans </s> (search.without_token): a bound on the
+    beam size that only the model knows, so it is checked here rather than with the options."""
+    banned = int(options.min_length > 0)
+    if options.beam_size > 1 and 2 * options.beam_size + banned > vocab_size:
+        raise ValueError(f"a beam size of {options.beam_size} takes {2 * options.beam_size + banned} candidate tokens "
+                         f"a step, more than the model's vocabulary of {vocab_size}: lower the beam size to "
+                         f"{(vocab_size - banned) // 2} or less.")
+    if options.sampling and options.candidates + banned > vocab_size:
+        raise ValueError(f"sampling among the {options.candidates} most likely tokens takes more than the model's "
+                         f"vocabulary of {vocab_size}: lower the sampling top-k.")
 
 
 def forced_tokens(prefixes: list[list[int]] | None, todo: np.ndarray) -> np.ndarray:

@@ -11,12 +11,14 @@ pyspark is imported only where it is needed: by `schema` on the driver, and on a
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Iterator
 
 import pyarrow as pa
 
-from .api import load, translate_table
+from .api import check_type, load, translate_table
+from .options import DecodeOptions, Job
 from .translator import Translator
 
 # A Python worker runs one task after another (spark.python.worker.reuse, on by default), and keeps this
@@ -45,33 +47,19 @@ class PartitionTranslator:
     def schema(self, schema):
         """The Spark schema of the output for an input of `schema` (a StructType): the input's columns, with the
         translation, status, scores (decode.scores) and error columns of translate_table's types, each in place
-        of a column of its name (overwrite_field) or else added last, as translate_table places them."""
+        of a column of its name (overwrite_field) or else added last, as translate_table places them. An input
+        with a column one of them would replace, without overwrite_field, raises NllbError here, on the driver,
+        as translate_table would in every task."""
         from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
-        from .io import Added
-        from .options import DecodeOptions
+        from .pipeline import check_added_columns
 
-        decode, options = self.options.get("decode") or DecodeOptions(), self.options
-        added = Added(options.get("output_field", "translation"), options.get("status_field"),
-                      options.get("score_field", "score") if decode.scores else None,
-                      options.get("log_prob_field", "log_prob") if decode.scores else None, decode.num_hypotheses)
-        tgt = options.get("tgt")
-        if tgt is not None and (not isinstance(tgt, str) or "," in tgt):  # several targets: their columns or rows
-            from dataclasses import replace
-
-            from .api import DEFAULT_MODEL
-            from .environment import ENV
-            from .langs import resolve_targets
-            from .translator import load_tokenizer
-
-            targets = resolve_targets(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
-            if len(targets) > 1:
-                added = (replace(added, targets=targets) if options.get("targets_as", "columns") == "columns"
-                         else replace(added, target=options.get("tgt_field", "tgt_lang")))
+        job = self.job()
+        check_added_columns(schema, job)
         scalar = {"string": StringType(), "double": DoubleType()}
         kinds = {name: ArrayType(scalar[str(kind.value_type)]) if hasattr(kind, "value_type") else scalar[str(kind)]
-                 for name, kind in added.types.items()}
-        kinds[options["error_field"]] = StringType()
+                 for name, kind in job.added.types.items()}
+        kinds[job.error_field] = StringType()
         fields = list(schema.fields)
         for name, kind in kinds.items():
             names = [field.name for field in fields]
@@ -82,11 +70,38 @@ class PartitionTranslator:
                 fields.append(column)
         return StructType(fields)
 
+    def job(self) -> Job:
+        """translate_table's job for these options, its arguments' types and fields checked (api.table_job)
+        without loading the model: only its tokenizer, for several target languages, whose codes name the added
+        columns."""
+        from .api import check_languages, check_options, table_job
+
+        arguments = inspect.signature(translate_table).bind(None, None, **self.options)
+        arguments.apply_defaults()
+        options = arguments.arguments
+        check_options(options["decode"], options["batching"], options["progress"])
+        check_languages(options["src"], options["tgt"])
+        decode, tgt, targets = options["decode"] or DecodeOptions(), options["tgt"], ()
+        if tgt is not None and (not isinstance(tgt, str) or "," in tgt):  # several targets: their columns or rows
+            from .api import DEFAULT_MODEL
+            from .environment import ENV
+            from .langs import resolve_targets
+            from .translator import load_tokenizer
+
+            targets = resolve_targets(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
+        keywords = [p.name for p in inspect.signature(table_job).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        return table_job(decode, None, targets, **{name: options[name] for name in keywords})
+
 
 def partition_translator(model: str | None = None, *, device: str = "auto", adapter: str | None = None,
                          compute_type: str = "auto", error_field: str = "error", **options) -> PartitionTranslator:
     """A PartitionTranslator that runs translate_table(translator, batch, error_field=error_field, **options)
-    on each batch, with nllbcli.load(model, device, adapter, compute_type) loaded once per Python worker."""
+    on each batch, with nllbcli.load(model, device, adapter, compute_type) loaded once per Python worker. Its
+    arguments are checked here, on the driver: a wrong type, a misspelt option or fields that clash raise at once."""
+    for name, value in (("model", model), ("adapter", adapter)):
+        check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
+    for name, value in (("device", device), ("compute_type", compute_type)):
+        check_type(name, value, str, "a str")
     if not error_field:
         raise ValueError("partition_translator needs an error_field: without one, a row that fails would be "
                          "left out of the output.")
@@ -94,7 +109,9 @@ def partition_translator(model: str | None = None, *, device: str = "auto", adap
         inspect.signature(translate_table).bind(None, None, error_field=error_field, **options)
     except TypeError as error:
         raise ValueError(f"partition_translator takes translate_table's keyword arguments, and {error}.") from None
-    return PartitionTranslator(model, device, adapter, {**options, "error_field": error_field}, compute_type)
+    translate = PartitionTranslator(model, device, adapter, {**options, "error_field": error_field}, compute_type)
+    translate.job()
+    return translate
 
 
 def loaded(model: str | None, device: str, adapter: str | None, compute_type: str = "auto") -> Translator:

@@ -68,9 +68,9 @@ class Translator:
         each translation starts with its source's prefix, where given (search.generate).
 
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
-        larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU out of memory
-        is halved and retried, down to one sentence; a sentence's translation does not depend on its batch, so
-        the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
+        larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU (or the CPU)
+        out of memory is halved and retried, down to one sentence; a sentence's translation does not depend on its
+        batch, so the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
         per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
@@ -109,19 +109,23 @@ class Translator:
 
     def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int,
                       keys: list[int] | None = None, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-        """One part that fits the pool; halved and retried while the GPU runs out of memory. `first` is the
-        position of sources[0] in generate's batch (langs, keys and prefixes hold the whole batch's), and names
-        the sentence in an error."""
-        end = first + len(sources)
+        """One part that fits the pool; halved and retried while the GPU (or the CPU) runs out of memory. `first`
+        is the position of sources[0] in generate's batch (langs, keys and prefixes hold the whole batch's), and
+        names the sentence in an error."""
+        end, gpu = first + len(sources), self.device.startswith("cuda")
         try:
             return generate(self.engine, sources, langs[first:end], self.config, options,
                             None if keys is None else keys[first:end], None if prefixes is None else prefixes[first:end])
-        except out_of_memory_errors() if self.device.startswith("cuda") else ():
-            release_free_memory()
+        except out_of_memory_errors() if gpu else MemoryError:  # the CPU's: NumPy's, within the process's limit
+            if gpu:
+                release_free_memory()
             if len(sources) == 1:
+                rows, kind = options.rows_per_sentence, "sample" if options.sampling else "beam"
                 raise SentenceError(
-                    f"the GPU ran out of memory on this sentence alone ({len(sources[0])} source tokens): "
-                    "lower --beam-size or --max-length", first) from None
+                    f"the {'GPU' if gpu else 'CPU'} ran out of memory on this sentence alone ({len(sources[0])} source "
+                    f"tokens) with {rows:,} {kind}{'s' if rows > 1 else ''} of up to "
+                    f"{options.length_limit(len(sources[0])):,} tokens: lower "
+                    f"{'--num-hypotheses' if options.sampling else '--beam-size'} or --max-length", first) from None
         half = len(sources) // 2
         return (self.generate_part(sources[:half], langs, options, first, keys, prefixes)
                 + self.generate_part(sources[half:], langs, options, first + half, keys, prefixes))

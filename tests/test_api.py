@@ -122,3 +122,92 @@ def test_the_api_is_not_imported_by_the_command_start_up():
 
     code = "import sys, nllbcli.cli; print('nllbcli.api' in sys.modules, 'nllbcli.pipeline' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("given", [{"error_field": "id"}, {"status_field": "id"}, {"error_field": "id", "field": "id"}])
+def test_an_added_column_never_replaces_an_input_one_unless_asked(given):
+    table = pa.table({"id": ["a", "b"], "text": ["Hello.", None]})
+    field = given.get("field", "text")
+    option = next(name for name in given if name != "field")
+    named = {"error_field": "error_field", "status_field": "--status-field"}[option]  # as messages name them
+    with pytest.raises(NllbError) as caught:
+        nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, **given)
+    if field == "id":  # the error column over the text itself: not even with overwrite_field
+        assert str(caught.value) == "error_field id is --field's field too: name another."
+        return
+    assert str(caught.value) == (f"the table: it has a column 'id' already, which {named} would replace: name another "
+                                 f"with {named}, or pass --overwrite-field to replace it.")
+    replaced = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, overwrite_field=True, **given)
+    assert replaced.column_names == ["id", "text", "translation"]
+    assert replaced.column("id").to_pylist() == ([None, "the table: row 2: field 'text' is null, not a string."]
+                                                 if option == "error_field" else ["ok"])
+
+
+def test_error_field_is_checked_against_the_other_added_fields():
+    with pytest.raises(NllbError, match="^error_field translation is --output-field's field too: name another.$"):
+        nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", "fr", GREEDY, error_field="translation")
+
+
+def test_a_table_is_translated_in_chunks_of_its_batching_and_a_chunk_of_no_rows_is_refused():
+    table = pa.table({"text": ROWS})
+    one = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, batching=nllbcli.BatchOptions(read_chunk_rows=1))
+    assert one.equals(nllbcli.translate_table(sample(), table, "en", "fr", GREEDY))
+    for rows in (0, -1):
+        with pytest.raises(ValueError, match=f"^read_chunk_rows must be from 1 to 2,147,483,647, not {rows}.$"):
+            nllbcli.translate(sample(), ROWS, "en", "fr", GREEDY, batching=nllbcli.BatchOptions(read_chunk_rows=rows))
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: nllbcli.translate(sample(), "Hello.", "en", "fr"), TypeError,
+     "texts must be a list of strings, not str 'Hello.': put one text in a list, [text]."),
+    (lambda: nllbcli.translate(sample(), {"text": "Hello."}, "en", "fr"), TypeError,
+     "texts must be a list of strings, not dict {'text': 'Hello.'}."),
+    (lambda: nllbcli.translate(sample(), 5, "en", "fr"), TypeError, "texts must be a list of strings, not int 5."),
+    (lambda: nllbcli.translate(sample(), ["Hello."], None, "fr"), TypeError,
+     "src must be a language code (a str), such as eng_Latn or en, not NoneType None."),
+    (lambda: nllbcli.translate(sample(), ["Hello."], 5, "fr"), TypeError,
+     "src must be a language code (a str), such as eng_Latn or en, not int 5."),
+    (lambda: nllbcli.translate(sample(), ["Hello."], "en", None), TypeError,
+     "tgt must be a language code (a str), such as fra_Latn or fr, not NoneType None."),
+    (lambda: nllbcli.translate(sample(), ["Hello."], "en", "fr", {"beam_size": 1}), TypeError,
+     "decode must be a DecodeOptions (nllbcli.DecodeOptions(beam_size=...)) or None, not dict {'beam_size': 1}."),
+    (lambda: nllbcli.translate(sample(), ["Hello."], "en", "fr", batching=4096), TypeError,
+     "batching must be a BatchOptions (nllbcli.BatchOptions(...)) or None, not int 4096."),
+    (lambda: nllbcli.translate("data/samples/model", ["Hello."], "en", "fr"), TypeError,
+     "translator must be a Translator, what nllbcli.load gives, not str 'data/samples/model'."),
+    (lambda: nllbcli.translate_table(sample(), {"text": ["Hello."]}, "en", "fr"), TypeError,
+     "table must be a pyarrow Table, a RecordBatch or record batches, not dict {'text': ['Hello.']}: "
+     "pyarrow.table(columns) makes a Table of a dict of columns."),
+    (lambda: nllbcli.translate_table(sample(), [pa.table({"text": ["Hello."]})], "en", "fr"), TypeError,
+     "table must be a pyarrow Table, a RecordBatch or record batches, not a list holding "
+     "Table pyarrow.Table\ntext: string\n----\ntext:...."),
+    (lambda: nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), 5, "fr"), TypeError,
+     "src must be a language code (a str), such as eng_Latn or en, or None, not int 5."),
+    (lambda: nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", 5), TypeError,
+     "tgt must be a language code (a str), a list of them or None, not int 5."),
+    (lambda: nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", "fr", field=5), TypeError,
+     "field must be a string, not int 5."),
+    (lambda: nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", "fr", split="no"), TypeError,
+     "split must be True or False, not str 'no'."),
+    (lambda: nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", "fr", max_input_length=5.5),
+     TypeError, "max_input_length must be an integer or None, not float 5.5."),
+    (lambda: nllbcli.DecodeOptions(seed="x"), TypeError, "seed must be an integer or None, not str 'x'."),
+    (lambda: nllbcli.DecodeOptions(beam_size=True), TypeError, "beam_size must be an integer, not bool True."),
+    (lambda: nllbcli.DecodeOptions(length_penalty="1"), TypeError, "length_penalty must be a number, not str '1'."),
+    (lambda: nllbcli.DecodeOptions(max_length_b=-5), ValueError, "max_length_b must be from 0 to 65,536, not -5."),
+    (lambda: nllbcli.load(5), TypeError, "model must be a directory (a str or path) or None, not int 5."),
+    (lambda: nllbcli.load(str(SAMPLE), None), TypeError, "device must be a str, not NoneType None."),
+])
+def test_the_api_checks_its_arguments_at_the_door_naming_them(call, error, message):
+    with pytest.raises(error) as caught:
+        call()
+    assert str(caught.value) == message
+
+
+def test_numpy_numbers_are_taken_as_pythons():
+    import numpy as np
+
+    options = nllbcli.DecodeOptions(beam_size=np.int64(1), max_length=np.int32(48), length_penalty=np.float32(0.5))
+    assert (type(options.beam_size), type(options.max_length), type(options.length_penalty)) == (int, int, float)
+    assert json.dumps(options.identity())  # a job's identity is JSON
+    assert nllbcli.translate(sample(), ROWS[1:2], "en", "fr", options) == nllbcli.translate(sample(), ROWS[1:2], "en", "fr", GREEDY)

@@ -126,8 +126,8 @@ def test_a_sentence_limited_to_the_language_token_has_an_empty_translation():
 
 @pytest.mark.parametrize("bad,message", [
     ({"beam_size": 2, "num_hypotheses": 3}, "1 to the beam size"),
-    ({"min_length": -1}, "min length"),
-    ({"max_length_a": -0.5}, "max length a"),
+    ({"min_length": -1}, "min_length must be from 0"),
+    ({"max_length_a": -0.5}, "max_length_a must be from 0"),
 ])
 def test_bad_decoding_options_are_refused(bad, message):
     with pytest.raises(ValueError, match=message):

@@ -57,6 +57,13 @@ def test_a_model_without_the_file_keeps_nllbs_defaults(tmp_path):
     ({"max_length": "long"}, "max_length must be an integer"),
     ({"length_penalty": "high"}, "length_penalty must be a number"),
     ({"repetition_penalty": -1}, "repetition_penalty must be above 0"),
+    ({"repetition_penalty": 1e300}, r"repetition_penalty must be above 0 \(from 1e-30 to 1e\+30\), not 1e\+300"),
+    ({"num_beams": 1025}, "num_beams must be an integer from 1 to 1,024"),
+    ({"max_new_tokens": 10**9}, "max_new_tokens must be an integer from 1 to 65,536"),
+    ({"max_length": 10**9}, "max_length must be an integer from 2 to 65,537"),
+    ({"min_new_tokens": 10**9}, "min_new_tokens must be an integer from 0 to 65,536"),
+    ({"no_repeat_ngram_size": 10**9}, "no_repeat_ngram_size must be an integer from 0 to 65,536"),
+    ({"length_penalty": 400}, "length_penalty must be from -7.0 to 7.0, not 400"),
 ])
 def test_a_bad_setting_is_one_line_naming_the_file(tmp_path, settings, message):
     with pytest.raises(NllbError, match=message):

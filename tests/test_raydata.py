@@ -378,6 +378,16 @@ def test_names_that_are_not_utf8_are_refused_in_one_line_or_recorded(tmp_path):
     raydata.prepare_staging(staging, identity, True, print)  # the same job: continued
 
 
+@pytest.mark.parametrize("actors, message", [
+    ("5", "--ray-actors 5: the Ray cluster has 4 CPU(s), one an actor."),
+    ("99999999999999999999", "--ray-actors 99999999999999999999: the Ray cluster has 4 CPU(s), one an actor."),
+])
+def test_more_actors_than_the_cluster_has_cpus_are_refused(tmp_path, actors, message):
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", "--device", "cpu", "--ray-actors", actors)
+    assert code == 1 and said == f"Error: {message}\n"
+
+
 def test_outputs_nllb_did_not_write_are_refused(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", 3)
     (tmp_path / "theirs").mkdir()

@@ -202,3 +202,25 @@ def test_the_schema_has_the_score_and_list_columns_translate_table_adds():
     out = nllbcli.translate_table(translator, pa.table({"text": ["Yes."]}), "eng_Latn", "fra_Latn", decode,
                                   status_field="status", score_field="s", error_field="error")
     assert out.column_names == ["text", "translation", "status", "s", "log_prob", "error"]
+
+
+def test_the_error_column_never_replaces_a_dataframes_own_unless_asked():
+    """The default error_field, error, is refused on the driver over an input's error column, as translate_table
+    refuses it in each task; a wrong type among the options is refused there too."""
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from nllbcli.errors import NllbError
+    from nllbcli.spark import partition_translator
+
+    given = StructType([StructField("id", LongType()), StructField("text", StringType()), StructField("error", StringType())])
+    with pytest.raises(NllbError, match="^the table: it has a column 'error' already, which error_field would replace"):
+        partition_translator("m").schema(given)
+    assert [f.name for f in partition_translator("m", error_field="failed").schema(given).fields] == \
+        ["id", "text", "error", "translation", "failed"]
+    assert [f.name for f in partition_translator("m", overwrite_field=True).schema(given).fields] == \
+        ["id", "text", "error", "translation"]
+    with pytest.raises(TypeError, match=r"^decode must be a DecodeOptions \(nllbcli.DecodeOptions\(beam_size=...\)\) or "
+                                        r"None, not dict \{'beam_size': 1\}.$"):
+        partition_translator("m", decode={"beam_size": 1})
+    with pytest.raises(NllbError, match="^error_field text is --field's field too: name another.$"):
+        partition_translator("m", error_field="text")

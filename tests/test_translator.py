@@ -25,16 +25,17 @@ class StandInOutOfMemory(Exception):
 
 
 class ShortOfMemory:
-    """An engine that runs out of memory when a batch holds more than `most` sentences, or one longer than `longest`."""
+    """An engine that runs out of memory (`error`: the GPU's stand-in, or NumPy's MemoryError) when a batch holds
+    more than `most` sentences, or one longer than `longest`."""
 
-    def __init__(self, engine, most: int, longest: int = 10**9):
-        self.engine, self.most, self.longest = engine, most, longest
+    def __init__(self, engine, most: int, longest: int = 10**9, error: type[Exception] = StandInOutOfMemory):
+        self.engine, self.most, self.longest, self.error = engine, most, longest, error
         self.batches = []
 
     def encode(self, sources):
         self.batches.append(len(sources))
         if len(sources) > self.most or max(map(len, sources)) > self.longest:
-            raise StandInOutOfMemory("out of memory allocating 1,073,741,824 bytes")
+            raise self.error("out of memory allocating 1,073,741,824 bytes")
         return self.engine.encode(sources)
 
     def __getattr__(self, name):
@@ -79,6 +80,24 @@ def test_without_a_gpu_out_of_memory_is_not_caught(tiny, monkeypatch):
     cpu = replace(tiny, engine=ShortOfMemory(tiny.engine, most=1))
     with pytest.raises(StandInOutOfMemory):
         cpu.generate([[5, 6, 2], [5, 7, 2]], "fra_Latn", OPTIONS)
+
+
+def test_the_cpu_out_of_memory_halves_the_batch_then_names_the_sentence_and_the_beams(tiny):
+    """NumPy's MemoryError (a wide beam under a memory limit) is split and retried as the GPU's is, and a sentence
+    too large alone fails its row naming its beams (or samples) and what to lower."""
+    cpu = replace(tiny, engine=ShortOfMemory(tiny.engine, most=2, longest=12, error=MemoryError))
+    records = [Record(i, t, {}, where=f"in:{i + 1}") for i, t in enumerate(TEXTS)]
+    outcomes = translate_records(cpu, records, Job("eng_Latn", "fra_Latn", on_error="skip", split=False), OPTIONS, 1000)
+    expected = tiny.translate_sentences(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
+    for record, outcome, translation in zip(records, outcomes, expected):
+        tokens = len(tiny.tokenizer.encode(record.text, "eng_Latn"))
+        assert (outcome.translation, outcome.error) == ((translation, None) if tokens <= 12 else (None, (
+            f"{record.where}: the CPU ran out of memory on this sentence alone ({tokens} source tokens) with 2 beams "
+            "of up to 10 tokens: lower --beam-size or --max-length")))
+    assert None in [o.translation for o in outcomes]
+    sampling = replace(OPTIONS, beam_size=1, sampling_topk=0, num_hypotheses=3, seed=1)
+    with pytest.raises(SentenceError, match=r"\) with 3 samples of up to 10 tokens: lower --num-hypotheses or "):
+        cpu.generate_hypotheses([tiny.tokenizer.encode(TEXTS[0], "eng_Latn")], "fra_Latn", sampling)
 
 
 @pytest.mark.parametrize("on_error", ["skip", "fail"])
