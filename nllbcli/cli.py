@@ -350,6 +350,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     from dataclasses import replace
 
     from .checkpoint import resolve_model_dir
+    from .signals import Stopped, stop_on_signals
 
     ctx = click.get_current_context()
     if ctx.get_parameter_source("devices") is not click.core.ParameterSource.DEFAULT:
@@ -373,15 +374,14 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     options = raydata.RayOptions(address, actors, device, threads, compute_type)
     started = time.monotonic()
     try:
-        outcomes = raydata.translate_with_ray(
-            inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
-            max_batch_tokens=max_batch_tokens, max_batch_sentences=max_batch_sentences, resume=resume, force=base.force, input_format=input_format,
-            output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
-            warn=lambda message: click.echo(message, err=True))
-    except KeyboardInterrupt:
-        click.echo("Stopped by SIGINT: the rows written so far are kept; run the same command with --resume to "
-                   "continue.", err=True)
-        sys.exit(130)
+        with stop_on_signals():
+            outcomes = raydata.translate_with_ray(
+                inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
+                max_batch_tokens=max_batch_tokens, max_batch_sentences=max_batch_sentences, resume=resume, force=base.force, input_format=input_format,
+                output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
+                warn=lambda message: click.echo(message, err=True))
+    except Stopped as stop:
+        exit_on_stop(stop, streamed=False)
     if not quiet:
         if outcomes.already:
             click.echo(f"Already finished: {output} holds this job's rows, and its inputs and options are unchanged; "
@@ -507,15 +507,22 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
                                       threads=threads, pool=pool)
         return 3 if counters.failed else 0
     except Stopped as stop:
-        if is_stream(job.output) and getattr(stop, "rows", 0):
-            click.echo(f"Stopped by {stop}: the first {stop.rows:,} rows are done and written.", err=True)
-        elif is_stream(job.output):
-            click.echo(f"Stopped by {stop} before any rows were written.", err=True)
-        elif getattr(stop, "resumable", False):
-            click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)
-        else:
-            click.echo(f"Stopped by {stop} before any rows were saved; nothing was written.", err=True)
-        sys.exit(stop.exit_code)
+        exit_on_stop(stop, is_stream(job.output))
+
+
+def exit_on_stop(stop, streamed: bool) -> None:
+    """End a job a stop signal stopped: say what it leaves (to a stream, `streamed`: how many rows were written,
+    `stop.rows`; else what --resume continues from, where `stop.resumable` says something was saved) and exit with
+    130 or 143."""
+    if streamed and getattr(stop, "rows", 0):
+        click.echo(f"Stopped by {stop}: the first {stop.rows:,} rows are done and written.", err=True)
+    elif streamed:
+        click.echo(f"Stopped by {stop} before any rows were written.", err=True)
+    elif getattr(stop, "resumable", False):
+        click.echo(f"Stopped by {stop}: the rows done so far are saved; run the same command with --resume to continue.", err=True)
+    else:
+        click.echo(f"Stopped by {stop} before any rows were saved; nothing was written.", err=True)
+    sys.exit(stop.exit_code)
 
 
 @cli.command()

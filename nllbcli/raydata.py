@@ -8,12 +8,16 @@
 
 The staging directory `.OUTPUT.nllb-staging` beside OUTPUT holds the job (job.json), Ray's checkpoint of the ids
 written (a two-phase commit: a part counts once its checkpoint is committed, and the part of a write that died
-before that is deleted when the job resumes) and the parts. A job that fails, is stopped or is killed leaves it
-for --resume, which reads only the rows whose ids are not checkpointed. When every row is written, the parts are
-renamed by their first rows (part-FFFFF-RRRRRRRRRRRR: the file's number and the line or row), so that name order
-is input order, their rows counted against the inputs', the errors file written, and the directory renamed onto
-OUTPUT with a _SUCCESS file that records the job. A row is read, prepared, translated and written by the CLI's
-own functions (io/, rows.py, batching.py), so its translation is the CLI's to the byte.
+before that is deleted when the job resumes), the parts, each named by its task, its first row and its row count,
+and each input's row count, which its read task records as it reaches the file's end. A job that fails, is
+stopped or is killed leaves it for --resume, which reads only the rows whose ids are not checkpointed. When every
+row is written, the parts' rows are counted (from their names) against each input's, and the plan of the
+promotion recorded (promotion.json); then the parts are renamed by their first rows (part-FFFFF-RRRRRRRRRRRR: the
+file's number, as many digits as the job's last file needs, and the line or row), so that name order is input
+order, the errors file written, and the directory renamed onto OUTPUT with a _SUCCESS file that records the job.
+Each step of the promotion can be done again, so a promotion that was stopped or killed is finished by --resume
+from its plan, without Ray. A row is read, prepared, translated and written by the CLI's own functions (io/,
+rows.py, batching.py), so its translation is the CLI's to the byte.
 """
 
 from __future__ import annotations
@@ -27,13 +31,17 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
+import stat
+import subprocess
 import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from pathlib import Path
+from typing import Callable, Generator, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,15 +55,17 @@ from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 from .batching import translate_chunk
 from .checkpoint import model_identity
 from .errors import NllbError
-from .io import Position, Record, extension_format, file_identity
-from .io.jsonl import count_rows, encode_jsonl_row, is_blank_line, jsonl_fields, line_record
-from .io.parquet import TableMaker, batch_records, check_text_column, output_schema
-from .io.streams import Lines, Replay, compression_of, decompressing
+from .io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
+from .io.jsonl import encode_jsonl_row, is_blank_line, jsonl_fields, line_record
+from .io.parquet import TableMaker, batch_records, open_parquet, output_schema
+from .io.streams import Lines, Replay, decompressing, read_error
+from .lora import read_adapter_config
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
-from .pipeline import check_fields, error_line, failed_inputs
-from .resume import differences, replaced_atomically, sync_directory
+from .pipeline import check_fields, check_paths, error_line, failed_inputs
+from .resume import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from .rows import Outcome, added_values
+from .signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
 from .translator import expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
@@ -66,14 +76,58 @@ ROW_MASK = (1 << FILE_BITS) - 1
 READ_ROWS = 8192  # rows a read task yields at a time
 WRITING = "writing"  # the staging's folder of the write tasks writing parts now (writing, wait_for_writes)
 WRITES_END_S = 60.0  # how long a failed or resumed job waits for write tasks still writing
-PART = re.compile(r"-(\d{5})-(\d{12})(\.errors\.jsonl|\.jsonl|\.parquet)$")  # a written part: file, first row
-FINAL = re.compile(r"^part-\d{5}-\d{12}(\.errors\.jsonl|\.jsonl|\.parquet)$")
+LINE_DIGITS = 12  # a part's first line (JSONL) or row (Parquet) in its name; later ones in a file are refused
+LAST_LINE = 10 ** LINE_DIGITS - 1
+MAX_FILES = 1 << (63 - FILE_BITS)  # the file numbers an id holds
+STAGED = re.compile(rf"-(\d{{5,}})-(\d{{{LINE_DIGITS}}})-(\d+)(\.errors\.jsonl|\.jsonl|\.parquet)$")  # file, line, rows
+ROWS = "rows"  # the staging's folder of each input's row count, a file named NUMBER-ROWS (Source)
+PLAN = "promotion.json"  # the staging's plan of the promotion (promote)
 SUCCESS = "_SUCCESS"
 TASK_RETRIES = 5  # tries of a block whose actor died or whose batch function raised, before the job fails
 CONNECT_TIMEOUT = 10  # seconds a cluster's address has to take a connection
+KEEPER_END_S = 10.0  # how long a job that ends waits for the keeper of its Ray to end what is left of it
 LOCAL_CPUS = 4  # at least this many logical CPUs for a Ray started here: Ray's checkpoint filter and read tasks
 #                 each take one, and with fewer the pipeline waited on them for good (2-core machines)
 
+# The keeper of a Ray the job started (keep_local_ray): a process of its own session, given the pids of that Ray's
+# processes, which waits for the job's process to end (its stdin, a pipe from it, closes however it ends: kill -9
+# too), then kills those processes and every process they started that is still there. Ray ends its GCS and raylet
+# with the driver (PR_SET_PDEATHSIG), and a worker ends with its raylet, but the raylet's agents, once it is gone,
+# try for a minute to tell the dead GCS before they exit. The processes are followed (their children every second)
+# by their start times, so that a pid the system has given to another process since is never killed.
+KEEPER = """
+import os, select, signal, sys
+
+def processes():
+    found = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            found[int(entry)] = (int(fields[1]), fields[19])  # parent, start time
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+def follow(now):  # the children of the processes kept, theirs, and so on
+    grown = True
+    while grown:
+        grown = False
+        for pid, (parent, start) in now.items():
+            if pid not in kept and parent in now and kept.get(parent) == now[parent][1]:
+                kept[pid], grown = start, True
+
+now = processes()
+kept = {pid: now[pid][1] for pid in map(int, sys.argv[1:]) if pid in now}
+while not (select.select([0], [], [], 1.0)[0] and not os.read(0, 1)):
+    follow(now)
+    now = processes()
+now = processes()
+follow(now)
+for pid, start in kept.items():
+    if pid in now and now[pid][1] == start:
+        os.kill(pid, signal.SIGKILL)
+"""
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -102,9 +156,33 @@ def staging_path(output: str) -> str:
     return os.path.join(directory, f".{name}.nllb-staging")
 
 
+def file_digits(files: int) -> int:
+    """The width of an input's number in the part names of a job of `files` inputs: its last file's (at least 5),
+    the same in every name of the job, so that name order is input order."""
+    return max(5, len(str(files - 1)))
+
+
+def staged_name(task: str, file: int, line: int, rows: int, digits: int, suffix: str) -> str:
+    """A part as its write task names it: the task (Ray's checkpoint finds an uncommitted part by it), the file's
+    number, the part's first line (JSONL, from 1) or row (Parquet, from 0), and how many rows it holds."""
+    return f"{task}-{file:0{digits}d}-{line:0{LINE_DIGITS}d}-{rows}{suffix}"
+
+
+def parse_staged(name: str) -> tuple[int, int, int, str] | None:
+    """The file number, first line (or row), rows and suffix of a staged part's name; None for another name."""
+    match = STAGED.search(name)
+    return None if match is None else (int(match[1]), int(match[2]), int(match[3]), match[4])
+
+
+def final_name(file: int, line: int, digits: int, suffix: str) -> str:
+    """A part as OUTPUT names it: by its file's number and its first line (or row), in input order by name."""
+    return f"part-{file:0{digits}d}-{line:0{LINE_DIGITS}d}{suffix}"
+
+
 def expand_inputs(paths: list[str]) -> list[str]:
     """The input files: each file named, every JSONL or Parquet file under a directory named (hidden ones, and
-    Spark's and Ray's _ files, left out), every file a glob pattern matches; sorted, each once."""
+    Spark's and Ray's _ files, left out), every file a glob pattern matches; sorted, each once. A name that is not
+    a file (a dangling link, a FIFO) is kept, for check_inputs to refuse with its reason."""
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
@@ -113,15 +191,19 @@ def expand_inputs(paths: list[str]) -> list[str]:
             if not found:
                 raise NllbError(f"{path}: the directory holds no .jsonl, .ndjson, .json or .parquet file.")
         elif glob.has_magic(path):
-            found = sorted(p for p in glob.glob(path, recursive=True) if os.path.isfile(p))
+            found = sorted(p for p in glob.glob(path, recursive=True) if not os.path.isdir(p))
             if not found:
                 raise NllbError(f"{path}: the pattern matches no file.")
-        elif os.path.isfile(path):
+        elif os.path.lexists(path):
             found = [path]
         else:
             raise NllbError(f"{path}: no such file or directory.")
         files += found
-    return list(dict.fromkeys(files))
+    files = list(dict.fromkeys(files))
+    if len(files) > MAX_FILES:
+        raise NllbError(f"--ray numbers at most {MAX_FILES:,} input files, and these are {len(files):,}: translate "
+                        "them in several jobs.")
+    return files
 
 
 def check_names(paths: list[str]) -> None:
@@ -154,15 +236,30 @@ def inputs_format(files: list[str], given: str | None) -> str:
     return fmt
 
 
-def check_parquet_inputs(files: list[str], field: str) -> pa.Schema:
-    """Every Parquet input has one schema, with the text column: the parts of one output share it."""
-    schema = None
+def check_inputs(files: list[str], fmt: str, field: str) -> tuple[list[str | None], pa.Schema | None]:
+    """Each input opened before any work, as the command opens it: one that cannot be read (a dangling link, no
+    permission, not a regular file) or whose first bytes are not the compression its name says is refused, named,
+    here and not by a read task once the job runs. Returns each input's compression, found from its first bytes
+    as the command finds it, and the Parquet inputs' one schema."""
+    compressions = []
     for path in files:
         try:
-            found = pq.read_schema(path)
-        except (pa.ArrowException, OSError) as error:
-            raise NllbError(f"{path}: cannot read it as Parquet: {error}") from None
-        check_text_column(found, path, field)
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO's bytes are read once, and by one read task
+                raise NllbError(f"cannot read {path}: it is not a regular file, and --ray reads files.")
+            with open(path, "rb") as stream:
+                head = stream.read(4)
+        except OSError as error:
+            raise read_error(path, error) from None
+        compressions.append(input_compression(path, path, head))
+    return compressions, check_parquet_inputs(files, field) if fmt == "parquet" else None
+
+
+def check_parquet_inputs(files: list[str], field: str) -> pa.Schema:
+    """Every Parquet input has one schema, with the text column (as the command checks it): the parts of one
+    output share it."""
+    schema = None
+    for path in files:
+        found = open_parquet(path, path, field, Position(), {}).schema
         if any(name in INTERNAL for name in found.names):
             raise NllbError(f"{path}: a column's name starts with __nllb_, which --ray keeps for its own.")
         if schema is None:
@@ -191,40 +288,75 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: 
 
 class Source(FileBasedDatasource):
     """The inputs for Ray Data: JSONL as each non-blank line's bytes, Parquet as its columns, every row with its
-    id and its number in its file (its row, from 0)."""
+    id and its number in its file (its row, from 0). A read task that has read a file through records its rows in
+    the staging's ROWS folder; a read error names the file, as the command's does."""
 
-    def __init__(self, files: list[str], fmt: str):
+    def __init__(self, files: list[str], names: list[str], fmt: str, compressions: list[str | None], staging: str):
         super().__init__(files)
-        self.fmt = fmt
+        self.fmt, self.names, self.compressions, self.staging = fmt, names, compressions, staging
         self.numbers = {os.path.abspath(f): n for n, f in enumerate(files)}
 
     def _open_input_source(self, filesystem, path: str, **open_args):
-        if self.fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
-            return filesystem.open_input_file(path)
-        # .gz and .zst decompressed as the CLI does them (gzip members, zstd frames, a cut file an error)
-        return decompressing(filesystem.open_input_stream(path, compression=None), compression_of(path))
+        number = self.numbers[os.path.abspath(path)]
+        try:
+            if self.fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
+                return filesystem.open_input_file(path)
+            # .gz and .zst decompressed as the CLI does them (gzip members, zstd frames, a cut file an error)
+            return decompressing(filesystem.open_input_stream(path, compression=None), self.compressions[number])
+        except OSError as error:
+            raise read_error(self.names[number], plain(error)) from None
 
     def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
-        base = self.numbers[os.path.abspath(path)] << FILE_BITS
-        if self.fmt == "parquet":
-            start = 0
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=READ_ROWS):
-                ids = pa.array(range(base | start, base | (start + batch.num_rows)), pa.int64())
-                yield pa.Table.from_batches([batch]).append_column(ID, ids)
-                start += batch.num_rows
-            return
-        ids, lines, row = [], [], 0
-        for number, raw in enumerate(Lines(Replay(f)), 1):  # lines end at \n alone, as the CLI's
-            if is_blank_line(raw, number):
-                continue
-            ids.append(base | number)
-            lines.append(raw)
-            if len(ids) == READ_ROWS:
-                yield lines_table(ids, row, lines)
-                row += len(ids)
-                ids, lines = [], []
-        if ids:
+        number = self.numbers[os.path.abspath(path)]
+        read = parquet_tables if self.fmt == "parquet" else jsonl_tables
+        rows = yield from read(f, number, self.names[number])
+        open(os.path.join(self.staging, ROWS, f"{number}-{rows}"), "wb").close()
+
+
+def jsonl_tables(f, number: int, name: str) -> Generator[pa.Table, None, int]:
+    """A JSONL file's non-blank lines, READ_ROWS at a time; returns how many there were."""
+    base, ids, lines, row = number << FILE_BITS, [], [], 0
+    for line, raw in enumerate(name_read_errors(Lines(Replay(f)), name), 1):  # lines end at \n alone, as the CLI's
+        if is_blank_line(raw, line):
+            continue
+        if line > LAST_LINE:
+            raise NllbError(f"{name}: more than {LAST_LINE:,} lines, the most --ray numbers in a file.")
+        ids.append(base | line)
+        lines.append(raw)
+        if len(ids) == READ_ROWS:
             yield lines_table(ids, row, lines)
+            row += len(ids)
+            ids, lines = [], []
+    if ids:
+        yield lines_table(ids, row, lines)
+    return row + len(ids)
+
+
+def parquet_tables(f, number: int, name: str) -> Generator[pa.Table, None, int]:
+    """A Parquet file's rows, READ_ROWS at a time; returns how many there were."""
+    base, start = number << FILE_BITS, 0
+    try:
+        batches = pq.ParquetFile(f).iter_batches(batch_size=READ_ROWS)
+    except (pa.ArrowException, OSError) as error:
+        raise NllbError(f"{name}: cannot read it as Parquet: {error}") from None
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as error:
+            raise NllbError(f"{name}: cannot read rows after row {start}: {error}") from None
+        if batch is None:
+            return start
+        if start + batch.num_rows > LAST_LINE + 1:
+            raise NllbError(f"{name}: more than {LAST_LINE + 1:,} rows, the most --ray numbers in a file.")
+        ids = pa.array(range(base | start, base | (start + batch.num_rows)), pa.int64())
+        yield pa.Table.from_batches([batch]).append_column(ID, ids)
+        start += batch.num_rows
+
+
+def plain(error: OSError) -> OSError:
+    """An error of pyarrow's file system as the system's own: its errno's reason alone, without the sentence that
+    pyarrow writes around it (the path, which the message names already)."""
+    return OSError(error.errno, os.strerror(error.errno)) if error.errno else error
 
 
 def lines_table(ids: list[int], first_row: int, lines: list[bytes]) -> pa.Table:
@@ -237,12 +369,18 @@ class Translating:
     at once) while one engine thread runs the model, so that the host's work overlaps the GPU's as in the CLI.
 
     Every row comes back: a translated one with its output (a JSONL line, or its Parquet columns with the
-    translation), a failed one with its error and its errors-file line; the Sink applies --on-error."""
+    translation), a failed one with its error and its errors-file line; the Sink applies --on-error. A model that
+    does not load fails each call with the error that says why: Ray keeps a call's error whole for the job's
+    line, and an actor's constructor's as text only (ray_error)."""
 
     def __init__(self, load: Callable, names: list[str], job: Job, decode: DecodeOptions,
                  max_batch_tokens: int | None, schema: pa.Schema | None, max_batch_sentences: int | None = None):
         self.engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
-        self.translator = self.engine.submit(load).result()
+        try:
+            self.translator, self.failure = self.engine.submit(load).result(), None
+        except Exception as error:  # noqa: BLE001 - whatever the load raised is the job's error
+            self.failure = error
+            return
         # the engine thread waits for the GIL behind the threads preparing and finishing blocks, as the CLI's
         # main thread does behind its reader and finisher: the same settings as a job's (overlap.py)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
@@ -256,6 +394,8 @@ class Translating:
         self.worker = f"GPU {','.join(map(str, gpus))}" if gpus else "CPU"
 
     def __call__(self, block: pa.Table) -> pa.Table:
+        if self.failure is not None:
+            raise self.failure
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
         outcomes, _, _ = translate_chunk(self.translator, records, self.job, self.decode, self.batching.max_batch_tokens,
@@ -312,12 +452,13 @@ class Translating:
 
 
 class Sink(BlockBasedFileDatasink):
-    """The staged parts: a write task's rows sorted by id, the translated ones in a part named by its first row,
-    the failed ones' errors lines beside it. With --on-error fail a failed row fails the task, and the job."""
+    """The staged parts: a write task's rows sorted by id, the translated ones in a part named by its first row
+    and its row count, the failed ones' errors lines beside it. With --on-error fail a failed row fails the task,
+    and the job. `digits`: the width of the file numbers in the names (file_digits)."""
 
-    def __init__(self, path: str, fmt: str, on_error: str):
+    def __init__(self, path: str, fmt: str, on_error: str, digits: int):
         super().__init__(path, file_format=fmt)
-        self.fmt, self.on_error = fmt, on_error
+        self.fmt, self.on_error, self.digits = fmt, on_error, digits
 
     def write(self, blocks, ctx) -> dict | None:
         from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
@@ -337,20 +478,27 @@ class Sink(BlockBasedFileDatasink):
             for start, end in runs(table.column(ID).to_pylist(), table.column(ROW).to_pylist()):
                 run = table.slice(start, end - start)
                 first = run.column(ID)[0].as_py()
-                name = f"{self.path}/{task}-{first >> FILE_BITS:05d}-{first & ROW_MASK:012d}"
                 failed = run.column(ERROR).is_valid()
                 kept, lost = run.filter(pa.compute.invert(failed)), run.filter(failed)
-                if kept.num_rows:
-                    with self.open_output_stream(f"{name}.{self.fmt}") as stream:
-                        if self.fmt == "jsonl":
-                            stream.write(b"".join(kept.column(LINE).to_pylist()))
-                        else:
-                            pq.write_table(kept.drop_columns([c for c in INTERNAL if c in kept.column_names]), stream)
-                if lost.num_rows:
-                    with self.open_output_stream(f"{name}.errors.jsonl") as stream:
-                        stream.write(b"".join(lost.column(ERROR_LINE).to_pylist()))
+                for rows, suffix in ((kept, f".{self.fmt}"), (lost, ".errors.jsonl")):
+                    if rows.num_rows:
+                        name = staged_name(task, first >> FILE_BITS, first & ROW_MASK, rows.num_rows, self.digits, suffix)
+                        self.write_part(f"{self.path}/{name}", rows, suffix == ".errors.jsonl")
         return {"rows": table.num_rows, "failed": table.num_rows - errors.null_count,
                 "workers": sorted(set(table.column(WORKER).to_pylist()))}
+
+    def write_part(self, path: str, rows: pa.Table, errors: bool) -> None:
+        """A part's rows (translated: their output; failed: their errors lines) into the file at `path`."""
+        try:
+            with self.open_output_stream(path) as stream:
+                if errors:
+                    stream.write(b"".join(rows.column(ERROR_LINE).to_pylist()))
+                elif self.fmt == "jsonl":
+                    stream.write(b"".join(rows.column(LINE).to_pylist()))
+                else:
+                    pq.write_table(rows.drop_columns([c for c in INTERNAL if c in rows.column_names]), stream)
+        except OSError as error:
+            raise NllbError(f"cannot write {path}: {plain(error).strerror or error}.") from None
 
     def on_write_complete(self, write_result) -> None:
         self.returns = [r for r in write_result.write_returns if r]
@@ -419,7 +567,9 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         raise NllbError("--ray writes a row for each input row: several target languages go to columns there "
                         "(--targets-as columns), not rows.")
     check_fields(job)
-    schema = check_parquet_inputs(files, job.field) if fmt == "parquet" else None
+    if adapter is not None:  # the actors load it: what the command checks before any work, checked here
+        read_adapter_config(Path(adapter))
+    compressions, schema = check_inputs(files, fmt, job.field)
     check_output(output, files, job, force)
     compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
     identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter, compute_type)
@@ -427,19 +577,41 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     if resume and finished_job(output) == identity:
         remove_path(staging)
         return Outcomes(already=True)
-    prepare_staging(staging, identity, resume, warn)
-    load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads, options.compute_type,
-                                     compute_type)
-    started = start_ray(options.address)
+    errors = open_errors(job)
+    workers: tuple[str, ...] = ()
     try:
-        workers = run_dataset(files, staging, job, decode, options, schema, load, chunk_rows, max_batch_tokens,
-                              max_batch_sentences, progress)
-    finally:
-        if started:
-            ray.shutdown()
-    outcomes = promote(staging, output, files, fmt, job, identity, warn)
+        prepare_staging(staging, identity, resume, warn)
+        if not os.path.exists(os.path.join(staging, PLAN)):  # a promotion under way: every row is written
+            load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads,
+                                             options.compute_type, compute_type)
+            with local_ray(options.address):
+                workers = run_dataset(files, compressions, staging, job, decode, options, schema, load, chunk_rows,
+                                      max_batch_tokens, max_batch_sentences, progress)
+        outcomes = promote(staging, output, files, job, identity, errors, warn)
+    except BaseException as error:
+        if errors is not None:
+            errors.discard()
+        if isinstance(error, Stopped):
+            error.resumable = saved_any(staging)
+        raise
     outcomes.workers = workers
     return outcomes
+
+
+def open_errors(job: Job) -> PartialFile | StreamFile | None:
+    """The errors file of --on-error record, opened before any work as the command opens it (a partial file beside
+    it, locked, or a stream): one that cannot be written is refused before the job runs. The promotion writes it."""
+    if job.on_error != "record" or not job.errors:
+        return None
+    return StreamFile(job.errors) if is_stream(job.errors) else PartialFile(job.errors)
+
+
+def saved_any(staging: str) -> bool:
+    """Whether a stopped job left anything for --resume to continue from: a part, or a promotion's plan."""
+    try:
+        return os.path.exists(os.path.join(staging, PLAN)) or bool(os.listdir(os.path.join(staging, "data")))
+    except OSError:
+        return False
 
 
 def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str,
@@ -463,7 +635,7 @@ def load_on_actor(model: str, device: str, adapter: str | None, threads: int | N
 
 def check_output(output: str, files: list[str], job: Job, force: bool) -> None:
     """OUTPUT is a directory nllb wrote (or an empty one, or none yet), no input lies in it, and the errors file
-    is none of the inputs."""
+    is none of the inputs (the command's checks of it, OUTPUT aside: here a directory, checked above)."""
     if os.path.exists(output) and not os.path.isdir(output):
         raise NllbError(f"OUTPUT {output} is a file, and --ray writes a directory of parts: name a directory.")
     if os.path.isdir(output) and os.listdir(output) and finished_job(output) is None and not force:
@@ -476,8 +648,7 @@ def check_output(output: str, files: list[str], job: Job, force: bool) -> None:
     for path in files:
         if os.path.realpath(path).startswith(top + os.sep):
             raise NllbError(f"the input {path} lies in OUTPUT {output}: refusing to replace it.")
-        if job.errors and os.path.exists(job.errors) and os.path.samefile(path, job.errors):
-            raise NllbError(f"--errors {job.errors} is the input file {path}: refusing to write over the input.")
+        check_paths(replace(job, input=path, output="-"))
 
 
 def finished_job(output: str) -> dict | None:
@@ -513,6 +684,7 @@ def prepare_staging(staging: str, identity: dict, resume: bool, warn: Callable[[
         warn("Starting afresh: there is no interrupted job to continue.")
     remove_path(staging)
     os.makedirs(os.path.join(staging, "data"))
+    os.makedirs(os.path.join(staging, ROWS))
     write_json(path, identity)
 
 
@@ -533,6 +705,34 @@ def write_json(path: str, value: dict) -> None:
     sync_directory(os.path.dirname(path))
 
 
+@contextlib.contextmanager
+def local_ray(address: str | None) -> Iterator[None]:
+    """Ray for the job (start_ray): a Ray this call connected to is disconnected as the job ends, however it ends
+    (a Ray it started ends with that), and a Ray it started ends soon after a kill -9 of this process too (KEEPER)."""
+    if not start_ray(address):
+        yield
+        return
+    keeper = keep_local_ray()
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        if keeper is not None:
+            keeper.stdin.close()  # the keeper ends what ray.shutdown left, and then itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                keeper.wait(timeout=KEEPER_END_S)
+
+
+def keep_local_ray() -> subprocess.Popen | None:
+    """The keeper (KEEPER) of the Ray this process started, given its processes' pids; None for a Ray it joined."""
+    node = ray._private.worker._global_node
+    pids = [str(info.process.pid) for infos in (node.all_processes.values() if node else ()) for info in infos]
+    if not pids:
+        return None
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", KEEPER, *pids], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
 def start_ray(address: str | None) -> bool:
     """Ray joined (address, $RAY_ADDRESS, or the one running here) or started here; whether this call connected
     (and so disconnects, which ends a Ray it started)."""
@@ -548,17 +748,30 @@ def start_ray(address: str | None) -> bool:
     quiet = "RAY_BACKEND_LOG_LEVEL" not in os.environ
     if quiet:
         os.environ["RAY_BACKEND_LOG_LEVEL"] = "fatal"
+    # and the driver prints each failed try of a task that is tried again (a batch function that raised, an actor
+    # that died) on stdout, with its traceback: the job's own error is its line, once the tries are spent
+    os.environ.setdefault("RAY_enable_output_error_log_if_still_retry", "false")
     if address is None:
         address = os.environ.get("RAY_ADDRESS") or running_here()
     if address not in (None, "local"):
         check_answers(address)
-    with (silent_stderr() if quiet else contextlib.nullcontext()):
-        if address in (None, "local"):  # "local": a new Ray, whatever a stopped one's record says
-            cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
-            ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
-                     log_to_driver=False)
-        else:
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    try:
+        with (silent_stderr() if quiet else contextlib.nullcontext()):
+            if address in (None, "local"):  # "local": a new Ray, whatever a stopped one's record says
+                cpus = max(LOCAL_CPUS, os.cpu_count() or 1)
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
+                         log_to_driver=False)
+            else:
+                ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    except SystemExit as exit:  # ray.init's own SIGTERM handler, in force while it starts Ray, exits with 15
+        ray.shutdown()
+        if exit.code == signal.SIGTERM:
+            act_on_signal(signal.SIGTERM)
+        raise
+    finally:
+        # ray.init sets a SIGTERM handler of its own (it exits with 15), and the driver's core worker a native one
+        # that prints a stack dump: the job's stop signals are the job's again (signals.py)
+        reclaim_signals()
     return True
 
 
@@ -607,15 +820,16 @@ def running_here() -> str | None:
     return "auto" if recorded and recorded in services.find_gcs_addresses() else None
 
 
-def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions, options: RayOptions,
-                schema: pa.Schema | None, load: Callable, chunk_rows: int | None, max_batch_tokens: int | None,
-                max_batch_sentences: int | None, progress: bool) -> tuple[str, ...]:
+def run_dataset(files: list[str], compressions: list[str | None], staging: str, job: Job, decode: DecodeOptions,
+                options: RayOptions, schema: pa.Schema | None, load: Callable, chunk_rows: int | None,
+                max_batch_tokens: int | None, max_batch_sentences: int | None, progress: bool) -> tuple[str, ...]:
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
     context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
     context.enable_progress_bars = progress
     context.print_on_execution_start = False
     context.actor_task_retry_on_errors = True  # with max_task_retries: a batch function that raised runs again
+    context.raise_original_map_exception = True  # what it raised reaches the job's error (ray_error), not a wrapper
     context.checkpoint_config = CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
                                                  delete_checkpoint_on_success=False)
     gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device != "cpu" else 0
@@ -630,7 +844,8 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
     defaults = GPU_BATCHING if gpus else BatchOptions()
     chunk_rows = chunk_rows or defaults.read_chunk_rows
     names = list(files)  # as messages name them; the read tasks, on any node, get them whole
-    dataset = ray.data.read_datasource(Source([os.path.abspath(f) for f in files], job.input_format))
+    dataset = ray.data.read_datasource(Source([os.path.abspath(f) for f in files], names, job.input_format,
+                                              compressions, staging))
     # strict: every block chunk_rows rows but the last; else each read block leaves a small one of its own, which
     # an actor takes as one call with little for the GPU to do while its next block is prepared
     dataset = dataset.repartition(target_num_rows_per_block=chunk_rows, strict=True)
@@ -643,7 +858,7 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
             batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
             compute=ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2, enable_true_multi_threading=True),
             max_task_retries=TASK_RETRIES)
-    sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error)
+    sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error, file_digits(len(files)))
     failure = None
     try:
         with warnings.catch_warnings():  # Ray Data's advice on its settings (fewer blocks than actors) is not the job's
@@ -657,8 +872,8 @@ def run_dataset(files: list[str], staging: str, job: Job, decode: DecodeOptions,
         del dataset, sink
         gc.collect()
         wait_for_writes(staging)  # nothing of this job lands after it has ended: a resume may start at once
-        raise NllbError(f"{failure} (the rows written so far are kept: run the same command with --resume to "
-                        "continue)")
+        raise NllbError(f"{failure.rstrip('.')} (the rows written so far are kept: run the same command with --resume "
+                        "to continue)")
     return tuple(sorted({w for r in getattr(sink, "returns", []) for w in r.get("workers", [])}))
 
 
@@ -673,78 +888,112 @@ def ray_error(error: BaseException) -> str:
             continue
         if isinstance(error, NllbError):  # (Ray adds lines of its own to what a task raised)
             return str(error).splitlines()[0]
-        last, error = error, error.__cause__
+        if str(error).strip():  # Ray Data's own exception around a failed job's cause says nothing itself
+            last = error
+        error = error.__cause__
     text = str(last).strip().splitlines()
     return f"Ray: {type(last).__name__}: {text[0] if text else 'the job failed'}"
 
 
-def promote(staging: str, output: str, files: list[str], fmt: str, job: Job, identity: dict,
-            warn: Callable[[str], None]) -> Outcomes:
-    """Every row written: the parts renamed in input order, counted against the inputs' rows, the failed rows
-    recorded (--errors) or named (skip), and the parts' directory renamed onto OUTPUT with its _SUCCESS."""
-    data = os.path.join(staging, "data")
-    os.makedirs(data, exist_ok=True)
-    for name in sorted(os.listdir(data)):
-        match = PART.search(name)
-        if match is None or FINAL.match(name):
-            continue
-        final = f"part-{match.group(1)}-{match.group(2)}{match.group(3)}"
-        if os.path.exists(os.path.join(data, final)):
-            raise NllbError(f"{staging}: two parts start at the same row ({final}): refusing to finish a job that "
-                            "would write a row twice; run it again without --resume.")
-        os.rename(os.path.join(data, name), os.path.join(data, final))
-    names = sorted(n for n in os.listdir(data) if FINAL.match(n))
-    failed_parts = [os.path.join(data, n) for n in names if n.endswith(".errors.jsonl")]
-    outcomes = Outcomes(rows=0, failed=sum(count_lines(p) for p in failed_parts))
-    outcomes.translated = sum(part_rows(os.path.join(data, n), fmt) for n in names if not n.endswith(".errors.jsonl"))
-    outcomes.rows = outcomes.translated + outcomes.failed
-    expected = sum(input_rows(f, fmt) for f in files)
-    if outcomes.rows != expected:
-        raise NllbError(f"{staging}: the parts hold {outcomes.rows:,} rows and the inputs {expected:,}: refusing to "
-                        "finish the job; run it again without --resume.")
-    if job.on_error == "record" and job.errors:
-        write_errors(failed_parts, job.errors)
-    elif failed_parts:
+def promote(staging: str, output: str, files: list[str], job: Job, identity: dict,
+            errors: PartialFile | StreamFile | None, warn: Callable[[str], None]) -> Outcomes:
+    """Every row written: the parts renamed in input order, the failed rows recorded (into `errors`) or named
+    (skip), and the parts' directory renamed onto OUTPUT with its _SUCCESS. The steps follow the plan (PLAN,
+    recorded once the parts' rows are counted against the inputs'), and each can be done again: a promotion
+    stopped, failed or killed at any point is finished by --resume, to the same bytes."""
+    data, plan_path = os.path.join(staging, "data"), os.path.join(staging, PLAN)
+    if os.path.exists(plan_path):
+        with open(plan_path, encoding="utf-8") as f:
+            plan = json.load(f)
+    else:
+        plan = plan_promotion(staging, files)
+        write_json(plan_path, plan)
+    for staged, final in plan["parts"]:
+        move(os.path.join(data, staged), os.path.join(data, final))
+    failed = os.path.join(staging, "errors")  # the errors parts, out of what becomes OUTPUT, until the end
+    os.makedirs(failed, exist_ok=True)
+    for staged, final in plan["errors"]:
+        move(os.path.join(data, staged), os.path.join(failed, final))
+    failed_parts = [os.path.join(failed, final) for _, final in plan["errors"]]
+    if errors is not None:
+        errors.start(0)
+        for path in failed_parts:
+            with open(path, "rb") as source:
+                shutil.copyfileobj(source, errors.stream)
+        errors.finish()
+    else:
         for path in failed_parts:
             with open(path, encoding="utf-8") as lines:
                 for line in lines:
                     warn(f"Skipped: {json.loads(line)['error']}")
-    for path in failed_parts:
-        os.unlink(path)
-    record = {"nllb": 1, "job": identity, "rows": outcomes.rows, "translated": outcomes.translated,
-              "failed": outcomes.failed}
-    write_json(os.path.join(data, SUCCESS), record)
-    if os.path.isdir(output):
-        os.rename(output, os.path.join(staging, "replaced"))
-    os.rename(data, output)
+    counts = {key: plan[key] for key in ("rows", "translated", "failed")}
+    write_json(os.path.join(data, SUCCESS), {"nllb": 1, "job": identity, **counts})
+    with critical():  # OUTPUT is never left gone by a stop signal: the old one replaced, then the new in place
+        if os.path.isdir(output):
+            replaced = os.path.join(staging, "replaced")
+            remove_path(replaced)
+            os.rename(output, replaced)
+        os.rename(data, output)
+        job_finished()
     sync_directory(os.path.dirname(os.path.abspath(output)))
     shutil.rmtree(staging)
-    return outcomes
+    return Outcomes(**counts)
 
 
-def count_lines(path: str) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
+def plan_promotion(staging: str, files: list[str]) -> dict:
+    """The promotion's plan: each staged part's final name, in input order (the errors parts apart), and the
+    rows, translated and failed. The parts' rows, from their names, must be each input's, as its read task counted
+    them: a part lost, a row written twice or an input changed while the job read it is refused, nothing promoted."""
+    counted = counted_rows(staging, files)
+    digits, held, translated = file_digits(len(files)), [0] * len(files), 0
+    parts: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for name in os.listdir(os.path.join(staging, "data")):
+        found = parse_staged(name)
+        if found is None:
+            continue
+        file, line, rows, suffix = found
+        if file >= len(files):
+            raise NllbError(f"{staging}: the part {name} is of an input this job does not have: refusing to finish "
+                            "the job; run it again without --resume.")
+        final = final_name(file, line, digits, suffix)
+        group = failed if suffix == ".errors.jsonl" else parts
+        if final in group:
+            raise NllbError(f"{staging}: two parts start at the same row ({group[final]} and {name}): refusing to "
+                            "finish a job that would write a row twice; run it again without --resume.")
+        group[final] = name
+        held[file] += rows
+        translated += rows if group is parts else 0
+    for number, name in enumerate(files):
+        if held[number] != counted.get(number):
+            have = "were not counted" if number not in counted else f"are {counted[number]:,}"
+            raise NllbError(f"{staging}: the parts hold {held[number]:,} rows of {name}, whose rows {have}: refusing "
+                            "to finish the job; run it again without --resume.")
+    return {"parts": [[parts[final], final] for final in sorted(parts)],
+            "errors": [[failed[final], final] for final in sorted(failed)],
+            "rows": sum(held), "translated": translated, "failed": sum(held) - translated}
 
 
-def part_rows(path: str, fmt: str) -> int:
-    if fmt == "parquet":
-        return pq.ParquetFile(path).metadata.num_rows
-    return count_lines(path)
+def counted_rows(staging: str, files: list[str]) -> dict[int, int]:
+    """Each input's rows by its number, as the read tasks recorded them (ROWS); an input read twice (a task run
+    again, a resumed job) must have had the same rows each time."""
+    counted: dict[int, int] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(os.path.join(staging, ROWS)):
+            number, _, rows = name.partition("-")
+            if not (number.isdigit() and rows.isdigit() and int(number) < len(files)):
+                continue  # not a record of this job's (a file system's own file, say)
+            number, rows = int(number), int(rows)
+            if counted.setdefault(number, rows) != rows:
+                raise NllbError(f"{files[number]} changed while the job read it ({counted[number]:,} rows, then "
+                                f"{rows:,}): run the job again without --resume.")
+    return counted
 
 
-def input_rows(path: str, fmt: str) -> int:
-    if fmt == "parquet":
-        return pq.ParquetFile(path).metadata.num_rows
-    with open(path, "rb") as f:
-        return count_rows(decompressing(f, compression_of(path)))
-
-
-def write_errors(parts: list[str], path: str) -> None:
-    """The failed rows' lines, in input order, written beside the errors file and renamed onto it."""
-    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.nllb-partial")
-    remove_path(temp)
-    with replaced_atomically(path, temp) as target:
-        for part in parts:
-            with open(part, "rb") as source:
-                shutil.copyfileobj(source, target)
+def move(source: str, target: str) -> None:
+    """Rename `source` onto `target`, unless an earlier run of the promotion did."""
+    if os.path.lexists(source):
+        os.rename(source, target)
+    elif not os.path.lexists(target):
+        raise NllbError(f"{source} is gone: refusing to finish the job without its rows; run it again without "
+                        "--resume.")

@@ -32,6 +32,7 @@ _shielded = 0  # depth of critical() sections (of every thread: the pipeline com
 _pending: int | None = None  # a signal that arrived inside one
 _finished = False  # the job's output is in place: stop signals are ignored until the command exits
 _stopping = False  # a stop signal was acted on (or waits for a critical section): the job is stopping
+_active = False  # inside stop_on_signals: the handlers are the job's
 _lock = threading.Lock()
 
 
@@ -62,17 +63,33 @@ def exit_at_once(signum: int) -> None:
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGINT and SIGTERM into `Stopped` for the duration of the block (main thread only)."""
-    global _pending, _finished, _stopping
+    global _pending, _finished, _stopping, _active
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _pending, _finished, _stopping = None, False, False
+    _pending, _finished, _stopping, _active = None, False, False, True
     previous = {s: signal.signal(s, _handle) for s in STOP_SIGNALS}
     try:
         yield
     finally:
+        _active = False
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def reclaim_signals() -> None:
+    """Make SIGINT and SIGTERM the job's again, inside stop_on_signals, after a library set handlers of its own
+    (ray.init sets one for SIGTERM that exits with 15, and Ray's core worker a native one that prints a stack dump)."""
+    if _active and threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, _handle)
+
+
+def act_on_signal(signum: int) -> None:
+    """A stop signal that a library's own handler took (ray.init's, while it starts Ray) acted on as the job's
+    handler acts on it, inside stop_on_signals; outside, nothing is done."""
+    if _active:
+        _handle(signum, None)
 
 
 @contextmanager

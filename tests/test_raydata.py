@@ -40,6 +40,7 @@ SAMPLE = str(ROOT / "data" / "samples" / "model")
 TINY = str(ROOT / "tests" / "models" / "tiny-a")
 GREEDY = DecodeOptions(beam_size=1, max_length=48)
 DECODE_ARGS = ["--beam-size", "1", "--max-length", "48"]
+SKIPPING = Job(src="eng_Latn", tgt="fra_Latn", on_error="skip")
 TEXTS = ["The concert is on the twelfth of March.", "David sees twenty black hats at the market every morning.",
          "Emma's birthday is on the fourth of July. My sister bought three red cars in the garden last week.",
          "My uncle went to Rome on Friday.", ""]
@@ -102,14 +103,16 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
     write_jsonl(inputs / "b.jsonl", 25, start=40)
     (inputs / "b.jsonl.gz").write_bytes(gzip.compress((inputs / "b.jsonl").read_bytes()))  # read as the CLI reads it
     (inputs / "b.jsonl").unlink()
+    write_jsonl(inputs / "c.jsonl", 5, start=65)
+    (inputs / "c.jsonl").write_bytes(gzip.compress((inputs / "c.jsonl").read_bytes()))  # gzip, as its bytes say
     (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
     code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8", "--max-batch-sentences", "3",
                      "--errors", str(tmp_path / "errors.jsonl"))
     assert code == 3, said
-    expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz")]
+    expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz", "c.jsonl")]
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == b"".join(out for out, _ in expected)
     assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(errors for _, errors in expected)
-    assert said.splitlines()[-1].startswith("Translated 62 of 65 rows (3 failed) into ")
+    assert said.splitlines()[-1].startswith("Translated 67 of 70 rows (3 failed) into ")
     assert said.splitlines()[-1].endswith(", on GPU 0, GPU 1.")  # each actor was given its own GPU by Ray
     assert "_SUCCESS" in os.listdir(tmp_path / "out")
     assert not list(tmp_path.glob(".out.nllb-staging"))
@@ -164,7 +167,7 @@ def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
 
     from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
 
-    sink = raydata.Sink(str(tmp_path), "jsonl", "skip")
+    sink = raydata.Sink(str(tmp_path), "jsonl", "skip", 5)
     ids = [5, 6, 9, 10, 11, (1 << raydata.FILE_BITS) | 1]  # lines 5-6 and 9-11 (7 blank) of file 0, line 1 of file 1
     rows = [3, 4, 6, 7, 8, 0]  # row 5 (line 8) is not among them: written by an earlier run
     block = pa.table({raydata.ID: ids, raydata.ROW: rows, raydata.LINE: [b"%d\n" % i for i in ids],
@@ -172,10 +175,87 @@ def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
                       raydata.ERROR_LINE: [None, None, None, b"{}\n", None, None], raydata.WORKER: ["CPU"] * 6})
     result = sink.write([block.slice(3), block.slice(0, 3)], SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=7))
     assert result == {"rows": 6, "failed": 1, "workers": ["CPU"]}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "u_000007-00000-000000000005.jsonl", "u_000007-00000-000000000009.errors.jsonl",
-        "u_000007-00000-000000000009.jsonl", "u_000007-00001-000000000001.jsonl"]
-    assert (tmp_path / "u_000007-00000-000000000009.jsonl").read_bytes() == b"9\n11\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # each named by its first line and its rows
+        "u_000007-00000-000000000005-2.jsonl", "u_000007-00000-000000000009-1.errors.jsonl",
+        "u_000007-00000-000000000009-2.jsonl", "u_000007-00001-000000000001-1.jsonl"]
+    assert (tmp_path / "u_000007-00000-000000000009-2.jsonl").read_bytes() == b"9\n11\n"
+
+
+def write_task(staging: Path, task: int, lines: list[tuple[int, int, int, str | None]], digits: int) -> None:
+    """What a write task of a job writes into its staging's data: rows given as (file, line, row, error)."""
+    from types import SimpleNamespace
+
+    from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
+
+    ids = [file << raydata.FILE_BITS | line for file, line, _, _ in lines]
+    block = pa.table({raydata.ID: pa.array(ids, pa.int64()), raydata.ROW: [row for _, _, row, _ in lines],
+                      raydata.LINE: [b'{"n": %d}\n' % i for i in ids], raydata.ERROR: [e for *_, e in lines],
+                      raydata.ERROR_LINE: [None if e is None else b'{"error": "%s"}\n' % e.encode() for *_, e in lines],
+                      raydata.WORKER: ["CPU"] * len(lines)})
+    sink = raydata.Sink(str(staging / "data"), "jsonl", "skip", digits)
+    sink.write([block], SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=task))
+
+
+def test_part_names_keep_input_order_past_99999_files(tmp_path, monkeypatch):
+    """The file's number takes as many digits as the job's last file needs, in every name of the job: names sort
+    as the inputs do and parse back, at 100,001 inputs as at 2."""
+    digits = raydata.file_digits(100_001)
+    assert (raydata.file_digits(2), digits) == (5, 6)
+    names = [raydata.final_name(file, line, digits, ".jsonl") for file, line in ((100_000, 1), (5, 12), (99_999, 3), (5, 2))]
+    assert sorted(names) == ["part-000005-000000000002.jsonl", "part-000005-000000000012.jsonl",
+                             "part-099999-000000000003.jsonl", "part-100000-000000000001.jsonl"]
+    staged = raydata.staged_name("u_000007", 100_000, 5, 3, digits, ".errors.jsonl")
+    assert staged == "u_000007-100000-000000000005-3.errors.jsonl"
+    assert raydata.parse_staged(staged) == (100_000, 5, 3, ".errors.jsonl")
+    assert raydata.parse_staged("part-100000-000000000005.jsonl") is None  # a promoted part is not a staged one
+
+    # a promotion of such a job: the parts of the last two of 100,001 inputs (the inputs themselves are not read)
+    files = [f"in-{n}.jsonl" for n in range(100_001)]
+    staging = tmp_path / ".out.nllb-staging"
+    raydata.prepare_staging(str(staging), {"job": 1}, False, print)
+    write_task(staging, 0, [(100_000, 1, 0, None), (100_000, 2, 1, "bad")], digits)
+    write_task(staging, 1, [(99_999, 1, 0, None), (99_999, 3, 1, None)], digits)
+    # the read tasks' records of 100,001 inputs' rows (as many files in the staging: a minute on a slow disk)
+    monkeypatch.setattr(raydata, "counted_rows", lambda staging, files: {n: 2 * (n >= 99_999) for n in range(len(files))})
+    skipped = []
+    outcomes = raydata.promote(str(staging), str(tmp_path / "out"), files, SKIPPING, {"job": 1}, None, skipped.append)
+    assert (outcomes.rows, outcomes.translated, outcomes.failed) == (4, 3, 1) and skipped == ["Skipped: bad"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["_SUCCESS", "part-099999-000000000001.jsonl",
+                                                   "part-100000-000000000001.jsonl"]
+    assert (tmp_path / "out" / "part-099999-000000000001.jsonl").read_bytes() == (
+        b'{"n": %d}\n{"n": %d}\n' % (99_999 << raydata.FILE_BITS | 1, 99_999 << raydata.FILE_BITS | 3))
+    assert not staging.exists()
+
+
+@pytest.mark.parametrize("lost", ["first", "last", "errors"])
+def test_a_lost_part_is_refused_from_the_counts_the_tasks_recorded(tmp_path, lost):
+    """The parts' rows (from their names) against each input's (its read task's record): a part gone, the first,
+    the last of a file or an errors part, is refused and nothing promoted."""
+    staging = tmp_path / ".out.nllb-staging"
+    raydata.prepare_staging(str(staging), {"job": 1}, False, print)
+    write_task(staging, 0, [(0, 1, 0, None), (0, 2, 1, None)], 5)
+    write_task(staging, 1, [(0, 4, 2, None), (0, 5, 3, "bad"), (0, 6, 4, None)], 5)
+    open(staging / raydata.ROWS / "0-5", "wb").close()
+    data = staging / "data"
+    gone = {"first": "u_000000-00000-000000000001-2.jsonl", "last": "u_000001-00000-000000000004-2.jsonl",
+            "errors": "u_000001-00000-000000000004-1.errors.jsonl"}[lost]
+    (data / gone).unlink()
+    with pytest.raises(NllbError, match=r"the parts hold [34] rows of in.jsonl, whose rows are 5: refusing to finish "
+                                        r"the job; run it again without --resume\.$"):
+        raydata.promote(str(staging), str(tmp_path / "out"), ["in.jsonl"], SKIPPING, {"job": 1}, None, print)
+    assert not (tmp_path / "out").exists() and not (staging / raydata.PLAN).exists()
+
+
+def test_an_input_that_changed_while_the_job_read_it_is_refused(tmp_path):
+    """Two reads of one input (a read task run again, a resumed job) that counted other rows."""
+    staging = tmp_path / ".out.nllb-staging"
+    raydata.prepare_staging(str(staging), {"job": 1}, False, print)
+    write_task(staging, 0, [(0, 1, 0, None)], 5)
+    for record in ("0-1", "0-2"):
+        open(staging / raydata.ROWS / record, "wb").close()
+    with pytest.raises(NllbError, match=r"^in.jsonl changed while the job read it \(\d rows, then \d\): run the job "
+                                        r"again without --resume\.$"):
+        raydata.promote(str(staging), str(tmp_path / "out"), ["in.jsonl"], SKIPPING, {"job": 1}, None, print)
 
 
 class Flaky:
@@ -201,7 +281,7 @@ def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:
 
 
 def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, **kwargs) -> raydata.Outcomes:
-    job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"))
+    job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"), errors=kwargs.pop("errors", None))
     return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(), model=SAMPLE,
                                       load=load, warn=lambda message: None, **kwargs)
 
@@ -348,6 +428,80 @@ def test_a_job_whose_weights_were_written_anew_is_refused_or_translated_again(tm
     assert b"".join(p.read_bytes() for p in parts(output, ".jsonl")) == (tmp_path / "cli.jsonl").read_bytes()
 
 
+class Crash(BaseException):
+    """A kill at one step of a promotion (a BaseException, as a stop signal's: nothing catches it)."""
+
+
+def test_a_promotion_stopped_at_any_step_is_finished_by_resume_to_the_same_bytes(tmp_path, monkeypatch):
+    """The promotion stopped before each of its steps (each rename or replace of a file, and the staging's removal:
+    the points where what is on disk changes) in turn, then --resume: the same OUTPUT, errors file and counts as a
+    promotion straight through, with Ray run again only where the plan had not been recorded yet."""
+    import shutil
+
+    write_jsonl(tmp_path / "in.jsonl", 30, bad_every=7)
+    inputs, output, errors = [str(tmp_path / "in.jsonl")], tmp_path / "out", tmp_path / "errors.jsonl"
+    staging, kept = tmp_path / ".out.nllb-staging", tmp_path / "kept-staging"
+    previous = {"nllb": 1, "job": {"an": "earlier job"}}  # a finished OUTPUT of another job, which this one replaces
+
+    def earlier_output():
+        shutil.rmtree(output, ignore_errors=True)
+        output.mkdir()
+        (output / "part-00000-000000000001.jsonl").write_text("{}\n")
+        (output / "_SUCCESS").write_text(json.dumps(previous))
+
+    promote = raydata.promote
+
+    def keep_staging(*args):
+        shutil.copytree(staging, kept, symlinks=True)
+        return promote(*args)
+
+    earlier_output()
+    with monkeypatch.context() as patch:
+        patch.setattr(raydata, "promote", keep_staging)
+        straight = translate(tmp_path, inputs, output, chunk_rows=10, on_error="record", errors=str(errors))
+    expected = {p.name: p.read_bytes() for p in output.iterdir()}, errors.read_bytes()
+    assert (straight.rows, straight.failed) == (30, 4) and len(expected[0]) > 2 and len(expected[1].splitlines()) == 4
+
+    steps = []
+
+    def step(function):
+        def counted(*args, **kwargs):
+            if str(args[0]).startswith(str(tmp_path)):
+                steps.append(str(args[0]))
+                if len(steps) == crash_at:
+                    raise Crash()
+            return function(*args, **kwargs)
+        return counted
+
+    crash_at, crashed = 0, True
+    while crashed:
+        crash_at += 1
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(kept, staging, symlinks=True)
+        earlier_output()
+        errors.unlink(missing_ok=True)
+        steps.clear()
+        job = Job(src="eng_Latn", tgt="fra_Latn", on_error="record", errors=str(errors))
+        errors_file = raydata.open_errors(job)
+        with monkeypatch.context() as patch:
+            for name in ("rename", "replace"):
+                patch.setattr(os, name, step(getattr(os, name)))
+            patch.setattr(shutil, "rmtree", step(shutil.rmtree))
+            try:
+                raydata.promote(str(staging), str(output), inputs, job, json.loads((staging / "job.json").read_text()),
+                                errors_file, print)
+                crashed = False
+            except Crash:
+                errors_file.close()  # as the process's end closes it (a kill leaves its partial file)
+        if crashed:
+            resumed = translate(tmp_path, inputs, output, chunk_rows=10, on_error="record", errors=str(errors),
+                                resume=True)
+            assert resumed.already or (resumed.rows, resumed.failed) == (30, 4), crash_at
+        assert ({p.name: p.read_bytes() for p in output.iterdir()}, errors.read_bytes()) == expected, crash_at
+        assert not staging.exists() and not list(tmp_path.glob(".errors.jsonl.nllb-partial"))
+    assert crash_at > 8  # the plan, the parts, the errors parts, the errors file, _SUCCESS, OUTPUT, the staging
+
+
 @pytest.mark.parametrize("args, message", [
     (["--devices", "cpu:2"], "--devices and --ray cannot be used together"),
     (["-"], "--ray reads files and writes a directory"),
@@ -404,6 +558,97 @@ def test_outputs_nllb_did_not_write_are_refused(tmp_path):
     (tmp_path / "in.txt").write_text("Hello.\n")
     code, said = run(tmp_path, [str(tmp_path / "in.txt")], tmp_path / "out")
     assert code == 1 and "--ray reads JSONL and Parquet, not text" in said
+
+
+def command_said(tmp_path: Path, source: Path, *args: str) -> str:
+    """What the command without --ray says of one input."""
+    return CliRunner().invoke(cli, ["translate", "-m", SAMPLE, *DECODE_ARGS, "--src", "en", "--tgt", "fr", "--progress",
+                                    "none", *args, str(source), str(tmp_path / "command.jsonl")]).output
+
+
+def test_inputs_and_the_errors_file_are_refused_before_any_work_as_the_command_refuses_them(tmp_path):
+    """An input in a directory that cannot be read (a dangling link, a FIFO) or whose bytes are not the
+    compression its name says, and an errors file that cannot be written or is an input: one line that names the
+    file and the reason (the command's, where the command reads such a file), before Ray runs and anything is
+    staged."""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    write_jsonl(inputs / "a.jsonl", 3)
+    link, staging = inputs / "b.jsonl", tmp_path / ".out.nllb-staging"
+    link.symlink_to(tmp_path / "gone.jsonl")
+    assert run(tmp_path, [str(inputs)], tmp_path / "out") == (1, f"Error: cannot read {link}: No such file or directory.\n")
+    link.unlink()
+    os.mkfifo(link)
+    assert run(tmp_path, [str(inputs)], tmp_path / "out") == (
+        1, f"Error: cannot read {link}: it is not a regular file, and --ray reads files.\n")
+    link.unlink()
+    plain = inputs / "b.jsonl.gz"  # named as gzip-compressed, and it is not
+    plain.write_text('{"text": "Hello."}\n')
+    said = command_said(tmp_path, plain)
+    assert said.startswith(f"Error: INPUT {plain} is named as gzip-compressed, but its first bytes are 7b 22 74 65")
+    assert run(tmp_path, [str(inputs)], tmp_path / "out") == (1, said)
+    plain.unlink()
+    missing, given = tmp_path / "nodir" / "bad.jsonl", inputs / "a.jsonl"
+    for errors, reason in ((missing, f"cannot write {missing}: No such file or directory."),
+                           (given, f"--errors {given} is the input file {given}: refusing to write over the input.")):
+        assert command_said(tmp_path, given, "--errors", str(errors)) == f"Error: {reason}\n"
+        assert run(tmp_path, [str(inputs)], tmp_path / "out", "--errors", str(errors)) == (1, f"Error: {reason}\n")
+    adapter = tmp_path / "no-adapter"
+    said = command_said(tmp_path, given, "--adapter", str(adapter))
+    assert said == f"Error: --adapter {adapter}: not a directory (expected adapter_config.json and adapter_model.safetensors)\n"
+    assert run(tmp_path, [str(inputs)], tmp_path / "out", "--adapter", str(adapter)) == (1, said)
+    assert not staging.exists() and not (tmp_path / "out").exists()
+
+
+def unloadable():
+    raise NllbError("the model does not load on this actor.")
+
+
+def test_a_model_that_does_not_load_on_an_actor_is_the_jobs_one_line(tmp_path):
+    """An actor whose model does not load (its constructor raised: Ray keeps only the text of that) fails each
+    block with the error that says why, and the job's error is that line."""
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    with pytest.raises(NllbError, match=r"^the model does not load on this actor \(the rows written so far are kept"):
+        translate(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", load=unloadable)
+
+
+def test_an_input_that_fails_in_its_read_task_is_named_as_the_command_names_it(tmp_path):
+    """A cut gzip file fails once a read task reaches its end: the job's line names it and says why, as the
+    command's does, and keeps what was written for --resume."""
+    write_jsonl(tmp_path / "in.jsonl", 200)
+    whole = gzip.compress((tmp_path / "in.jsonl").read_bytes())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    said = command_said(tmp_path, cut)
+    assert said.startswith(f"Error: cannot read {cut}: Compressed file ended before the end-of-stream marker was ")
+    assert run(tmp_path, [str(cut)], tmp_path / "out", "--chunk-rows", "8") == (
+        1, said.removesuffix(".\n") + " (the rows written so far are kept: run the same command with --resume to continue)\n")
+
+
+def test_a_part_that_cannot_be_written_is_named_with_the_reason(tmp_path):
+    (tmp_path / "data").write_text("")  # where the parts go is a file
+    with pytest.raises(NllbError, match=rf"^cannot write {tmp_path}/data/u_000000-00000-000000000001-1.jsonl: Not a "
+                                        r"directory\.$"):
+        write_task(tmp_path, 0, [(0, 1, 0, None)], 5)
+
+
+def test_a_stop_signal_while_ray_starts_stops_the_job_as_the_command_stops(tmp_path, monkeypatch):
+    """ray.init sets a SIGTERM handler of its own while it starts Ray (it exits with 15): a SIGTERM then ends the
+    job as one later does, with 143 and the command's line; and the job's handlers are in force again after it."""
+    import nllbcli.signals as signals
+
+    def init_stopped(**kwargs):
+        sys.exit(signal.SIGTERM)  # what ray.init's handler does
+
+    shutdowns = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # the module's Ray stands for none
+    monkeypatch.setattr(ray, "init", init_stopped)
+    monkeypatch.setattr(ray, "shutdown", lambda: shutdowns.append(signal.getsignal(signal.SIGTERM)))
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", "--ray-address", "local")
+    assert (code, said) == (143, "Stopped by SIGTERM before any rows were saved; nothing was written.\n")
+    assert len(shutdowns) == 1  # what ray.init had started is ended
+    assert signal.getsignal(signal.SIGTERM) is not signals._handle  # the job's handlers end with it
 
 
 def free_port() -> int:
@@ -466,6 +711,49 @@ def test_the_record_of_a_ray_that_has_stopped_is_not_followed(tmp_path, ray_tmpd
     assert result.returncode == 0, result.stderr
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
         tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+def session_processes(session: int) -> list[str]:
+    """The processes of a session (ended ones that their parent has not reaped aside): a command started in a
+    session of its own, and every process of the Ray it starts."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                name, fields = stat.read().rsplit(b")", 1)
+        except OSError:
+            continue
+        state, _, _, sid = fields.split()[:4]
+        if int(sid) == session and state != b"Z":
+            found.append(name.split(b"(", 1)[1].decode())
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_a_job_stopped_or_killed_ends_the_ray_it_started(tmp_path, ray_tmpdir, signum):
+    """SIGTERM mid-job: exit 143 with the command's line, no stack dump of Ray's; SIGTERM or kill -9, no process
+    of the Ray the job started is left seconds later (its agents would stay a minute after a kill -9)."""
+    write_jsonl(tmp_path / "in.jsonl", 60)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_BACKEND_LOG_LEVEL")}
+    process = subprocess.Popen([sys.executable, "-m", "nllbcli", "translate", "-m", SAMPLE, *DECODE_ARGS, "--src", "en",
+                                "--tgt", "fr", "-q", "--chunk-rows", "4", "--ray", "in.jsonl", "out"], cwd=tmp_path,
+                               env=dict(env, RAY_TMPDIR=ray_tmpdir), stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    staged = tmp_path / ".out.nllb-staging" / "data"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (staged.is_dir() and any(staged.iterdir())):
+        time.sleep(0.05)
+    os.kill(process.pid, signum)
+    said = process.communicate(timeout=60)[1]
+    if signum == signal.SIGTERM:
+        assert process.returncode == 143
+        assert said == "Stopped by SIGTERM: the rows done so far are saved; run the same command with --resume to continue.\n"
+    else:
+        assert process.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while session_processes(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session_processes(process.pid) == []
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:{port}", "ray://127.0.0.1:{port}"])
