@@ -416,8 +416,3 @@ def check_added_columns(schema, job: Job) -> None:
         if column in schema.names:
             raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
                             f"another with {option}, or pass --overwrite-field to replace it.")
-
-
-    #                       forces each sentence's own language token)
-
-

@@ -62,7 +62,7 @@ from .io.streams import Lines, Replay, decompressing, read_error
 from .lora import read_adapter_config
 from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from .overlap import SWITCH_INTERVAL, fewer_collections
-from .pipeline import check_fields, check_paths, error_line, failed_inputs
+from .pipeline import check_added_columns, check_fields, check_paths, error_line, failed_inputs
 from .resume import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from .rows import Outcome, added_values
 from .signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
@@ -82,6 +82,7 @@ MAX_FILES = 1 << (63 - FILE_BITS)  # the file numbers an id holds
 STAGED = re.compile(rf"-(\d{{5,}})-(\d{{{LINE_DIGITS}}})-(\d+)(\.errors\.jsonl|\.jsonl|\.parquet)$")  # file, line, rows
 ROWS = "rows"  # the staging's folder of each input's row count, a file named NUMBER-ROWS (Source)
 PLAN = "promotion.json"  # the staging's plan of the promotion (promote)
+ACTORS = "actors.json"  # the staging's record of where the actors compute (record_actors)
 SUCCESS = "_SUCCESS"
 TASK_RETRIES = 5  # tries of a block whose actor died or whose batch function raised, before the job fails
 CONNECT_TIMEOUT = 10  # seconds a cluster's address has to take a connection
@@ -236,7 +237,7 @@ def inputs_format(files: list[str], given: str | None) -> str:
     return fmt
 
 
-def check_inputs(files: list[str], fmt: str, field: str) -> tuple[list[str | None], pa.Schema | None]:
+def check_inputs(files: list[str], fmt: str, job: Job) -> tuple[list[str | None], pa.Schema | None]:
     """Each input opened before any work, as the command opens it: one that cannot be read (a dangling link, no
     permission, not a regular file) or whose first bytes are not the compression its name says is refused, named,
     here and not by a read task once the job runs. Returns each input's compression, found from its first bytes
@@ -251,15 +252,16 @@ def check_inputs(files: list[str], fmt: str, field: str) -> tuple[list[str | Non
         except OSError as error:
             raise read_error(path, error) from None
         compressions.append(input_compression(path, path, head))
-    return compressions, check_parquet_inputs(files, field) if fmt == "parquet" else None
+    return compressions, check_parquet_inputs(files, job) if fmt == "parquet" else None
 
 
-def check_parquet_inputs(files: list[str], field: str) -> pa.Schema:
-    """Every Parquet input has one schema, with the text column (as the command checks it): the parts of one
-    output share it."""
+def check_parquet_inputs(files: list[str], job: Job) -> pa.Schema:
+    """Every Parquet input has one schema, with the text column and no column an added one would replace (as the
+    command checks them): the parts of one output share it."""
     schema = None
     for path in files:
-        found = open_parquet(path, path, field, Position(), {}).schema
+        found = open_parquet(path, path, job.field, Position(), {}).schema
+        check_added_columns(found, replace(job, input=path))
         if any(name in INTERNAL for name in found.names):
             raise NllbError(f"{path}: a column's name starts with __nllb_, which --ray keeps for its own.")
         if schema is None:
@@ -569,7 +571,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     check_fields(job)
     if adapter is not None:  # the actors load it: what the command checks before any work, checked here
         read_adapter_config(Path(adapter))
-    compressions, schema = check_inputs(files, fmt, job.field)
+    compressions, schema = check_inputs(files, fmt, job)
     check_output(output, files, job, force)
     compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
     identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter, compute_type)
@@ -686,6 +688,25 @@ def prepare_staging(staging: str, identity: dict, resume: bool, warn: Callable[[
     os.makedirs(os.path.join(staging, "data"))
     os.makedirs(os.path.join(staging, ROWS))
     write_json(path, identity)
+
+
+def record_actors(staging: str, device: str) -> None:
+    """Record where the job's actors compute (cuda or cpu: with --device auto, the cluster's GPUs decide) beside
+    its staged parts, or refuse a resumed job whose actors would compute elsewhere than those that staged them: a
+    GPU computes in bf16, the CPU in float32, and one output must not mix their rows."""
+    path = os.path.join(staging, ACTORS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            staged = json.load(f).get("device")
+    except (OSError, ValueError, AttributeError):
+        staged = None
+    if staged is None:
+        write_json(path, {"device": device})
+    elif staged != device:
+        where = {"cuda": "GPUs", "cpu": "the CPU"}
+        raise NllbError(f"--resume: the interrupted job's actors computed on {where.get(staged, staged)}, and this "
+                        f"cluster's would on {where[device]}; resume where it ran (--device), or run without --resume "
+                        "to start afresh.")
 
 
 def remove_path(path: str) -> None:
@@ -838,6 +859,7 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     actors = options.actors or max(1, gpus)
     if gpus and actors > gpus:
         raise NllbError(f"--ray-actors {actors}: the Ray cluster has {gpus} GPU(s), one an actor.")
+    record_actors(staging, "cuda" if gpus else "cpu")
     cpus = int(ray.cluster_resources().get("CPU", 0))
     if actors > cpus:  # an actor takes a CPU: more would wait for ever for theirs
         raise NllbError(f"--ray-actors {actors}: the Ray cluster has {cpus} CPU(s), one an actor.")

@@ -428,6 +428,17 @@ def test_a_job_whose_weights_were_written_anew_is_refused_or_translated_again(tm
     assert b"".join(p.read_bytes() for p in parts(output, ".jsonl")) == (tmp_path / "cli.jsonl").read_bytes()
 
 
+def test_a_job_staged_on_the_cpu_is_not_resumed_on_gpus(tmp_path):
+    """Where the actors compute is recorded with the staged parts (--device auto: the cluster's GPUs decide), and
+    a resume whose actors would compute elsewhere is refused: the GPU's bf16 rows and the CPU's float32 ones must
+    not mix in one output."""
+    raydata.record_actors(str(tmp_path), "cpu")
+    raydata.record_actors(str(tmp_path), "cpu")  # resumed where it ran
+    with pytest.raises(NllbError, match=r"^--resume: the interrupted job's actors computed on the CPU, and this "
+                                        r"cluster's would on GPUs; resume where it ran"):
+        raydata.record_actors(str(tmp_path), "cuda")
+
+
 class Crash(BaseException):
     """A kill at one step of a promotion (a BaseException, as a stop signal's: nothing catches it)."""
 
@@ -568,7 +579,8 @@ def command_said(tmp_path: Path, source: Path, *args: str) -> str:
 
 def test_inputs_and_the_errors_file_are_refused_before_any_work_as_the_command_refuses_them(tmp_path):
     """An input in a directory that cannot be read (a dangling link, a FIFO) or whose bytes are not the
-    compression its name says, and an errors file that cannot be written or is an input: one line that names the
+    compression its name says, or a Parquet input with a column the translation would replace, and an errors file
+    that cannot be written or is an input: one line that names the
     file and the reason (the command's, where the command reads such a file), before Ray runs and anything is
     staged."""
     inputs = tmp_path / "in"
@@ -597,6 +609,11 @@ def test_inputs_and_the_errors_file_are_refused_before_any_work_as_the_command_r
     said = command_said(tmp_path, given, "--adapter", str(adapter))
     assert said == f"Error: --adapter {adapter}: not a directory (expected adapter_config.json and adapter_model.safetensors)\n"
     assert run(tmp_path, [str(inputs)], tmp_path / "out", "--adapter", str(adapter)) == (1, said)
+    translated = tmp_path / "translated.parquet"  # a column the translation would replace, without --overwrite-field
+    pq.write_table(pa.table({"text": ["Hello."], "translation": ["kept"]}), translated)
+    said = command_said(tmp_path, translated)
+    assert said.startswith(f"Error: {translated}: it has a column 'translation' already, which --output-field would")
+    assert run(tmp_path, [str(translated)], tmp_path / "out") == (1, said)
     assert not staging.exists() and not (tmp_path / "out").exists()
 
 
