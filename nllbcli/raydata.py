@@ -721,9 +721,8 @@ def write_json(path: str, value: dict) -> None:
     (resume.save_state): a name that is not UTF-8 (the model's directory) is kept as escapes."""
     temp = f"{path}.tmp"
     remove_path(temp)
-    with replaced_atomically(path, temp) as f:
+    with replaced_atomically(path, temp) as f:  # (its directory synced)
         f.write(json.dumps(value).encode())
-    sync_directory(os.path.dirname(path))
 
 
 @contextlib.contextmanager
@@ -957,7 +956,7 @@ def promote(staging: str, output: str, files: list[str], job: Job, identity: dic
             os.rename(output, replaced)
         os.rename(data, output)
         job_finished()
-    sync_directory(os.path.dirname(os.path.abspath(output)))
+    sync_directory(output)  # the renames in OUTPUT's directory
     shutil.rmtree(staging)
     return Outcomes(**counts)
 

@@ -466,10 +466,26 @@ def test_a_promotion_stopped_at_any_step_is_finished_by_resume_to_the_same_bytes
         shutil.copytree(staging, kept, symlinks=True)
         return promote(*args)
 
+    events = []  # renames onto OUTPUT, and the directories whose entries were made durable (fsynced), in order
+    fsync, rename = os.fsync, os.rename
+
+    def recorded_fsync(fd):
+        if os.path.isdir(path := os.readlink(f"/proc/self/fd/{fd}")):
+            events.append(("synced", path))
+        return fsync(fd)
+
+    def recorded_rename(source, target, *args, **kwargs):
+        rename(source, target, *args, **kwargs)
+        events.append(("renamed", str(target)))
+
     earlier_output()
     with monkeypatch.context() as patch:
         patch.setattr(raydata, "promote", keep_staging)
+        patch.setattr(os, "fsync", recorded_fsync)
+        patch.setattr(os, "rename", recorded_rename)
         straight = translate(tmp_path, inputs, output, chunk_rows=10, on_error="record", errors=str(errors))
+    last_rename = max(n for n, event in enumerate(events) if event == ("renamed", str(output)))
+    assert ("synced", str(tmp_path)) in events[last_rename:]  # OUTPUT's directory, once OUTPUT is renamed into it
     expected = {p.name: p.read_bytes() for p in output.iterdir()}, errors.read_bytes()
     assert (straight.rows, straight.failed) == (30, 4) and len(expected[0]) > 2 and len(expected[1].splitlines()) == 4
 
