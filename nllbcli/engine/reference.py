@@ -7,8 +7,9 @@ A sentence's arithmetic does not depend on its batch, so neither do its translat
 the encoder takes the sources of each length together, unpadded (encode); the decoder multiplies each row by
 the weights on its own (linear_rows) and attends over a padded source in an order the padding leaves alone
 (attention_over_padding). A matrix product of several rows would let BLAS pick its kernels and blockings by
-their number, and NumPy's pairwise sums group their terms by the length summed, padding included. The number
-of BLAS threads still counts: BLAS splits a product among its threads by their number.
+their number, and NumPy's pairwise sums group their terms by the length summed, padding included. Nor does it
+depend on the number of threads: BLAS runs every product on one thread, and the engine spreads the products over
+its own threads (ProductThreads).
 
 Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
 D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
@@ -16,9 +17,14 @@ D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
@@ -49,21 +55,73 @@ def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     return y if bias is None else y + bias
 
 
+@dataclass(frozen=True)
+class Spread:
+    """How work is spread: over `threads` threads, by `map` (the results in order)."""
+
+    threads: int = 1
+    map: Callable = map
+
+
+ALONE = Spread()  # on the calling thread
+
+
+class ProductThreads:
+    """The threads of the engine's matrix products: each BLAS call on one thread, the calls spread over as many
+    Python threads as BLAS was given (--threads holds BLAS to that number while a job runs; else the library's
+    own). BLAS would split a product among its own threads by their number, and the result's last bits would
+    follow: --threads 1 and 2, or --devices workers given a share of the threads, would give other scores."""
+
+    def __init__(self):
+        self.blas = ThreadpoolController().select(user_api="blas")
+        self.executor: ThreadPoolExecutor | None = None
+        self.workers = 0
+
+    @contextmanager
+    def spreading(self):
+        """BLAS held to one thread while the block runs, which gets the Spread to run the products by."""
+        threads = max((library["num_threads"] for library in self.blas.info()), default=1)
+        with self.blas.limit(limits=1):
+            if threads == 1:
+                yield ALONE
+                return
+            if self.workers != threads:
+                if self.executor is not None:
+                    self.executor.shutdown()
+                self.executor, self.workers = ThreadPoolExecutor(threads, "nllb-products"), threads
+            yield Spread(threads, self.executor.map)
+
+
+def split_evenly(count: int, parts: int) -> list[slice]:
+    """range(count) in `parts` slices of sizes within one of each other (fewer where count is smaller)."""
+    bounds = np.linspace(0, count, min(max(parts, 1), count) + 1).astype(int)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 ROW_BLOCK_VALUES = 1 << 16  # weight values linear_rows multiplies a row by at once (256 KB of float32)
 
 
-def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
+def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: Spread = ALONE) -> np.ndarray:
     """linear() of each row of x (..., K) on its own: one matrix-vector product a row and block of the weight's
     rows, the blocks fixed by the weight's shape, so that a row's result is the same whatever rows come with it
     (x @ weight.T over several rows takes other BLAS kernels as their number changes, and a row's last bits
-    with them). A block stays in cache while the rows pass, so the weight is read once, not once a row."""
+    with them). A block stays in cache while the rows pass, so the weight is read once, not once a row. The
+    blocks (and, where they are fewer than the threads, parts of the rows) are spread over the threads."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K): NumPy's matmul makes each row's product alone
     n = weight.shape[0]
     block = max(1, ROW_BLOCK_VALUES // weight.shape[1])
-    parts = [(rows @ weight[first : first + block].T)[:, 0] for first in range(0, n, block)]  # (R, block) each
-    y = (parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)).reshape(x.shape[:-1] + (n,))
+    firsts = range(0, n, block)
+    y = np.empty((rows.shape[0], n), np.result_type(x, weight))
+
+    def multiply(part: tuple[slice, int]) -> None:
+        at, first = part
+        y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
+
+    row_parts = split_evenly(rows.shape[0], -(-spread.threads // len(firsts)))
+    list(spread.map(multiply, [(at, first) for first in firsts for at in row_parts]))
+    y = y.reshape(x.shape[:-1] + (n,))
     return y if bias is None else y + bias
 
 
@@ -213,6 +271,7 @@ class ReferenceEngine:
         self.r = bf16_round if bf16_activations else unrounded
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
+        self.threads = ProductThreads()
 
     def positions_for(self, length: int) -> np.ndarray:
         if length + self.config.pad_token_id + 1 > self.pos_table.shape[0]:
@@ -243,12 +302,17 @@ class ReferenceEngine:
         mask = np.zeros((b, s), dtype=bool)
         padded = lambda: np.zeros((b, s, c.d_model), np.float32)  # noqa: E731
         cross_k, cross_v = [padded() for _ in range(c.decoder_layers)], [padded() for _ in range(c.decoder_layers)]
-        for length in np.unique(lengths):
-            rows = np.flatnonzero(lengths == length)
+
+        def encode_part(rows: np.ndarray) -> None:
+            length = lengths[rows[0]]
             ids = np.array([sources[i] for i in rows], dtype=np.int64)  # (B', S')
             mask[rows, :length], keys, values = self.encode_unpadded(ids)
             for i in range(c.decoder_layers):
                 cross_k[i][rows, :length], cross_v[i][rows, :length] = keys[i], values[i]
+
+        with self.threads.spreading() as spread:  # each length's sources in as many parts as there are threads
+            groups = [np.flatnonzero(lengths == length) for length in np.unique(lengths)]
+            list(spread.map(encode_part, [rows[at] for rows in groups for at in split_evenly(len(rows), spread.threads)]))
         return EncoderOutput(mask, cross_k, cross_v)
 
     def encode_unpadded(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
@@ -318,6 +382,11 @@ class ReferenceEngine:
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
         """Feed one token per row at position state.t; return the next-token logits (N, V) float32.
         (`encoded` is not read: each row's source K/V are in the state.)"""
+        with self.threads.spreading() as spread:
+            return self.step_rows(state, tokens, want_logits, partial(linear_rows, spread=spread))
+
+    def step_rows(self, state: DecoderState, tokens: np.ndarray, want_logits: bool, product) -> np.ndarray | None:
+        """step(), its products by `product` (linear_rows spread over the threads)."""
         c, w = self.config, self.w
         t, heads = state.t, c.decoder_attention_heads
         n = len(t)
@@ -332,27 +401,27 @@ class ReferenceEngine:
             p = f"decoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             a = p + "self_attn."
-            q = self.r(linear_rows(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
-            state.self_k[i][every, t] = self.r(linear_rows(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
-            state.self_v[i][every, t] = self.r(linear_rows(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            q = self.r(product(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
+            state.self_k[i][every, t] = self.r(product(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
+            state.self_v[i][every, t] = self.r(product(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
             # every row has filled the same positions: its keys are as many in any batch, none of them padding
             k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
             out = self.r(attention(q, k_keys, v_keys, None, heads))
-            h = h + linear_rows(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            h = h + product(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
-            q = self.r(linear_rows(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
+            q = self.r(product(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
             out = self.r(attention_over_padding(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
-            h = h + linear_rows(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            h = h + product(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = h + self.ffn(p, x, linear_rows)
+            h = h + self.ffn(p, x, product)
         state.t = t + 1
         if not want_logits:
             return None
         h = self.r(layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"]))  # (N, D)
-        return linear_rows(h, w["lm_head.weight"])  # (N, V)
+        return product(h, w["lm_head.weight"])  # (N, V)
 
     def step_argmax(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> np.ndarray:
         """Greedy: feed one token per row and return each row's most likely next token (N,); ties: lower id."""
