@@ -64,16 +64,16 @@ def test_scores_are_the_searchs_summed_over_a_rows_sentences(tmp_path, sample, b
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_the_bytes_do_not_depend_on_the_batches(tmp_path, beam_size):
+def test_the_bytes_do_not_depend_on_the_batches_or_the_threads(tmp_path, beam_size):
     """Scores included, to the bit: each sentence alone (--max-batch-sentences 1), in batches of a few source
-    tokens, in chunks of one row, or in the default batches of the whole input."""
+    tokens, in chunks of one row, or in the default batches of the whole input; on 1 thread or 3."""
     heldout = (MODELS["sample"].parent / "heldout" / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()
     write_jsonl(tmp_path / "in.jsonl", TEXTS + [" ".join(line.split()[: 2 + n % 9]) for n, line in enumerate(heldout[:16])])
     args = ["--beam-size", str(beam_size), "--scores", str(tmp_path / "in.jsonl"), "-"]
-    runs = [CliRunner().invoke(cli, TRANSLATE + extra + args)
-            for extra in ([], ["--max-batch-sentences", "1"], ["--max-batch-tokens", "30"], ["--chunk-rows", "1"])]
-    assert [run.exit_code for run in runs] == [0] * 4, runs[0].output
-    assert [run.output for run in runs[1:]] == [runs[0].output] * 3
+    variants = ([], ["--max-batch-sentences", "1"], ["--max-batch-tokens", "30"], ["--chunk-rows", "1"], ["--threads", "3"])
+    runs = [CliRunner().invoke(cli, TRANSLATE + ["--threads", "1"] + extra + args) for extra in variants]
+    assert [run.exit_code for run in runs] == [0] * len(variants), runs[0].output
+    assert [run.output for run in runs[1:]] == [runs[0].output] * (len(variants) - 1)
 
 
 def test_n_best_lists_in_jsonl_and_parquet_and_lines_in_text(tmp_path, sample):
@@ -150,8 +150,10 @@ def test_length_options_reach_the_search_and_flag_the_rows(tmp_path, sample):
 
 
 def test_devices_give_the_scores_and_lists_of_one_device(tmp_path):
+    """... to the bit, though each worker has half the one-device job's threads."""
     write_jsonl(tmp_path / "in.jsonl", TEXTS * 3)
-    args = ["--num-hypotheses", "2", "--beam-size", "2", "--scores", "--chunk-rows", "2", str(tmp_path / "in.jsonl")]
+    args = ["--num-hypotheses", "2", "--beam-size", "2", "--scores", "--chunk-rows", "2", "--threads", "2",
+            str(tmp_path / "in.jsonl")]
     one = CliRunner().invoke(cli, TRANSLATE + args + [str(tmp_path / "one.jsonl")])
     on_devices = [a for a in TRANSLATE if a not in ("--device", "cpu")] + ["--devices", "cpu:2"]
     two = CliRunner().invoke(cli, on_devices + args + [str(tmp_path / "two.jsonl")])

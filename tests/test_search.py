@@ -114,6 +114,19 @@ def test_a_sentences_tokens_and_scores_are_those_it_has_alone_in_any_batch(model
     assert got == [decoded_alone(model, decoding, i, tgt) for i, tgt in batch]
 
 
+@pytest.mark.parametrize("decoding", sorted(DECODINGS))
+def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(decoding):
+    """Bit for bit at 1, 2 and 3 threads (--threads, a --devices worker's share of it, or the library's own)."""
+    from threadpoolctl import threadpool_limits
+
+    batch = [(i, "fra_Latn") for i in range(len(BATCH_TEXTS))]
+    runs = []
+    for threads in (1, 2, 3):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            runs.append(decode_batch("sample", decoding, batch))
+    assert runs[1:] == runs[:1] * 2
+
+
 class AheadEngine:
     """The reference engine with step_argmax_ahead as the GPU engine has it: ids handed out for the next step
     at once, fetched later. Logs the order of queueing and fetching."""
