@@ -49,7 +49,7 @@ def make_input(path: Path, fmt: str) -> None:
 
 def command(source: Path, target: Path, *extra: str) -> list[str]:
     """The job, run in the files' directory; with --scores where the output holds them, so their bits count too."""
-    scores = [] if target.suffix == ".txt" else ["--scores"]
+    scores = ["--scores"] if target.suffix in (".jsonl", ".parquet") else []
     return [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
             "--device", "cpu", "--beam-size", "1", "--max-length", "6", "--chunk-rows", "40", "--progress", "none",
             "--on-error", "record", "--errors", "errors.jsonl", *scores, *extra, source.name, target.name]

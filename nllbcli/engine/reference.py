@@ -99,6 +99,7 @@ def split_evenly(count: int, parts: int) -> list[slice]:
 
 
 ROW_BLOCK_VALUES = 1 << 16  # weight values linear_rows multiplies a row by at once (256 KB of float32)
+SPREAD_WORK = 1 << 20  # multiply-adds below which linear_rows stays on the calling thread (handing out costs more)
 
 
 def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: Spread = ALONE) -> np.ndarray:
@@ -119,6 +120,7 @@ def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: S
         at, first = part
         y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
 
+    spread = spread if rows.shape[0] * weight.size >= SPREAD_WORK else ALONE
     row_parts = split_evenly(rows.shape[0], -(-spread.threads // len(firsts)))
     list(spread.map(multiply, [(at, first) for first in firsts for at in row_parts]))
     y = y.reshape(x.shape[:-1] + (n,))
