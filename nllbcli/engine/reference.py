@@ -107,7 +107,7 @@ def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: S
     rows, the blocks fixed by the weight's shape, so that a row's result is the same whatever rows come with it
     (x @ weight.T over several rows takes other BLAS kernels as their number changes, and a row's last bits
     with them). A block stays in cache while the rows pass, so the weight is read once, not once a row. The
-    blocks (and, where they are fewer than the threads, parts of the rows) are spread over the threads."""
+    blocks (and, where they are fewer than the threads, the rows) are shared among the threads."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K): NumPy's matmul makes each row's product alone
@@ -116,13 +116,15 @@ def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: S
     firsts = range(0, n, block)
     y = np.empty((rows.shape[0], n), np.result_type(x, weight))
 
-    def multiply(part: tuple[slice, int]) -> None:
-        at, first = part
-        y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
+    def multiply(part: tuple[slice, slice]) -> None:
+        at, blocks = part
+        for first in firsts[blocks]:
+            y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
 
     spread = spread if rows.shape[0] * weight.size >= SPREAD_WORK else ALONE
+    # a run of blocks a thread, for all rows or, where the blocks are fewer than the threads, a part of them
     row_parts = split_evenly(rows.shape[0], -(-spread.threads // len(firsts)))
-    list(spread.map(multiply, [(at, first) for first in firsts for at in row_parts]))
+    list(spread.map(multiply, [(at, blocks) for blocks in split_evenly(len(firsts), spread.threads) for at in row_parts]))
     y = y.reshape(x.shape[:-1] + (n,))
     return y if bias is None else y + bias
 
