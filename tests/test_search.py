@@ -84,6 +84,9 @@ DECODINGS = {
     "beam": DecodeOptions(beam_size=4, max_length=12, scores=True, num_hypotheses=2),
     "sampling": DecodeOptions(beam_size=1, max_length=12, scores=True, sampling_topk=0, seed=7),
     "top-k": DecodeOptions(beam_size=1, max_length=12, scores=True, sampling_topk=5, seed=7),
+    "processors": DecodeOptions(beam_size=3, max_length=12, scores=True, min_length=4, no_repeat_ngram_size=2,
+                                repetition_penalty=1.3),
+    "greedy-processors": DecodeOptions(beam_size=1, max_length=12, scores=True, min_length=4, repetition_penalty=1.3),
 }
 
 
@@ -103,7 +106,7 @@ def decoded_alone(model: str, decoding: str, text: int, tgt: str) -> list[tuple]
     return decode_batch(model, decoding, [(text, tgt)])[0]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=36, deadline=None)
 @given(model=st.sampled_from(["tiny-a", "sample"]), decoding=st.sampled_from(sorted(DECODINGS)),
        batch=st.lists(st.tuples(st.integers(0, len(BATCH_TEXTS) - 1), st.sampled_from(["fra_Latn", "deu_Latn"])),
                       min_size=1, max_size=8))

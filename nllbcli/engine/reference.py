@@ -6,10 +6,10 @@ transformers' M2M100ForConditionalGeneration step by step (same order of float32
 A sentence's arithmetic does not depend on its batch, so neither do its translation and scores, to the last bit:
 the encoder takes the sources of each length together, unpadded (encode); the decoder multiplies each row by
 the weights on its own (linear_rows) and attends over a padded source in an order the padding leaves alone
-(attention_over_padding). A matrix product of several rows would let BLAS pick its kernels and blockings by
-their number, and NumPy's pairwise sums group their terms by the length summed, padding included. Nor does it
-depend on the number of threads: BLAS runs every product on one thread, and the engine spreads the products over
-its own threads (ProductThreads).
+(attention_over_padding). A matrix product over several sentences' rows would let BLAS pick its kernels and
+blockings by their number (and a row's bits follow its place among them), and NumPy's pairwise sums group their
+terms by the length summed, padding included. Nor does it depend on the number of threads: BLAS runs every
+product on one thread, and the engine spreads the products over its own threads (ProductThreads).
 
 Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
 D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
