@@ -20,7 +20,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -119,8 +118,7 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
 
 
 def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
-    """... the scores and lists of --scores and --num-hypotheses too (the scores to float32's precision: the
-    batches differ)."""
+    """... the scores and lists of --scores and --num-hypotheses too (to the bit, though the batches differ)."""
     write_parquet(tmp_path / "a.parquet", 30)
     write_parquet(tmp_path / "b.parquet", 21, start=30)
     options = ("--on-error", "skip", "--status-field", "status", "--scores", "--num-hypotheses", "2", "--beam-size", "2")
@@ -132,10 +130,7 @@ def test_parquet_rows_come_once_each_with_the_commands_translations(tmp_path):
                                  for name in ("a.parquet", "b.parquet")])
     assert got.schema == expected.schema
     assert got.schema.field("translation").type == pa.list_(pa.string())
-    scores = ("score", "log_prob")
-    assert got.drop_columns(list(scores)).to_pylist() == expected.drop_columns(list(scores)).to_pylist()  # every row once, the parts in name order in input order
-    for name in scores:
-        assert np.allclose(np.array(got.column(name).to_pylist()), np.array(expected.column(name).to_pylist()), atol=1e-5)
+    assert got.to_pylist() == expected.to_pylist()  # every row once, the parts in name order in input order
     assert pq.read_table(tmp_path / "out").num_rows == 47  # readers of the directory skip _SUCCESS
 
 

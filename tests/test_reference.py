@@ -81,12 +81,52 @@ def engine():
 
 
 def test_padding_does_not_change_a_source(engine):
+    """A source's cross K/V are those of it alone, bit for bit, beside longer and shorter sources and sources of
+    its own length; zeros past its end."""
     short, long = [400 + 47, 20, 30, 40, 2], [400 + 47] + list(range(10, 30)) + [2]
     alone = engine.encode([short])
-    batch = engine.encode([long, short])
-    assert batch.mask[1].sum() == len(short)
+    batch = engine.encode([long, short, [447, 5, 2], [447, 50, 60, 70, 2]])
+    assert batch.mask.sum(axis=1).tolist() == [len(long), len(short), 3, 5]
     for layer in range(engine.config.decoder_layers):
-        np.testing.assert_allclose(batch.cross_k[layer][1, : len(short)], alone.cross_k[layer][0], rtol=1e-4, atol=1e-4)
+        for name in ("cross_k", "cross_v"):
+            padded = getattr(batch, name)[layer]
+            np.testing.assert_array_equal(padded[1, : len(short)], getattr(alone, name)[layer][0])
+            assert not padded[1, len(short) :].any()
+
+
+def test_a_rows_product_does_not_depend_on_the_other_rows():
+    """linear_rows gives each row what it gives the row alone, bit for bit, whatever the number of rows and the
+    row's place (x @ w.T need not: BLAS picks its kernels by the number of rows), across several of its blocks;
+    and it is the product, as float64 says."""
+    w = rng.normal(size=(3 * ref.ROW_BLOCK_VALUES // 96 + 5, 96)).astype(np.float32)  # 3 blocks and a part
+    bias = rng.normal(size=w.shape[0]).astype(np.float32)
+    x = rng.normal(size=(40, 96)).astype(np.float32)
+    alone = np.stack([ref.linear_rows(row[None], w, bias)[0] for row in x])
+    for rows in ([0], [3, 1], list(range(7)), list(range(40)), [5] * 9 + [2]):
+        np.testing.assert_array_equal(ref.linear_rows(x[rows], w, bias), alone[rows])
+    np.testing.assert_array_equal(ref.linear_rows(x.reshape(8, 5, 96), w, bias), alone.reshape(8, 5, -1))
+    np.testing.assert_allclose(alone, x.astype(np.float64) @ w.T.astype(np.float64) + bias, rtol=1e-5, atol=1e-4)
+
+
+def test_attention_over_padding_gives_each_row_its_own_keys_result():
+    """Keys padded to any length with anything (masked) give each row the bits of its own keys alone, and
+    attention()'s values (float64 there)."""
+    heads, e = 4, 16
+    lengths = [1, 2, 5, 8, 9, 13]
+    n, longest = len(lengths), max(lengths) + 7
+    q = rng.normal(size=(n, 1, heads * e)).astype(np.float32)
+    k, v = (rng.normal(size=(n, longest, heads * e)).astype(np.float32) for _ in range(2))
+    mask = np.arange(longest)[None, :] < np.array(lengths)[:, None]
+    for pad in (0, 1, 3, 7):
+        out = ref.attention_over_padding(q, k[:, : max(lengths) + pad], v[:, : max(lengths) + pad],
+                                         mask[:, : max(lengths) + pad], heads)
+        for r, length in enumerate(lengths):
+            alone = ref.attention_over_padding(q[r : r + 1], k[r : r + 1, :length], v[r : r + 1, :length],
+                                               mask[r : r + 1, :length], heads)
+            np.testing.assert_array_equal(out[r], alone[0])
+            want = ref.attention(q[r : r + 1].astype(np.float64), k[r : r + 1, :length].astype(np.float64),
+                                 v[r : r + 1, :length].astype(np.float64), None, heads)
+            np.testing.assert_allclose(out[r], want[0], rtol=1e-5, atol=1e-6)
 
 
 def full_decoder_logits(engine, encoded, row, tokens):

@@ -48,9 +48,11 @@ def make_input(path: Path, fmt: str) -> None:
 
 
 def command(source: Path, target: Path, *extra: str) -> list[str]:
+    """The job, run in the files' directory; with --scores where the output holds them, so their bits count too."""
+    scores = ["--scores"] if target.suffix in (".jsonl", ".parquet") else []
     return [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
             "--device", "cpu", "--beam-size", "1", "--max-length", "6", "--chunk-rows", "40", "--progress", "none",
-            "--on-error", "record", "--errors", "errors.jsonl", *extra, source.name, target.name]  # run in their directory
+            "--on-error", "record", "--errors", "errors.jsonl", *scores, *extra, source.name, target.name]
 
 
 def stamp(path: Path | None):

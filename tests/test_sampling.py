@@ -143,11 +143,9 @@ def test_a_seeded_job_gives_the_same_output_whatever_its_chunks_batches_and_devi
     on_devices = [a for a in TRANSLATE if a not in ("--device", "cpu")] + ["--devices", "cpu:2", "--chunk-rows", "3"]
     result = CliRunner().invoke(cli, on_devices + args + [str(tmp_path / "in.jsonl"), "-"])
     outputs.append(result.output)
-    runs = [[json.loads(line) for line in output.splitlines()] for output in outputs]
-    for rows in runs[1:]:  # the same draws; scores to float32's precision over other batches
-        assert [r["translation"] for r in rows] == [r["translation"] for r in runs[0]]
-        assert np.allclose([r["log_prob"] for r in rows], [r["log_prob"] for r in runs[0]], atol=1e-4)
-    assert len({json.dumps(r["translation"]) for r in runs[0][::4]}) > 1  # one text at rows 0, 4, 8: its own draws
+    assert outputs[1:] == outputs[:1] * 3  # the same draws and scores, to the bit
+    runs = [json.loads(line) for line in outputs[0].splitlines()]
+    assert len({json.dumps(r["translation"]) for r in runs[::4]}) > 1  # one text at rows 0, 4, 8: its own draws
     unseeded = [CliRunner().invoke(cli, TRANSLATE + args[:4] + [str(tmp_path / "in.jsonl"), "-"]).output for _ in range(2)]
     assert unseeded[0] != unseeded[1]
 

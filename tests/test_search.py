@@ -4,12 +4,18 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nllbcli.options import DecodeOptions
 from nllbcli.engine import OnHost
-from nllbcli.search import generate_ids
+from nllbcli.engine.numerics import sentence_keys
+from nllbcli.search import generate, generate_ids
 from nllbcli.translator import load_translator
+
+from test_decoding import translator as decoding_translator
 
 HERE = Path(__file__).parent
 MODELS = ("tiny-a", "tiny-b")
@@ -67,6 +73,61 @@ def test_translation_does_not_depend_on_the_batch(beam_size):
     alone = [tr.translate_sentences([t], "eng_Latn", "deu_Latn", options)[0] for t in texts]
     reversed_batch = tr.translate_sentences(texts[::-1], "eng_Latn", "deu_Latn", options)[::-1]
     assert together == alone == reversed_batch
+
+
+# Sources of varied lengths (a word or two to two sentences) and the decodings the property below draws among
+HELDOUT = (HERE.parent / "data" / "samples" / "heldout" / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()
+BATCH_TEXTS = [HELDOUT[i] + " " + HELDOUT[i + 1] if i % 4 == 0 else " ".join(HELDOUT[i].split()[: 1 + i % 7])
+               for i in range(16)]
+DECODINGS = {
+    "greedy": DecodeOptions(beam_size=1, max_length=12, scores=True),
+    "beam": DecodeOptions(beam_size=4, max_length=12, scores=True, num_hypotheses=2),
+    "sampling": DecodeOptions(beam_size=1, max_length=12, scores=True, sampling_topk=0, seed=7),
+    "top-k": DecodeOptions(beam_size=1, max_length=12, scores=True, sampling_topk=5, seed=7),
+    "processors": DecodeOptions(beam_size=3, max_length=12, scores=True, min_length=4, no_repeat_ngram_size=2,
+                                repetition_penalty=1.3),
+    "greedy-processors": DecodeOptions(beam_size=1, max_length=12, scores=True, min_length=4, repetition_penalty=1.3),
+}
+
+
+def decode_batch(model: str, decoding: str, batch: list[tuple[int, str]]) -> list[list[tuple]]:
+    """Each (text, target) of the batch's hypotheses as (ids, log_prob, score), from one call of the search;
+    sampling draws from each text's own stream (its index is its row)."""
+    tr, options = decoding_translator(model), DECODINGS[decoding]
+    sources = [tr.tokenizer.encode(BATCH_TEXTS[i], "eng_Latn") for i, _ in batch]
+    langs = [tr.tokenizer.lang_id(tgt) for _, tgt in batch]
+    keys = sentence_keys(options.seed, [i for i, _ in batch], np.zeros(len(batch))) if options.sampling else None
+    return [[(h.ids, h.log_prob, h.score) for h in hypotheses]
+            for hypotheses in generate(tr.engine, sources, langs, tr.config, options, keys)]
+
+
+@lru_cache(maxsize=None)
+def decoded_alone(model: str, decoding: str, text: int, tgt: str) -> list[tuple]:
+    return decode_batch(model, decoding, [(text, tgt)])[0]
+
+
+@settings(max_examples=36, deadline=None)
+@given(model=st.sampled_from(["tiny-a", "sample"]), decoding=st.sampled_from(sorted(DECODINGS)),
+       batch=st.lists(st.tuples(st.integers(0, len(BATCH_TEXTS) - 1), st.sampled_from(["fra_Latn", "deu_Latn"])),
+                      min_size=1, max_size=8))
+def test_a_sentences_tokens_and_scores_are_those_it_has_alone_in_any_batch(model, decoding, batch):
+    """Bit for bit: the neighbours, their number, lengths (the padding they bring), order and targets, and the
+    rows that end before it (greedy) change nothing of a sentence's hypotheses and scores."""
+    got = decode_batch(model, decoding, batch)
+    assert got == [decoded_alone(model, decoding, i, tgt) for i, tgt in batch]
+
+
+@pytest.mark.parametrize("decoding", sorted(DECODINGS))
+def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(decoding):
+    """Bit for bit at 1, 2 and 3 threads (--threads, a --devices worker's share of it, or the library's own)."""
+    from threadpoolctl import threadpool_limits
+
+    batch = [(i, "fra_Latn") for i in range(len(BATCH_TEXTS))]
+    runs = []
+    for threads in (1, 2, 3):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            runs.append(decode_batch("sample", decoding, batch))
+    assert runs[1:] == runs[:1] * 2
 
 
 class AheadEngine:

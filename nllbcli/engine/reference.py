@@ -3,15 +3,28 @@
 It is the oracle for the GPU engine and what runs where there is no GPU. The operations follow
 transformers' M2M100ForConditionalGeneration step by step (same order of float32 operations where it matters).
 
+A sentence's arithmetic does not depend on its batch, so neither do its translation and scores, to the last bit:
+the encoder takes the sources of each length together, unpadded (encode); the decoder multiplies each row by
+the weights on its own (linear_rows) and attends over a padded source in an order the padding leaves alone
+(attention_over_padding). A matrix product over several sentences' rows would let BLAS pick its kernels and
+blockings by their number (and a row's bits follow its place among them), and NumPy's pairwise sums group their
+terms by the length summed, padding included. Nor does it depend on the number of threads: BLAS runs every
+product on one thread, and the engine spreads the products over its own threads (ProductThreads).
+
 Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
 D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
@@ -39,6 +52,80 @@ def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     y = x @ weight.T
+    return y if bias is None else y + bias
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How work is spread: over `threads` threads, by `map` (the results in order)."""
+
+    threads: int = 1
+    map: Callable = map
+
+
+ALONE = Spread()  # on the calling thread
+
+
+class ProductThreads:
+    """The threads of the engine's matrix products: each BLAS call on one thread, the calls spread over as many
+    Python threads as BLAS was given (--threads holds BLAS to that number while a job runs; else the library's
+    own). BLAS would split a product among its own threads by their number, and the result's last bits would
+    follow: --threads 1 and 2, or --devices workers given a share of the threads, would give other scores."""
+
+    def __init__(self):
+        self.blas = ThreadpoolController().select(user_api="blas")
+        self.executor: ThreadPoolExecutor | None = None
+        self.workers = 0
+
+    @contextmanager
+    def spreading(self):
+        """BLAS held to one thread while the block runs, which gets the Spread to run the products by."""
+        threads = max((library["num_threads"] for library in self.blas.info()), default=1)
+        with self.blas.limit(limits=1):
+            if threads == 1:
+                yield ALONE
+                return
+            if self.workers != threads:
+                if self.executor is not None:
+                    self.executor.shutdown()
+                self.executor, self.workers = ThreadPoolExecutor(threads, "nllb-products"), threads
+            yield Spread(threads, self.executor.map)
+
+
+def split_evenly(count: int, parts: int) -> list[slice]:
+    """range(count) in `parts` slices of sizes within one of each other (fewer where count is smaller)."""
+    bounds = np.linspace(0, count, min(max(parts, 1), count) + 1).astype(int)
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+ROW_BLOCK_VALUES = 1 << 16  # weight values linear_rows multiplies a row by at once (256 KB of float32)
+SPREAD_WORK = 1 << 20  # multiply-adds below which linear_rows stays on the calling thread (handing out costs more)
+
+
+def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: Spread = ALONE) -> np.ndarray:
+    """linear() of each row of x (..., K) on its own: one matrix-vector product a row and block of the weight's
+    rows, the blocks fixed by the weight's shape, so that a row's result is the same whatever rows come with it
+    (x @ weight.T over several rows takes other BLAS kernels as their number changes, and a row's last bits
+    with them). A block stays in cache while the rows pass, so the weight is read once, not once a row. The
+    blocks (and, where they are fewer than the threads, the rows) are shared among the threads."""
+    if isinstance(weight, E4M3Matrix):
+        x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
+    rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K): NumPy's matmul makes each row's product alone
+    n = weight.shape[0]
+    block = max(1, ROW_BLOCK_VALUES // weight.shape[1])
+    firsts = range(0, n, block)
+    y = np.empty((rows.shape[0], n), np.result_type(x, weight))
+
+    def multiply(part: tuple[slice, slice]) -> None:
+        at, blocks = part
+        for first in firsts[blocks]:
+            y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
+
+    spread = spread if rows.shape[0] * weight.size >= SPREAD_WORK else ALONE
+    # a run of blocks a thread, for all rows or, where the blocks are fewer than the threads, a part of them
+    row_parts = split_evenly(rows.shape[0], -(-spread.threads // len(firsts)))
+    list(spread.map(multiply, [(at, blocks) for blocks in split_evenly(len(firsts), spread.threads) for at in row_parts]))
+    y = y.reshape(x.shape[:-1] + (n,))
     return y if bias is None else y + bias
 
 
@@ -89,6 +176,26 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray 
         scores = np.where(key_mask[:, None, None, :], scores, np.float32(-np.inf))
     out = softmax(scores) @ vh  # (N, H, Tq, E)
     return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
+
+
+def attention_over_padding(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
+    """attention() of one query a row over keys right-padded to a common length, each row's result that of its
+    own keys alone, whatever the padding: a score sums its head's E products (a length the model fixes), and
+    the softmax's total and the weighted sum of the values add the keys one after another, in order, so that
+    the keys past a row's end (weight 0) add exact zeros at the end. (A matrix product over the keys and
+    NumPy's pairwise sum along them group the terms by the padded length; einsum adds along an axis that is
+    not the innermost one term after another, which tests/test_reference.py holds it to.)
+
+    q (N, 1, D), k and v (N, Tk, D), key_mask (N, Tk) True at each row's own keys. -> (N, 1, D)
+    """
+    n, _, d = q.shape
+    tk, e = k.shape[1], d // heads
+    vh = v.reshape(n, tk, heads, e)
+    scores = np.einsum("nkhe,nhe->nkh", k.reshape(n, tk, heads, e), q.reshape(n, heads, e)) * np.float32(e**-0.5)
+    scores = np.where(key_mask[:, :, None], scores, np.float32(-np.inf))  # (N, Tk, H)
+    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+    weights /= np.einsum("nkh->nh", weights)[:, None, :]
+    return np.einsum("nkh,nkhe->nhe", weights, vh).reshape(n, 1, d)
 
 
 def attention_prefill_mma(q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: int, split_p: bool = True,
@@ -168,6 +275,7 @@ class ReferenceEngine:
         self.r = bf16_round if bf16_activations else unrounded
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
+        self.threads = ProductThreads()
 
     def positions_for(self, length: int) -> np.ndarray:
         if length + self.config.pad_token_id + 1 > self.pos_table.shape[0]:
@@ -188,16 +296,37 @@ class ReferenceEngine:
     # -- encoder
 
     def encode(self, sources: list[list[int]]) -> EncoderOutput:
-        """Run the encoder over right-padded sources and project every decoder layer's cross K/V."""
+        """Run the encoder over the sources and project every decoder layer's cross K/V, right-padded to the
+        longest source with zeros. The sources of each length go through together, unpadded: a source's
+        arithmetic is then that of it alone, whatever the batch (padding would change the shapes of its matrix
+        products and the length of its attention's sums)."""
+        c = self.config
+        lengths = np.array([len(x) for x in sources])
+        b, s = len(sources), int(lengths.max())
+        mask = np.zeros((b, s), dtype=bool)
+        padded = lambda: np.zeros((b, s, c.d_model), np.float32)  # noqa: E731
+        cross_k, cross_v = [padded() for _ in range(c.decoder_layers)], [padded() for _ in range(c.decoder_layers)]
+
+        def encode_part(rows: np.ndarray) -> None:
+            length = lengths[rows[0]]
+            ids = np.array([sources[i] for i in rows], dtype=np.int64)  # (B', S')
+            mask[rows, :length], keys, values = self.encode_unpadded(ids)
+            for i in range(c.decoder_layers):
+                cross_k[i][rows, :length], cross_v[i][rows, :length] = keys[i], values[i]
+
+        with self.threads.spreading() as spread:  # each length's sources in as many parts as there are threads
+            groups = [np.flatnonzero(lengths == length) for length in np.unique(lengths)]
+            list(spread.map(encode_part, [rows[at] for rows in groups for at in split_evenly(len(rows), spread.threads)]))
+        return EncoderOutput(mask, cross_k, cross_v)
+
+    def encode_unpadded(self, ids: np.ndarray) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+        """The encoder over sources of one length (B', S'): their mask (True but at pad tokens) and every decoder
+        layer's cross K and V (B', S', D)."""
         c, w = self.config, self.w
-        b, s = len(sources), max(len(x) for x in sources)
-        ids = np.full((b, s), c.pad_token_id, dtype=np.int64)
-        for i, src in enumerate(sources):
-            ids[i, : len(src)] = src
-        mask = ids != c.pad_token_id  # (B, S)
+        mask = ids != c.pad_token_id  # (B', S')
         # positions start past the padding index; pad tokens take the zero row (transformers' create_position_ids)
         positions = np.where(mask, np.cumsum(mask, axis=1) + c.pad_token_id, c.pad_token_id)
-        h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(s))  # (B, S, D)
+        h = embed(ids, positions, w["encoder.embed_tokens.weight"], c.embed_scale, self.positions_for(ids.shape[1]))
         for i in range(c.encoder_layers):
             p = f"encoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
@@ -208,9 +337,9 @@ class ReferenceEngine:
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}.encoder_attn."
-            cross_k.append(self.r(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B, S, D)
+            cross_k.append(self.r(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B', S', D)
             cross_v.append(self.r(linear(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"])))
-        return EncoderOutput(mask, cross_k, cross_v)
+        return mask, cross_k, cross_v
 
     def attention_block(self, prefix: str, x: np.ndarray, kv: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
         w = self.w
@@ -220,10 +349,11 @@ class ReferenceEngine:
         out = self.r(attention(q, k, v, key_mask, heads))
         return linear(out, w[prefix + "out_proj.weight"], w[prefix + "out_proj.bias"])
 
-    def ffn(self, prefix: str, x: np.ndarray) -> np.ndarray:
+    def ffn(self, prefix: str, x: np.ndarray, product=linear) -> np.ndarray:
+        """The feed-forward block, its matrix products by `product` (linear, or the decoder's linear_rows)."""
         w = self.w
-        hidden = self.r(activation(linear(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function))
-        return linear(hidden, w[prefix + "fc2.weight"], w[prefix + "fc2.bias"])
+        hidden = self.r(activation(product(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function))
+        return product(hidden, w[prefix + "fc2.weight"], w[prefix + "fc2.bias"])
 
     # -- decoder
 
@@ -256,6 +386,11 @@ class ReferenceEngine:
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
         """Feed one token per row at position state.t; return the next-token logits (N, V) float32.
         (`encoded` is not read: each row's source K/V are in the state.)"""
+        with self.threads.spreading() as spread:
+            return self.step_rows(state, tokens, want_logits, partial(linear_rows, spread=spread))
+
+    def step_rows(self, state: DecoderState, tokens: np.ndarray, want_logits: bool, product) -> np.ndarray | None:
+        """step(), its products by `product` (linear_rows spread over the threads)."""
         c, w = self.config, self.w
         t, heads = state.t, c.decoder_attention_heads
         n = len(t)
@@ -270,26 +405,27 @@ class ReferenceEngine:
             p = f"decoder.layers.{i}."
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             a = p + "self_attn."
-            q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
-            state.self_k[i][every, t] = self.r(linear(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
-            state.self_v[i][every, t] = self.r(linear(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            q = self.r(product(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
+            state.self_k[i][every, t] = self.r(product(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
+            state.self_v[i][every, t] = self.r(product(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            # every row has filled the same positions: its keys are as many in any batch, none of them padding
             k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
             out = self.r(attention(q, k_keys, v_keys, None, heads))
-            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            h = h + product(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "encoder_attn_layer_norm.weight"], w[p + "encoder_attn_layer_norm.bias"]))
             a = p + "encoder_attn."
-            q = self.r(linear(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
-            out = self.r(attention(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
-            h = h + linear(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
+            q = self.r(product(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))
+            out = self.r(attention_over_padding(q, state.cross_k[i], state.cross_v[i], state.src_mask, heads))
+            h = h + product(out, w[a + "out_proj.weight"], w[a + "out_proj.bias"])
 
             x = self.r(layernorm(h, w[p + "final_layer_norm.weight"], w[p + "final_layer_norm.bias"]))
-            h = h + self.ffn(p, x)
+            h = h + self.ffn(p, x, product)
         state.t = t + 1
         if not want_logits:
             return None
         h = self.r(layernorm(h[:, 0], w["decoder.layer_norm.weight"], w["decoder.layer_norm.bias"]))  # (N, D)
-        return linear(h, w["lm_head.weight"])  # (N, V)
+        return product(h, w["lm_head.weight"])  # (N, V)
 
     def step_argmax(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray) -> np.ndarray:
         """Greedy: feed one token per row and return each row's most likely next token (N,); ties: lower id."""
