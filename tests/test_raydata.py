@@ -719,12 +719,13 @@ def test_a_job_joins_the_ray_that_ray_start_runs_here(tmp_path, ray_tmpdir):
             if "block forever" in line:
                 break
         result = nllb_ray(tmp_path, env)
-    finally:
-        head.terminate()  # `ray start --block` ends its cluster as it ends
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
+    finally:  # the cluster, every process of it in the session of `ray start` (its own end takes half a minute)
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+    deadline = time.monotonic() + 10
+    while session_processes(head.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not session_processes(head.pid)
     assert result.returncode == 0, result.stderr
     [said] = result.stderr.splitlines()  # the summary, and no line of Ray's
     assert said.startswith("Translated 3 of 3 rows") and ", on GPU " in said  # that Ray's: one the job starts has none
