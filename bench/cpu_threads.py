@@ -1,11 +1,12 @@
-"""What `--threads` (the BLAS pool's threads, through threadpoolctl) does to the CPU engine, alone on the machine
+"""What `--threads` (the CPU engine's product threads: the BLAS limit a job sets through threadpoolctl, which the
+engine spreads its one-thread BLAS products over, engine/reference.ProductThreads) does to it, alone on the machine
 and beside processes that spin on cores of their own (another job sharing the machine). JSON lines: one per run,
 seconds of Translator.generate over the same sources, in the same process for every setting.
 
     python -m bench.cpu_threads [--model data/samples/model] [--rows 300] [--beam-size 4] [--threads 1,2,0]
                                 [--loads 0,1] [--repeats 3]
 
---threads 0 is the BLAS library's own count (one per core); --loads counts the spinning processes. The sample
+--threads 0 is the BLAS library's own count (one per core), which the engine takes as its threads; --loads counts the spinning processes. The sample
 model's 300 rows at beam 4 take ~5 s a run on a 2-core machine, about 2-3 minutes for the defaults.
 """
 
