@@ -6,8 +6,9 @@ seconds of Translator.generate over the same sources, in the same process for ev
     python -m bench.cpu_threads [--model data/samples/model] [--rows 300] [--beam-size 4] [--threads 1,2,0]
                                 [--loads 0,1] [--repeats 3]
 
---threads 0 is the BLAS library's own count (one per core), which the engine takes as its threads; --loads counts the spinning processes. The sample
-model's 300 rows at beam 4 take ~5 s a run on a 2-core machine, about 2-3 minutes for the defaults.
+--threads 0 is the BLAS library's own count (one per core), which the engine takes as its threads; --loads counts
+the spinning processes. The sample model's 300 rows at beam 4 take ~5 s a run on a 2-core machine, about 2-3
+minutes for the defaults.
 """
 
 from __future__ import annotations
