@@ -509,10 +509,12 @@ class Sink(BlockBasedFileDatasink):
 
 @contextlib.contextmanager
 def writing(staging: str, task: str):
-    """A file in the staging's WRITING folder while a write task writes its parts (wait_for_writes)."""
+    """A file in the staging's WRITING folder while a write task writes its parts (wait_for_writes), naming the
+    task's process: its host, pid and start time."""
     marker = os.path.join(staging, WRITING, task)
     os.makedirs(os.path.dirname(marker), exist_ok=True)
-    open(marker, "wb").close()
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "start": process_start(os.getpid())}, f)
     try:
         yield
     finally:
@@ -520,16 +522,42 @@ def writing(staging: str, task: str):
             os.unlink(marker)
 
 
+def process_start(pid: int) -> str | None:
+    """When a process of this host started (its start time in clock ticks since boot), None where it is gone: a
+    pid with another start time is another process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def still_writing(marker: str) -> bool:
+    """Whether the write task of a WRITING file may still be writing: not where it names a process of this host
+    that has ended (a kill -9, a job stopped with the Ray it started); a task of another host may."""
+    try:
+        with open(marker, encoding="utf-8") as f:
+            task = json.load(f)
+        if task["host"] != socket.gethostname() or task["start"] is None:
+            return True
+        return process_start(int(task["pid"])) == task["start"]
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return True
+
+
 def wait_for_writes(staging: str, timeout: float = WRITES_END_S) -> None:
-    """Return once no write task is writing parts into the staging (none holds a file in WRITING), or after
-    `timeout` seconds. Ray reports a failed job while its other write tasks may still be writing; a part one of
-    them wrote after a resume had cleaned up the uncommitted parts would hold rows the resume writes again (two
-    parts starting at the same row). A task killed while it wrote leaves its file: the timeout ends the wait."""
+    """Return once no write task is writing parts into the staging (none holds a file in WRITING but a task of
+    this host that has ended), or after `timeout` seconds. Ray reports a failed job while its other write tasks
+    may still be writing; a part one of them wrote after a resume had cleaned up the uncommitted parts would hold
+    rows the resume writes again (two parts starting at the same row). A task of another host killed while it
+    wrote leaves its file: the timeout ends the wait."""
     folder = os.path.join(staging, WRITING)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            if not os.listdir(folder):
+            if not any(still_writing(os.path.join(folder, name)) for name in os.listdir(folder)):
                 return
         except FileNotFoundError:
             return

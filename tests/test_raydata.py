@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -350,7 +351,7 @@ def test_a_failed_job_is_not_promoted_and_resumes_to_the_same_bytes(tmp_path):
 def test_a_resume_waits_for_the_interrupted_jobs_writes_still_in_flight(tmp_path):
     """A write task of the interrupted job still writing (its file in the staging's WRITING folder) when the
     resume starts: the resume waits for it, so that the part it writes is there before the uncommitted parts are
-    cleaned up, not after."""
+    cleaned up, not after. A task of this host that has ended (killed with the job, or its Ray) is not waited for."""
     staging, identity = str(tmp_path / ".out.nllb-staging"), {"job": 1}
     raydata.prepare_staging(staging, identity, False, print)
     with raydata.writing(staging, "task-0"):
@@ -362,10 +363,19 @@ def test_a_resume_waits_for_the_interrupted_jobs_writes_still_in_flight(tmp_path
     assert not os.path.exists(os.path.join(staging, raydata.WRITING))
     open(os.path.join(staging, "data", "part-a-00000-000000000000.jsonl"), "w").close()
     os.makedirs(os.path.join(staging, raydata.WRITING))
-    open(os.path.join(staging, raydata.WRITING, "task-1"), "w").close()  # a task killed while it wrote
+    open(os.path.join(staging, raydata.WRITING, "task-1"), "w").close()  # a task killed while it wrote, unnamed
     started = time.monotonic()
     raydata.wait_for_writes(staging, timeout=0.3)
     assert 0.3 <= time.monotonic() - started < 5
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for host, pid, start, waits in ((socket.gethostname(), int(ended.stdout), "1", False),  # a task of here, ended
+                                    (socket.gethostname(), os.getpid(), raydata.process_start(os.getpid()), True),
+                                    ("elsewhere", os.getpid(), raydata.process_start(os.getpid()), True)):
+        with open(os.path.join(staging, raydata.WRITING, "task-1"), "w") as marker:
+            json.dump({"host": host, "pid": pid, "start": start}, marker)
+        started = time.monotonic()
+        raydata.wait_for_writes(staging, timeout=1.0)
+        assert (time.monotonic() - started >= 1.0) == waits, (host, pid)
 
 
 def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
