@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from threadpoolctl import threadpool_info, threadpool_limits
 
 from nllbcli.options import DecodeOptions
-from nllbcli.batching import plan_batches
-from nllbcli.translator import load_translator
+from nllbcli.job.chunks import plan_batches
+from nllbcli.model.translator import load_translator
 
 HELDOUT = ROOT / "data" / "samples" / "heldout" / "eng_Latn.txt"
 

@@ -37,7 +37,7 @@ Here, on the CPU (reference engine; transformers from another interpreter, float
         --transformers-python /opt/ref/bin/python
 
 The model: a directory in the hub layout (config.json as NLLB's, bf16 model.safetensors with the tied embedding
-stored once as model.shared.weight, generation_config.json) with seeded random weights of a nllbcli/shapes.py
+stored once as model.shared.weight, generation_config.json) with seeded random weights of a nllbcli/model/shapes.py
 shape, and the tokenizer of data/samples/model (sentencepiece.bpe.model, tokenizer.json,
 tokenizer_config.json): its ids stop at 3,203, far below the 600M vocabulary, which random weights do not
 mind. Both tokenizers are checked to give the same ids (--no-check skips it).
@@ -54,7 +54,7 @@ outputs repeat one piece or a few, as random tied embeddings do (cost does not d
 nllbcli's reference engine gives transformers' float32 ids and text exactly.
 
 Start-up (B) without touching nllbcli: every nllb run is `python -m bench.e2e __probe__ translate ...`, which
-wraps nllbcli.translator's load_translator and Translator.generate with timestamps (time.time(), the clock
+wraps nllbcli.model.translator's load_translator and Translator.generate with timestamps (time.time(), the clock
 the parent reads before starting the process) and then runs nllbcli.cli.main() as the `nllb` script does.
 "first batch start" is the first call of Translator.generate (weights on the GPU, the first chunk read and
 tokenized, the batch handed to the engine); "first batch end" its return (ids back on the host: that batch
@@ -89,8 +89,8 @@ def instrument(calls: dict) -> None:
     time it did not hide); inside the search, "start" (the decoder's set-up: its copies to the device wait for
     the encoder's work queued before them) and "select" (rows that ended leave the state: copies too). In a
     job against the engine alone they show where the job's generate loses time."""
-    import nllbcli.search as search
-    from nllbcli.engine import cuda
+    import nllbcli.model.search as search
+    from nllbcli.model.engine import cuda
 
     def timed(name, fn):
         return spans_into(calls, name, fn)
@@ -121,7 +121,7 @@ def probe(argv: list[str]) -> None:
         os.replace(path + ".tmp", path)
 
     atexit.register(dump)
-    import nllbcli.translator as translator
+    import nllbcli.model.translator as translator
 
     events["imported"] = time.time()
     load, generate = translator.load_translator, translator.Translator.generate
@@ -148,7 +148,7 @@ def probe(argv: list[str]) -> None:
         instrument(calls)
     except ImportError:  # no CuPy: the CPU's engine
         pass
-    import nllbcli.pipeline as pipeline
+    import nllbcli.job.loop as pipeline
 
     def timed(name, fn):
         return spans_into(calls, name, fn)
@@ -183,9 +183,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-from nllbcli.shapes import DEFAULT, PRESETS, parameter_count
-from nllbcli.shapes import random_weights as shape_weights
-from nllbcli.checkpoint import ModelConfig, write_safetensors
+from nllbcli.model.shapes import DEFAULT, PRESETS, parameter_count
+from nllbcli.model.shapes import random_weights as shape_weights
+from nllbcli.model.checkpoint import ModelConfig, write_safetensors
 
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
@@ -209,7 +209,7 @@ def emit(record: dict, out) -> None:
 
 
 def random_weights(config: ModelConfig, seed: int, pieces: int) -> dict[str, np.ndarray]:
-    """transformers' names -> float32 arrays holding bf16 values (nllbcli/shapes.py's random weights, deviation
+    """transformers' names -> float32 arrays holding bf16 values (nllbcli/model/shapes.py's random weights, deviation
     0.02, every layer of a side sharing its arrays: the file still holds each layer), the tied embedding stored
     once as model.shared.weight. Ids 4..pieces-1 only can win the argmax (see the module's docstring)."""
     ties = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
@@ -242,7 +242,7 @@ def hub_config(c: ModelConfig) -> dict:
 
 def sample_pieces() -> int:
     """Ids below this are <s> <pad> </s> <unk> and the sample tokenizer's pieces; its language codes follow."""
-    from nllbcli.tokenizer import NllbTokenizer
+    from nllbcli.model.tokenizer import NllbTokenizer
 
     return min(NllbTokenizer.from_model_dir(SAMPLE).lang_ids.values())
 
@@ -285,7 +285,7 @@ def model_and_cache(args, work: Path, model: Path | None = None) -> tuple[Path, 
     """A run's model directory (`model` as it is, else args.model_dir or one in `work`, built of args.shape with
     random weights or reused), what build_model said of it, the kernel cache (args.cache_dir or one in `work`)
     and the model's tokenizer."""
-    from nllbcli.tokenizer import tokenizer_from_model_dir
+    from nllbcli.model.tokenizer import tokenizer_from_model_dir
 
     if model is not None:
         model_dir, built = model.resolve(), {"model_dir": str(model.resolve()), "built": False}
@@ -351,7 +351,7 @@ def write_input(work: Path, lines: list[str]) -> tuple[Path, Path]:
 
 
 def input_stats(lines: list[str], tokenizer, src: str) -> dict:
-    from nllbcli.split import split_text
+    from nllbcli.model.split import split_text
 
     lengths = [len(tokenizer.encode(line, src)) for line in lines]
     sentences = sum(len(split_text(line)[0]) for line in lines)
@@ -749,10 +749,10 @@ def measure_d(runner: Runner, jsonl: Path, lines: list[str]) -> None:
 def engine_only(config: dict) -> None:
     """Child process of C: the Translator's generate alone on the CLI's sentences, pre-tokenized."""
     from nllbcli.options import BatchOptions, DecodeOptions
-    from nllbcli.batching import plan_batches
-    from nllbcli.rows import cut_source
-    from nllbcli.split import split_text
-    from nllbcli.translator import load_translator
+    from nllbcli.job.chunks import plan_batches
+    from nllbcli.job.rows import cut_source
+    from nllbcli.model.split import split_text
+    from nllbcli.model.translator import load_translator
 
     t = time.perf_counter()
     translator = load_translator(config["model"], config["device"])
@@ -770,7 +770,7 @@ def engine_only(config: dict) -> None:
         lines = [line.rstrip("\n") for line in f]
     # as the pipeline: chunks of rows (the first smaller, where the pipeline makes it so), each row's sentences,
     # batches planned longest first within a chunk
-    from nllbcli.overlap import first_chunk_rows
+    from nllbcli.job.reader import first_chunk_rows
 
     first_rows = first_chunk_rows(translator, batching)
     starts = [0] + list(range(first_rows or batching.read_chunk_rows, len(lines), batching.read_chunk_rows))
@@ -819,7 +819,7 @@ def gpu_facts() -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--measure", default="A,B", help="which of A, B, C, D, comma-separated (default A,B)")
-    parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (nllbcli/shapes.py or tiny; default {DEFAULT})")
+    parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (nllbcli/model/shapes.py or tiny; default {DEFAULT})")
     parser.add_argument("--model-dir", type=Path, help="model directory: reused when it holds this script's model of the same shape and seed, "
                                                         "else built there and kept (default: built in the work directory, removed)")
     parser.add_argument("--cache-dir", type=Path, help="CUPY_CACHE_DIR of the warm runs, kept (default: in the work directory, removed)")

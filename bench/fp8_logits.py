@@ -18,9 +18,9 @@ import sys
 import numpy as np
 
 from bench.harness import normal_weights, workload
-from nllbcli.engine.reference import ReferenceEngine, bf16_round
-from nllbcli.shapes import DEFAULT, PRESETS
-from nllbcli.translator import quantize_matrices
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round
+from nllbcli.model.shapes import DEFAULT, PRESETS
+from nllbcli.model.translator import quantize_matrices
 
 
 def main() -> int:

@@ -17,9 +17,9 @@ import sys
 from itertools import permutations
 from pathlib import Path
 
-from nllbcli.engine.reference import ReferenceEngine, bf16_round
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import Translator, load_translator, quantize_matrices
+from nllbcli.model.translator import Translator, load_translator, quantize_matrices
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "samples" / "model"

@@ -5,7 +5,7 @@
                             [--transformers 1024x1,4096x1,256x4,1024x4] [--out results.json]
 
 Workload (issue 5): an NLLB-200-distilled-600M-shaped model with random bf16 weights, or another published
-shape with --preset (nllbcli/shapes.py: the NLLB-200 sizes 600M, 1.3B and 3.3B, M2M-100 418M and 1.2B), the
+shape with --preset (nllbcli/model/shapes.py: the NLLB-200 sizes 600M, 1.3B and 3.3B, M2M-100 418M and 1.2B), the
 same shape for both engines; 4,096 sentences of 10 to 60 source tokens, sorted by length; 40 generated
 tokens each (the target-language token included, as transformers' max_new_tokens counts it: transformers
 gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of the vocabulary for nllbcli,
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from nllbcli.shapes import DEFAULT, PRESETS, Preset, parameter_count
-from nllbcli.checkpoint import ModelConfig
+from nllbcli.model.shapes import DEFAULT, PRESETS, Preset, parameter_count
+from nllbcli.model.checkpoint import ModelConfig
 
 NEW_TOKENS = 40
 
@@ -117,9 +117,9 @@ def in_parts(sources, beams: int, rows: int, source_rows: int):
 def bench_ours(sources, runs, results, preset: Preset) -> None:
     import cupy as cp
 
-    from nllbcli.engine.cuda import CudaEngine
+    from nllbcli.model.engine.cuda import CudaEngine
     from nllbcli.options import DecodeOptions
-    from nllbcli.search import generate_ids
+    from nllbcli.model.search import generate_ids
 
     # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
@@ -243,7 +243,7 @@ def table(results: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=list(PRESETS), default=DEFAULT,
-                        help=f"model shape, random weights (nllbcli/shapes.py; default {DEFAULT})")
+                        help=f"model shape, random weights (nllbcli/model/shapes.py; default {DEFAULT})")
     parser.add_argument("--sentences", type=int, default=4096)
     parser.add_argument("--ours", default="256x1,1024x1,4096x1,256x4,1024x4")
     parser.add_argument("--transformers", default="1024x1,4096x1,256x4,1024x4")

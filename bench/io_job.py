@@ -25,7 +25,7 @@ from tests.conftest import FakeTranslator  # the tests' stand-in model (run from
 from nllbcli.io import Added, open_input, open_sink
 from nllbcli.options import BatchOptions
 from nllbcli.options import Job
-from nllbcli.pipeline import translate_file
+from nllbcli.job.loop import translate_file
 
 WORDS = "the red car is in garden on monday it was there tuesday too number of my uncle went to rome friday".split()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "data" / "samples" / "heldout"

@@ -23,17 +23,17 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .batching import translate_records
+from .job.chunks import translate_records
 from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
 from .options import BatchOptions, DecodeOptions, Job, described
-from .overlap import read_chunks
-from .pipeline import check_added_columns, check_fields
-from .progress import Reporter
-from .rows import status_of, written_rows
-from .translator import Translator, load_translator
+from .job.reader import read_chunks
+from .job.loop import check_added_columns, check_fields
+from .job.progress import Reporter
+from .job.rows import status_of, written_rows
+from .model.translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 TABLE = "the table"  # what messages call the rows translate_table was given
@@ -69,7 +69,7 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
     device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
-    from .langs import resolve_lang
+    from .model.langs import resolve_lang
 
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
@@ -107,7 +107,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
     (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
     `tgt_field`)."""
-    from .langs import resolve_lang, resolve_targets
+    from .model.langs import resolve_lang, resolve_targets
 
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
@@ -223,7 +223,7 @@ def model_decode(translator: Translator) -> DecodeOptions:
     """The command's decoding options for the translator's model when none are given."""
     from pathlib import Path
 
-    from .checkpoint import decode_options
+    from .model.checkpoint import decode_options
 
     return decode_options(Path(translator.model_dir) if translator.model_dir else None)
 

@@ -1,4 +1,4 @@
-"""The `nllb` command: options in, plain records out, one call to the job (pipeline.py) per input; the one mapping
+"""The `nllb` command: options in, plain records out, one call to the job (job/loop.py) per input; the one mapping
 of errors to exit codes is the command group's."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import click
 
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
-from .langs import resolve_lang, resolve_targets
+from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
                       MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads)
-from .progress import PROGRESS_MODES
+from .job.progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
 
@@ -53,14 +53,14 @@ class Between(click.FloatRange):
 
 def load_model(model: str, device: str, adapter: str | None = None, compute_type: str = "auto"):
     """Load a Translator; imported here so `nllb --help` does not load the model code."""
-    from .translator import load_translator
+    from .model.translator import load_translator
 
     return load_translator(model, device, adapter, compute_type)
 
 
 def load_tokenizer(model: str):
     """The model's tokenizer alone, without its weights."""
-    from .translator import load_tokenizer
+    from .model.translator import load_tokenizer
 
     return load_tokenizer(model)
 
@@ -130,7 +130,7 @@ def stopped_by(error: BaseException) -> int | None:
     """The exit code of the Ctrl-C or stop signal `error` comes of, if it does: one that lands while a C extension
     initializes (sentencepiece's, imported as the job starts) surfaces as ImportError("initialization failed"),
     raised from the KeyboardInterrupt (or the job's Stopped)."""
-    from .signals import Stopped
+    from .job.signals import Stopped
 
     seen = set()
     while error is not None and id(error) not in seen:
@@ -318,7 +318,7 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
 def decode_options(model: str, **given) -> DecodeOptions:
     """The decoding options: each one given on the command line, else the model's generation_config.json's,
     else nllb's own (checkpoint.decode_options)."""
-    from .checkpoint import decode_options as for_model, resolve_model_dir
+    from .model.checkpoint import decode_options as for_model, resolve_model_dir
 
     try:
         model_dir = resolve_model_dir(model)
@@ -346,11 +346,11 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
 
 def translate_on_ray(base, paths, output_option, model, device, adapter, compute_type, input_format, output_format, resume, progress,
                      quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, address, actors, decode) -> None:
-    """--ray: the inputs into one directory of parts on a Ray cluster (raydata.py); exit 0, or 3 with failed rows."""
+    """--ray: the inputs into one directory of parts on a Ray cluster (runners/ray.py); exit 0, or 3 with failed rows."""
     from dataclasses import replace
 
-    from .checkpoint import resolve_model_dir
-    from .signals import Stopped, stop_on_signals
+    from .model.checkpoint import resolve_model_dir
+    from .job.signals import Stopped, stop_on_signals
 
     ctx = click.get_current_context()
     if ctx.get_parameter_source("devices") is not click.core.ParameterSource.DEFAULT:
@@ -365,17 +365,17 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     if "-" in inputs or output == "-":
         raise InvalidUsage("--ray reads files and writes a directory: - (stdin or stdout) is neither.")
     try:
-        from . import raydata
+        from .runners import ray
     except ImportError as error:
         raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
                                    "'nllbcli[ray]'.") from None
     job = replace(base, **resolved_languages(model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model).resolve())
-    options = raydata.RayOptions(address, actors, device, threads, compute_type)
+    options = ray.RayOptions(address, actors, device, threads, compute_type)
     started = time.monotonic()
     try:
         with stop_on_signals():
-            outcomes = raydata.translate_with_ray(
+            outcomes = ray.translate_with_ray(
                 inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
                 max_batch_tokens=max_batch_tokens, max_batch_sentences=max_batch_sentences, resume=resume, force=base.force, input_format=input_format,
                 output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
@@ -396,7 +396,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
 def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int, compute_type: str = "auto"):
     """--devices: the main process's model (tokenizer and config, devices.host_translator) and the workers'
     pool, which `stack` ends."""
-    from .devices import host_translator, open_pool, parse_devices
+    from .runners.devices import host_translator, open_pool, parse_devices
 
     if click.get_current_context().get_parameter_source("device") is not click.core.ParameterSource.DEFAULT:
         raise InvalidUsage("--device and --devices cannot be used together: --devices names every device.")
@@ -456,8 +456,8 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     from dataclasses import replace
 
     from .io.streams import compression_of, writes_to_terminal
-    from .pipeline import check_fields, check_paths
-    from .resume import is_stream
+    from .job.loop import check_fields, check_paths
+    from .job.state import is_stream
 
     input, output = job.input, job.output
     try:
@@ -497,9 +497,9 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
             threads: int | None = None, pool=None) -> int:
     """One job through the pipeline; its exit code (0, or 3 with failed rows). A stop signal or a gone reader
     of stdout ends the command."""
-    from .pipeline import translate_file
-    from .resume import is_stream
-    from .signals import Stopped, stop_on_signals
+    from .job.loop import translate_file
+    from .job.state import is_stream
+    from .job.signals import Stopped, stop_on_signals
 
     try:
         with stop_on_signals():
@@ -545,7 +545,7 @@ def langs(filters, model, as_json):
     """
     import json
 
-    from .langs import language_name, matching_codes
+    from .model.langs import language_name, matching_codes
 
     known = load_tokenizer(model).lang_codes
     codes = matching_codes(known, filters)
@@ -579,7 +579,7 @@ def info(ctx, model_argument, model, max_length, as_json):
     import json
     from dataclasses import asdict
 
-    from .info import describe, inspect_model
+    from .model.info import describe, inspect_model
 
     model = model_named(ctx, model, model_argument)
     facts = inspect_model(model, max_length)
@@ -614,7 +614,7 @@ def convert(ctx, paths, model, force, compute_type):
     """
     from pathlib import Path
 
-    from .convert import convert_model
+    from .model.convert import convert_model
 
     if not paths:
         raise click.UsageError("Missing argument 'OUT'.")
@@ -648,7 +648,7 @@ def download(repo_id, local_dir, revision):
     """
     from pathlib import Path
 
-    from .checkpoint import download_model
+    from .model.checkpoint import download_model
 
     path = download_model(repo_id, None if local_dir is None else Path(local_dir), revision)
     click.echo(str(path))

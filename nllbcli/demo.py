@@ -17,8 +17,8 @@ from .errors import NllbError
 from .io import format_of
 from .options import DecodeOptions
 from .options import Job
-from .pipeline import translate_file
-from .translator import load_translator
+from .job.loop import translate_file
+from .model.translator import load_translator
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_MODEL = Path("data/samples/model")

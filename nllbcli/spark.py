@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from .api import check_type, load, translate_table
 from .options import DecodeOptions, Job
-from .translator import Translator
+from .model.translator import Translator
 
 # A Python worker runs one task after another (spark.python.worker.reuse, on by default), and keeps this
 # module's globals between them, so a model loaded here serves every later task. The globals of a function
@@ -52,7 +52,7 @@ class PartitionTranslator:
         as translate_table would in every task."""
         from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
-        from .pipeline import check_added_columns
+        from .job.loop import check_added_columns
 
         job = self.job()
         check_added_columns(schema, job)
@@ -85,8 +85,8 @@ class PartitionTranslator:
         if tgt is not None and (not isinstance(tgt, str) or "," in tgt):  # several targets: their columns or rows
             from .api import DEFAULT_MODEL
             from .environment import ENV
-            from .langs import resolve_targets
-            from .translator import load_tokenizer
+            from .model.langs import resolve_targets
+            from .model.translator import load_tokenizer
 
             targets = resolve_targets(tgt, load_tokenizer(self.model or ENV.model or DEFAULT_MODEL).lang_codes)
         keywords = [p.name for p in inspect.signature(table_job).parameters.values() if p.kind is p.KEYWORD_ONLY]

@@ -71,7 +71,7 @@ class FakeTranslator:
     def generate_hypotheses(self, sources, tgt_lang, options, keys=None, prefixes=None):
         """generate's ids first, then as many more as asked, each with a digit more ("1", "2", ...); scores that
         fall with the length and the rank."""
-        from nllbcli.search import Hypothesis
+        from nllbcli.model.search import Hypothesis
 
         return [[Hypothesis(ids + [ord(str(k))] * bool(k), -0.5 * (len(ids) + 2 + k), -0.5 - 0.25 * k)
                  for k in range(options.num_hypotheses)] for ids in self.generate(sources, tgt_lang, options)]

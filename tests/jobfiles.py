@@ -26,7 +26,7 @@ def stopped_after_commits(commits: int):
     """While the block runs, the pipeline's save_state raises KeyboardInterrupt at its commit number
     `commits` + 1 (standing for a kill after the next chunk is written, before it is committed); yields the
     states saved before that."""
-    import nllbcli.pipeline as pipeline
+    import nllbcli.job.loop as pipeline
 
     saved = []
     save_state = pipeline.save_state

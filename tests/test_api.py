@@ -120,7 +120,7 @@ def test_the_api_is_not_imported_by_the_command_start_up():
     import subprocess
     import sys
 
-    code = "import sys, nllbcli.cli; print('nllbcli.api' in sys.modules, 'nllbcli.pipeline' in sys.modules)"
+    code = "import sys, nllbcli.cli; print('nllbcli.api' in sys.modules, 'nllbcli.job.loop' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]
 
 

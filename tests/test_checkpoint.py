@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nllbcli.checkpoint import ModelConfig, load_checkpoint, read_safetensors, resolve_model_dir, write_safetensors
+from nllbcli.model.checkpoint import ModelConfig, load_checkpoint, read_safetensors, resolve_model_dir, write_safetensors
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 HERE = Path(__file__).parent
 TINY_A = HERE / "models" / "tiny-a"
@@ -75,7 +75,7 @@ def test_float32_float16_and_bfloat16_checkpoints_load_the_same_values(tmp_path,
 def test_bf16_bits_for_the_gpu_from_a_bf16_checkpoint_only(tmp_path, dtype):
     """load_checkpoint(bf16_bits=True): a bf16 checkpoint's weights as their bits (uint16), the values of the
     float32 load exactly, the tied embedding still one array; any other checkpoint as float32, as without."""
-    from nllbcli.checkpoint import bf16_to_float32
+    from nllbcli.model.checkpoint import bf16_to_float32
 
     _, reference = load_checkpoint(TINY_B)
     model = copy_model(TINY_B, tmp_path / dtype, stored_weights(TINY_B), dtype)
@@ -92,7 +92,7 @@ def test_bf16_bits_for_the_gpu_from_a_bf16_checkpoint_only(tmp_path, dtype):
 
 def test_bf16_bits_of_a_mixed_checkpoint_are_floats(tmp_path):
     """A checkpoint holding bf16 and float32 tensors comes as float32 throughout, even asked for bits."""
-    from nllbcli.checkpoint import read_safetensors_header
+    from nllbcli.model.checkpoint import read_safetensors_header
 
     model = copy_model(TINY_B, tmp_path / "m", stored_weights(TINY_B), "BF16")
     names = sorted(read_safetensors_header(model / "model.safetensors")[0])

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nllbcli.checkpoint as checkpoint
-import nllbcli.torchbin as torchbin
-from nllbcli.checkpoint import bf16_to_float32, float32_to_bf16, load_checkpoint, read_safetensors, write_safetensors
-from nllbcli.engine.reference import bf16_round
+import nllbcli.model.checkpoint as checkpoint
+import nllbcli.model.torchbin as torchbin
+from nllbcli.model.checkpoint import bf16_to_float32, float32_to_bf16, load_checkpoint, read_safetensors, write_safetensors
+from nllbcli.model.engine.reference import bf16_round
 from nllbcli.errors import NllbError
 
 HERE = Path(__file__).parent

@@ -436,7 +436,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def tiny():
-    from nllbcli.translator import load_translator
+    from nllbcli.model.translator import load_translator
 
     return load_translator(TINY, "cpu")
 
@@ -462,7 +462,7 @@ def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
 @pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
 def test_tiny_model_cuts_long_sources(tiny):
     from nllbcli.options import DecodeOptions
-    from nllbcli.rows import cut_source
+    from nllbcli.job.rows import cut_source
 
     text = " ".join(["The quick brown fox jumps over the lazy dog."] * 4)
     ids = tiny.tokenizer.encode(text, "eng_Latn")
@@ -554,7 +554,7 @@ SAMPLE = os.path.join(os.path.dirname(__file__), "..", "data", "samples")
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SAMPLE, "model", "config.json")), reason="no sample model yet")
 def test_sample_model_translates_the_demo_file(tmp_path):
     from nllbcli.options import DecodeOptions
-    from nllbcli.translator import load_translator
+    from nllbcli.model.translator import load_translator
 
     model = os.path.join(SAMPLE, "model")
     source = os.path.join(SAMPLE, "demo.eng_Latn.jsonl")
@@ -673,7 +673,7 @@ def test_json_progress_comes_on_a_timer_and_counts_rows_before_their_commit(fake
     model has finished it, before its chunk is committed ("committed" says how many are)."""
     import time
 
-    monkeypatch.setattr("nllbcli.progress.JSON_INTERVAL", 0.05)
+    monkeypatch.setattr("nllbcli.job.progress.JSON_INTERVAL", 0.05)
     generate = fake.generate
 
     def slow(sources, tgt, options):
@@ -706,7 +706,7 @@ def test_threads_hold_the_blas_pool_inside_the_engine(monkeypatch, tmp_path, how
     from threadpoolctl import threadpool_info
 
     from nllbcli.options import cpu_threads
-    from nllbcli.translator import Translator
+    from nllbcli.model.translator import Translator
 
     seen = []
     generate = Translator.generate_hypotheses

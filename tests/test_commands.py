@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
-from nllbcli.langs import FLORES_200_CODES, M2M100_CODES
-from nllbcli.translator import choose_device
+from nllbcli.model.langs import FLORES_200_CODES, M2M100_CODES
+from nllbcli.model.translator import choose_device
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
@@ -179,7 +179,7 @@ def test_every_language_has_a_name_without_the_network():
     """In a fresh process with every connection refused: the names come from the installed language_data."""
     script = BLOCK_THE_NETWORK + """
 import json
-from nllbcli.langs import FLORES_200_CODES, M2M100_CODES, language_name
+from nllbcli.model.langs import FLORES_200_CODES, M2M100_CODES, language_name
 print(json.dumps({code: language_name(code) for code in FLORES_200_CODES + M2M100_CODES}))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from nllbcli.checkpoint import (download_patterns, float32_to_bf16, load_checkpoint, read_safetensors,
+from nllbcli.model.checkpoint import (download_patterns, float32_to_bf16, load_checkpoint, read_safetensors,
                                 read_safetensors_header, resolve_model_dir, write_safetensors)
 from nllbcli.cli import cli
-from nllbcli.engine.reference import ReferenceEngine, bf16_round
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import Translator, load_translator
+from nllbcli.model.translator import Translator, load_translator
 
 HERE = Path(__file__).parent
 TINY_A = HERE / "models" / "tiny-a"
@@ -65,7 +65,7 @@ def test_a_bf16_checkpoint_is_copied_as_its_bits(tmp_path, monkeypatch):
     """Converting nllb convert's own output again writes the same file, and never widens a weight to float32 (a
     bf16 checkpoint's bits are copied: half the memory)."""
     assert convert(TINY_BIN, tmp_path / "once").exit_code == 0
-    import nllbcli.checkpoint as checkpoint
+    import nllbcli.model.checkpoint as checkpoint
 
     def widened(bits):
         raise AssertionError("a bf16 weight was widened to float32")
@@ -158,12 +158,12 @@ def test_a_full_disk_while_converting_names_out(tmp_path, monkeypatch):
     import errno
     import os
 
-    import nllbcli.convert
+    import nllbcli.model.convert
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(nllbcli.convert, "write_safetensors", full)
+    monkeypatch.setattr(nllbcli.model.convert, "write_safetensors", full)
     result = convert(TINY_BIN, tmp_path / "out")
     assert result.exit_code == 1
     assert result.output == f"Error: cannot write {tmp_path / 'out'}: No space left on device\n"

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nllbcli.engine.numerics import sentence_keys
+from nllbcli.model.engine.numerics import sentence_keys
 from nllbcli.options import DecodeOptions
-from nllbcli.search import generate
-from nllbcli.translator import load_translator
+from nllbcli.model.search import generate
+from nllbcli.model.translator import load_translator
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"tiny-a": ROOT / "tests" / "models" / "tiny-a", "sample": ROOT / "data" / "samples" / "model"}

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import nllbcli
 from nllbcli.cli import cli
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 from test_decoding import MODELS
 
@@ -45,7 +45,7 @@ def test_scores_are_the_searchs_summed_over_a_rows_sentences(tmp_path, sample, b
     options = DecodeOptions(beam_size=beam_size, max_length=24, scores=True)
     for row, text in zip(rows, TEXTS):
         assert list(row) == ["id", "text", "translation", "score", "log_prob"]
-        sentences = nllbcli.split.split_text(text)[0] if text else []
+        sentences = nllbcli.model.split.split_text(text)[0] if text else []
         found = [h[0] for h in sample.generate_hypotheses([sample.tokenizer.encode(s, "eng_Latn") for s in sentences],
                                                             "fra_Latn", options)]
         assert row["log_prob"] == sum(h.log_prob for h in found)  # to the bit, though in another batch
@@ -56,7 +56,7 @@ def test_scores_are_the_searchs_summed_over_a_rows_sentences(tmp_path, sample, b
         elif found:
             assert row["score"] == sum(h.score for h in found) / len(found)
     assert rows[1]["translation"] == "" and rows[1]["score"] == rows[1]["log_prob"] == 0.0
-    assert len(nllbcli.split.split_text(TEXTS[2])[0]) == 2  # a row of two sentences is there
+    assert len(nllbcli.model.split.split_text(TEXTS[2])[0]) == 2  # a row of two sentences is there
     if beam_size == 1:
         assert all(r["score"] == r["log_prob"] for r in rows)
     else:

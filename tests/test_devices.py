@@ -26,13 +26,13 @@ from test_resume import EXTENSION, ROWS, TINY, command, make_input
 
 from click.testing import CliRunner
 
-from nllbcli.batching import translate_chunk
+from nllbcli.job.chunks import translate_chunk
 from nllbcli.cli import cli
-from nllbcli.devices import AHEAD, Pool, open_pool, parse_devices
+from nllbcli.runners.devices import AHEAD, Pool, open_pool, parse_devices
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions, Job, usable_cores
 from nllbcli.io import Record
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 LONGER = ("--max-length", "30")  # a job of a few seconds, so that a kill lands mid-job
 
@@ -105,7 +105,7 @@ def test_two_workers_write_a_one_device_jobs_bytes(tmp_path, plain, fmt):
 # the nllb command with its main process's tokenizers refusing every text: only a worker may split, tokenize or decode
 NO_TOKENIZING = """
 import runpy, sys
-from nllbcli import tokenizer
+from nllbcli.model import tokenizer
 def refuse(*args, **kwargs):
     raise AssertionError("the main process tokenized")
 for kind in (tokenizer.SentencePieceTokenizer, tokenizer.NllbTokenizer, tokenizer.M2M100Tokenizer):
@@ -391,7 +391,7 @@ class Answering:
 def test_workers_that_would_compute_differently_are_one_line():
     """--compute-type auto on GPUs of which only some have FP8, for a model stored in FP8: each worker takes what its
     GPU can, and the job, whose bytes must not depend on which worker took a chunk, stops before it starts."""
-    from nllbcli.devices import Pool, Worker
+    from nllbcli.runners.devices import Pool, Worker
     from nllbcli.errors import NllbError
 
     pool = Pool.__new__(Pool)

@@ -302,7 +302,7 @@ def quick(fake, monkeypatch):
     only, and takes a while in a process holding all that hypothesis holds)."""
     import contextlib
 
-    monkeypatch.setattr("nllbcli.pipeline.fewer_collections", contextlib.nullcontext)
+    monkeypatch.setattr("nllbcli.job.loop.fewer_collections", contextlib.nullcontext)
     return fake
 
 

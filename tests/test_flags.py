@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.signals import Stopped
+from nllbcli.job.signals import Stopped
 
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 

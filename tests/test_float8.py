@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from nllbcli import translator as translator_module
-from nllbcli.checkpoint import load_checkpoint, read_safetensors_header
+from nllbcli.model import translator as translator_module
+from nllbcli.model.checkpoint import load_checkpoint, read_safetensors_header
 from nllbcli.cli import cli
-from nllbcli.convert import FLOAT8_CONFIG, convert_model
-from nllbcli.engine import numerics
-from nllbcli.engine.numerics import E4M3Matrix, dequantize_e4m3, quantize_e4m3
-from nllbcli.engine.reference import ReferenceEngine, linear
+from nllbcli.model.convert import FLOAT8_CONFIG, convert_model
+from nllbcli.model.engine import numerics
+from nllbcli.model.engine.numerics import E4M3Matrix, dequantize_e4m3, quantize_e4m3
+from nllbcli.model.engine.reference import ReferenceEngine, linear
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import Translator, expected_compute_type, load_translator, quantize_matrices, uses_float8
+from nllbcli.model.translator import Translator, expected_compute_type, load_translator, quantize_matrices, uses_float8
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "samples" / "model"
@@ -177,7 +177,7 @@ def test_convert_on_the_command_line(tmp_path):
 
 def test_a_float8_job_is_not_resumed_by_a_bf16_one(monkeypatch):
     from nllbcli.options import BatchOptions, Job
-    from nllbcli.pipeline import job_identity
+    from nllbcli.job.loop import job_identity
 
     base = load_translator(str(SAMPLE), "cpu")
     job = Job(src="eng_Latn", tgt="fra_Latn", input="in.txt", output="out.txt", input_format="text", output_format="text")

@@ -6,7 +6,7 @@ product (numerics.gemm_fp8_reference) is the product of the dequantized operands
 import numpy as np
 import pytest
 
-from nllbcli.engine.numerics import (E4M3_MAX, dequantize_e4m3, e4m3_bits, e4m3_values, gemm_fp8_reference,
+from nllbcli.model.engine.numerics import (E4M3_MAX, dequantize_e4m3, e4m3_bits, e4m3_values, gemm_fp8_reference,
                                       quantize_e4m3)
 
 
@@ -98,9 +98,9 @@ def test_the_fp8_product_model_sums_exactly():
 
 
 def test_a_matrix_quantized_a_block_of_rows_at_a_time_is_quantized_as_whole(monkeypatch):
-    from nllbcli.checkpoint import float32_to_bf16
-    from nllbcli.engine import numerics
-    from nllbcli.engine.numerics import E4M3Matrix
+    from nllbcli.model.checkpoint import float32_to_bf16
+    from nllbcli.model.engine import numerics
+    from nllbcli.model.engine.numerics import E4M3Matrix
 
     rng = np.random.default_rng(5)
     w = rng.normal(size=(37, 24)).astype(np.float32) * rng.uniform(1e-3, 10, size=(37, 1)).astype(np.float32)
@@ -112,6 +112,6 @@ def test_a_matrix_quantized_a_block_of_rows_at_a_time_is_quantized_as_whole(monk
 
 
 def reference_bf16(x):
-    from nllbcli.engine.reference import bf16_round
+    from nllbcli.model.engine.reference import bf16_round
 
     return bf16_round(x)

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nllbcli.checkpoint import generation_defaults
+from nllbcli.model.checkpoint import generation_defaults
 from nllbcli.cli import cli, decode_options
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 HERE = Path(__file__).parent
 GOLDEN = json.loads((HERE / "golden" / "tiny-a-genconfig.json").read_text(encoding="utf-8"))

@@ -135,9 +135,9 @@ def test_the_real_tokenizer_takes_hostile_text():
 
     from nllbcli.io import Record
     from nllbcli.options import DecodeOptions
-    from nllbcli.batching import translate_records
+    from nllbcli.job.chunks import translate_records
     from nllbcli.options import Job
-    from nllbcli.translator import load_translator
+    from nllbcli.model.translator import load_translator
 
     tiny = load_translator(str(Path(__file__).parent / "models" / "tiny-a"), "cpu")
     texts = ["a\x00b", "\x01\x02\x7f", "\ue000\U0010fffd", "🙂" * 300, "\u200b\u200d", "x" * 5000, "\ud800", "\t \u3000"]

@@ -64,7 +64,7 @@ def package_graph() -> dict[str, set[str]]:
 
 def test_no_import_cycle_among_the_packages_modules():
     graph = package_graph()
-    assert "nllbcli.engine.numerics" in graph["nllbcli.search"]  # the walk sees the imports it must
+    assert "nllbcli.model.engine.numerics" in graph["nllbcli.model.search"]  # the walk sees the imports it must
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
@@ -84,7 +84,7 @@ def test_a_deferred_import_cycle_is_found(tmp_path):
 
 def engine_methods() -> set[str]:
     """The calls of the engine interface (engine.Engine), read from its source."""
-    tree = ast.parse((PACKAGE / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "model" / "engine" / "__init__.py").read_text(encoding="utf-8"))
     protocol = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine")
     return {n.name for n in protocol.body if isinstance(n, ast.FunctionDef)}
 
@@ -99,13 +99,13 @@ def class_methods(path: Path, name: str) -> set[str]:
 def test_both_engines_answer_every_call_of_the_engine_interface():
     calls = engine_methods()
     assert {"encode", "start", "step_argmax_ahead", "step_topk", "fetch_later", "reorder", "select"} <= calls
-    assert calls <= class_methods(PACKAGE / "engine" / "reference.py", "ReferenceEngine")
-    assert calls <= class_methods(PACKAGE / "engine" / "cuda.py", "CudaEngine")
+    assert calls <= class_methods(PACKAGE / "model" / "engine" / "reference.py", "ReferenceEngine")
+    assert calls <= class_methods(PACKAGE / "model" / "engine" / "cuda.py", "CudaEngine")
 
 
 def test_the_search_calls_only_the_engine_interface():
     """Every `engine.NAME` the search reads is a call of engine.Engine (or its `xp`)."""
-    tree = ast.parse((PACKAGE / "search.py").read_text(encoding="utf-8"))
+    tree = ast.parse((PACKAGE / "model" / "search.py").read_text(encoding="utf-8"))
     used = {n.attr for n in ast.walk(tree)
             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "engine"}
     assert used and used <= engine_methods() | {"xp"}, used - engine_methods()

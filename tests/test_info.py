@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.info import inspect_model
+from nllbcli.model.info import inspect_model
 
 HERE = Path(__file__).parent
 MODELS = HERE / "models"
@@ -46,9 +46,9 @@ def test_info_reads_no_weights(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a weight was read")
 
-    monkeypatch.setattr("nllbcli.checkpoint.read_safetensors", refuse)
-    monkeypatch.setattr("nllbcli.torchbin.read_torch_bin", refuse)
-    monkeypatch.setattr("nllbcli.torchbin.TorchCheckpoint.array", refuse)
+    monkeypatch.setattr("nllbcli.model.checkpoint.read_safetensors", refuse)
+    monkeypatch.setattr("nllbcli.model.torchbin.read_torch_bin", refuse)
+    monkeypatch.setattr("nllbcli.model.torchbin.TorchCheckpoint.array", refuse)
     for name in ("tiny-a", "tiny-bin", "tiny-m2m"):
         assert inspect_model(str(MODELS / name)).parameters > 0
 

@@ -19,12 +19,12 @@ import pytest
 from click.testing import CliRunner
 from jobfiles import stopped_after_commits
 
-from nllbcli import checkpoint
-from nllbcli.checkpoint import model_identity, read_safetensors_header
+from nllbcli.model import checkpoint
+from nllbcli.model.checkpoint import model_identity, read_safetensors_header
 from nllbcli.cli import cli
 from nllbcli.options import BatchOptions, DecodeOptions, Job
-from nllbcli.pipeline import job_identity
-from nllbcli.translator import load_translator
+from nllbcli.job.loop import job_identity
+from nllbcli.model.translator import load_translator
 
 MODELS = Path(__file__).resolve().parent / "models"
 TINY, LORA = str(MODELS / "tiny-a"), str(MODELS / "tiny-a-lora")

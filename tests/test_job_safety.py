@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.signals import Stopped
+from nllbcli.job.signals import Stopped
 from jobfiles import listing
 
 TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
@@ -226,7 +226,7 @@ def test_a_job_stopped_while_writing_to_a_fifo_says_its_rows_are_written(fake, t
 
 def test_a_job_stopped_waiting_for_a_fifo_reader_says_nothing_was_written(fake, tmp_path, monkeypatch):
     """A FIFO nobody opens to read holds the job at its open: a stop there wrote no row."""
-    from nllbcli import signals
+    from nllbcli.job import signals
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
@@ -384,7 +384,7 @@ def test_a_fresh_run_removes_the_old_jobs_errors_partial(fake, tmp_path, monkeyp
 
 @pytest.mark.parametrize("fmt", ["txt", "parquet"])
 def test_a_signal_while_the_output_is_put_in_place_ends_the_job_as_finished(fake, tmp_path, monkeypatch, fmt):
-    import nllbcli.pipeline as pipeline
+    import nllbcli.job.loop as pipeline
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
@@ -430,7 +430,7 @@ def test_a_lone_surrogate_is_named_plainly(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_names_the_output(fake, tmp_path, monkeypatch):
-    import nllbcli.resume as resume
+    import nllbcli.job.state as resume
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
@@ -450,7 +450,7 @@ def test_a_full_disk_while_the_output_is_converted_leaves_no_half_file(fake, tmp
     """OUTPUT written from the finished partial file (Parquet, compressed) onto a disk that fills up: the
     half-written file beside it is removed (on a full disk it holds the room a retry needs), and --resume, once
     there is room, writes OUTPUT from the committed rows."""
-    import nllbcli.pipeline as pipeline
+    import nllbcli.job.loop as pipeline
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))

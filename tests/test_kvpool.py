@@ -1,4 +1,4 @@
-"""How large the GPU engine's KV pool is made (engine/kvpool.py's planning, which needs no GPU), and the batch the
+"""How large the GPU engine's KV pool is made (model/engine/kvpool.py's planning, which needs no GPU), and the batch the
 Translator asks it for: its sentences, the tokens they can reach under the length rules, its distinct sources'
 tokens. (tests/gpu/test_engine.py checks the engine keeps, grows and splits the pool as planned.)"""
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from nllbcli.checkpoint import read_config
-from nllbcli.engine.kvpool import PoolPlan, activation_bytes, plan_for_job, plan_pool, rounded_up, row_bytes
+from nllbcli.model.checkpoint import read_config
+from nllbcli.model.engine.kvpool import PoolPlan, activation_bytes, plan_for_job, plan_pool, rounded_up, row_bytes
 from nllbcli.options import DecodeOptions
-from nllbcli.shapes import PRESETS
-from nllbcli.translator import load_translator
+from nllbcli.model.shapes import PRESETS
+from nllbcli.model.translator import load_translator
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "samples" / "model"
@@ -121,7 +121,7 @@ def test_the_translator_goes_in_parts_where_the_pool_falls_short(sample):
 
 
 def test_info_counts_the_pool_rows_as_the_engine_does():
-    from nllbcli.info import inspect_model
+    from nllbcli.model.info import inspect_model
 
     config = read_config(SAMPLE)
     info = inspect_model(str(SAMPLE))

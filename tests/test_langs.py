@@ -3,7 +3,7 @@
 import pytest
 
 from nllbcli.errors import NllbError
-from nllbcli.langs import FLORES_200_CODES, resolve_lang
+from nllbcli.model.langs import FLORES_200_CODES, resolve_lang
 
 
 @pytest.mark.parametrize(

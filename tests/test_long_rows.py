@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from nllbcli.io import Record
 from nllbcli.options import Job
-from nllbcli.rows import bound_text, cut_source, prepare_records
-from nllbcli.translator import load_tokenizer
+from nllbcli.job.rows import bound_text, cut_source, prepare_records
+from nllbcli.model.translator import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "data" / "samples" / "model"

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from nllbcli.checkpoint import load_checkpoint, read_safetensors, write_safetensors
+from nllbcli.model.checkpoint import load_checkpoint, read_safetensors, write_safetensors
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
-from nllbcli.lora import merge_lora
+from nllbcli.model.lora import merge_lora
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 HERE = Path(__file__).parent
 BASE = HERE / "models" / "tiny-a"

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
-from nllbcli.langs import FLORES_200_CODES, M2M100_CODES, resolve_lang
+from nllbcli.model.langs import FLORES_200_CODES, M2M100_CODES, resolve_lang
 from nllbcli.options import DecodeOptions
-from nllbcli.tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
-from nllbcli.translator import load_translator
+from nllbcli.model.tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
+from nllbcli.model.translator import load_translator
 
 HERE = Path(__file__).parent
 MODEL = HERE / "models" / "tiny-m2m"

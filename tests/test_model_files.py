@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nllbcli import checkpoint
-from nllbcli.checkpoint import (INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig, load_checkpoint, read_safetensors,
+from nllbcli.model import checkpoint
+from nllbcli.model.checkpoint import (INT_RANGES, MAX_ID, MAX_POSITIONS, ModelConfig, load_checkpoint, read_safetensors,
                                 read_safetensors_header, write_safetensors)
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
@@ -461,7 +461,7 @@ def test_weights_that_are_not_finite_are_one_error_line(sources, tmp_path, dtype
 
 
 def test_bf16_bits_and_e4m3_codes_that_are_not_finite_are_found():
-    from nllbcli.engine.numerics import FINITE_CHECK_BLOCK, has_nonfinite
+    from nllbcli.model.engine.numerics import FINITE_CHECK_BLOCK, has_nonfinite
 
     bits = np.full(FINITE_CHECK_BLOCK + 5, 0x7F7F, np.uint16)  # bf16's largest finite number
     assert not has_nonfinite(bits) and not has_nonfinite(bits | 0x8000)

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.signals import Stopped
+from nllbcli.job.signals import Stopped
 
 from jobfiles import listing
 
@@ -122,7 +122,7 @@ def test_a_rerun_stopped_while_it_records_its_state_leaves_nothing_behind(fake, 
     """A fresh run over a finished job's output, stopped while it writes its first state (the temporary file
     made, not yet renamed), removes the temporary file; and one a kill -9 left there is removed by the next run,
     even when that run finds the job finished and has nothing else to do."""
-    import nllbcli.resume as resume
+    import nllbcli.job.state as resume
 
     write_rows("a.txt")
     assert invoke("-q", "a.txt", "out.txt").exit_code == 0

@@ -9,11 +9,11 @@ from rich.console import Console
 from nllbcli.errors import NllbError
 from nllbcli.io import Record
 from nllbcli.options import GPU_BATCHING, BatchOptions, DecodeOptions
-from nllbcli.batching import plan_batches, translate_records
+from nllbcli.job.chunks import plan_batches, translate_records
 from nllbcli.options import Job
-from nllbcli.overlap import read_chunks
-from nllbcli.rows import cut_source
-from nllbcli.progress import Counters, Reporter
+from nllbcli.job.reader import read_chunks
+from nllbcli.job.rows import cut_source
+from nllbcli.job.progress import Counters, Reporter
 
 JOB = Job("eng_Latn", "fra_Latn")
 WHOLE = Job("eng_Latn", "fra_Latn", split=False)
@@ -187,8 +187,8 @@ def test_progress_json_lines(monkeypatch):
     """A progress line: rows done (committed or not), how many are committed, the counters, and this run's rows/s
     and time left."""
     clock = [100.0]
-    monkeypatch.setattr("nllbcli.progress.time.monotonic", lambda: clock[0])
-    monkeypatch.setattr("nllbcli.progress.JSON_INTERVAL", 3600)  # the timer's lines: test_cli's
+    monkeypatch.setattr("nllbcli.job.progress.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("nllbcli.job.progress.JSON_INTERVAL", 3600)  # the timer's lines: test_cli's
     stream = io.StringIO()
     reporter = Reporter("json", 20, Counters(rows=5, tokens=10, seconds=2.0), stream=stream)
     clock[0] += 4
@@ -274,7 +274,7 @@ def reader_of(rows: int, log: list[int], fail_at: int | None = None):
 
 
 def test_chunk_reader_gives_chunks_in_order_with_their_positions():
-    from nllbcli.overlap import ChunkReader
+    from nllbcli.job.reader import ChunkReader
 
     for ahead in (True, False):
         source, prepare = reader_of(10, [])
@@ -288,7 +288,7 @@ def test_chunk_reader_gives_chunks_in_order_with_their_positions():
 def test_chunk_reader_reads_one_chunk_ahead_at_most():
     import time
 
-    from nllbcli.overlap import ChunkReader
+    from nllbcli.job.reader import ChunkReader
 
     log: list[int] = []
     source, prepare = reader_of(100, log)
@@ -307,7 +307,7 @@ def test_chunk_reader_reads_one_chunk_ahead_at_most():
 def test_chunk_reader_shortens_the_switch_interval_while_its_thread_runs():
     import sys
 
-    from nllbcli.overlap import SWITCH_INTERVAL, ChunkReader
+    from nllbcli.job.reader import SWITCH_INTERVAL, ChunkReader
 
     before = sys.getswitchinterval()
     for ahead, inside in ((True, SWITCH_INTERVAL), (False, before)):
@@ -319,7 +319,7 @@ def test_chunk_reader_shortens_the_switch_interval_while_its_thread_runs():
 
 
 def test_chunk_reader_raises_an_error_in_its_chunks_turn():
-    from nllbcli.overlap import ChunkReader
+    from nllbcli.job.reader import ChunkReader
 
     source, prepare = reader_of(30, [], fail_at=25)
     taken = []
@@ -332,7 +332,7 @@ def test_chunk_reader_raises_an_error_in_its_chunks_turn():
 def test_finisher_runs_tasks_in_order_and_stops_at_the_first_error():
     """Commits run in order behind the main thread; after a failed task none runs (a later chunk is never
     written after an earlier one failed), and the main thread gets the error once, at its next call."""
-    from nllbcli.overlap import Finisher
+    from nllbcli.job.reader import Finisher
 
     ran = []
 
@@ -353,7 +353,7 @@ def test_finisher_runs_what_was_submitted_when_the_main_thread_fails():
     was submitted before it: the chunks already translated are committed."""
     import threading
 
-    from nllbcli.overlap import Finisher
+    from nllbcli.job.reader import Finisher
 
     ran, gate = [], threading.Event()
     with pytest.raises(NllbError, match="bad row"), Finisher() as finisher:
@@ -370,7 +370,7 @@ def test_a_failed_commit_leaves_the_chunks_before_it(fake, tmp_path, monkeypatch
     committed (for --resume), and neither chunk 2 nor any later chunk is written."""
     from click.testing import CliRunner
 
-    from nllbcli import pipeline
+    from nllbcli.job import loop as pipeline
     from nllbcli.cli import cli
 
     monkeypatch.chdir(tmp_path)
@@ -397,7 +397,7 @@ def test_a_job_restores_the_cyclic_collector(tmp_path):
     its walks; after the job (done or failed) Python's settings are back."""
     import gc
 
-    from nllbcli import overlap
+    from nllbcli.job import reader as overlap
 
     before = gc.get_threshold()
     with overlap.fewer_collections():

@@ -29,11 +29,11 @@ from test_job_identity import rewrite_weights
 
 ray = pytest.importorskip("ray")
 
-from nllbcli import raydata  # noqa: E402
+from nllbcli.runners import ray as raydata  # noqa: E402
 from nllbcli.cli import cli  # noqa: E402
 from nllbcli.errors import NllbError  # noqa: E402
 from nllbcli.options import DecodeOptions, Job  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = str(ROOT / "data" / "samples" / "model")
@@ -673,7 +673,7 @@ def test_a_part_that_cannot_be_written_is_named_with_the_reason(tmp_path):
 def test_a_stop_signal_while_ray_starts_stops_the_job_as_the_command_stops(tmp_path, monkeypatch):
     """ray.init sets a SIGTERM handler of its own while it starts Ray (it exits with 15): a SIGTERM then ends the
     job as one later does, with 143 and the command's line; and the job's handlers are in force again after it."""
-    import nllbcli.signals as signals
+    import nllbcli.job.signals as signals
 
     def init_stopped(**kwargs):
         sys.exit(signal.SIGTERM)  # what ray.init's handler does
@@ -811,7 +811,7 @@ def test_an_actor_whose_gpu_computes_otherwise_than_the_job_is_one_line(monkeypa
     """--compute-type auto for a model stored in FP8: the job's identity says float8 (its GPUs are not probed before
     Ray starts), and an actor given a GPU without FP8, which would compute in bfloat16, stops the job in one line
     instead of writing other bytes for its blocks."""
-    import nllbcli.translator as translator_module
+    import nllbcli.model.translator as translator_module
 
     def on_a_gpu(model, device, adapter, compute_type):
         loaded = load_translator(model, "cpu", adapter)

@@ -5,9 +5,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nllbcli.checkpoint import load_checkpoint
-from nllbcli.engine import numerics
-from nllbcli.engine import reference as ref
+from nllbcli.model.checkpoint import load_checkpoint
+from nllbcli.model.engine import numerics
+from nllbcli.model.engine import reference as ref
 
 HERE = Path(__file__).parent
 rng = np.random.default_rng(0)
@@ -184,8 +184,8 @@ def test_the_decoder_cache_holds_what_the_rows_fill(monkeypatch, beam_size):
     """--max-length 200 on translations of a dozen tokens: the cache holds a few dozen positions, not 201, and
     every step's logits are bit for bit those of a cache made whole at the start."""
     from nllbcli.options import DecodeOptions
-    from nllbcli.search import generate_ids
-    from nllbcli.tokenizer import tokenizer_from_model_dir
+    from nllbcli.model.search import generate_ids
+    from nllbcli.model.tokenizer import tokenizer_from_model_dir
 
     sample = HERE.parent / "data" / "samples" / "model"
     config, weights = load_checkpoint(sample)

@@ -180,7 +180,7 @@ def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fak
     """The last window: the output renamed into place, the errors file and the state not yet done."""
     from click.testing import CliRunner
 
-    import nllbcli.pipeline as pipeline
+    import nllbcli.job.loop as pipeline
     from nllbcli.cli import cli
 
     monkeypatch.chdir(tmp_path)

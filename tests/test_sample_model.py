@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nllbcli.options import DecodeOptions
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "data" / "samples" / "model"

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
-from nllbcli.engine.numerics import GUMBEL_MAX, gumbel_noise, log_softmax, sentence_key, step_keys
+from nllbcli.model.engine.numerics import GUMBEL_MAX, gumbel_noise, log_softmax, sentence_key, step_keys
 from nllbcli.options import DecodeOptions
-from nllbcli.search import sample_among
+from nllbcli.model.search import sample_among
 
 from test_decoding import translator
 from test_decoding_cli import TRANSLATE, write_jsonl
@@ -165,7 +165,7 @@ def test_sampling_options_that_cannot_be_are_one_line(tmp_path, args, message):
 def test_a_batchs_stream_keys_are_each_sentences_made_at_once():
     """sentence_keys and sample_keys make a batch's keys with array operations, the keys of jobs before them
     (pinned: a resumed job draws what it drew), whatever the row's size."""
-    from nllbcli.engine.numerics import sample_keys, sentence_keys
+    from nllbcli.model.engine.numerics import sample_keys, sentence_keys
 
     assert [sentence_key(0, 0, 0), sentence_key(0, 0, 3), sentence_key(0, 1, 0)] == [806602113, 741185853, 2402222962]
     assert sentence_key(2**40 + 5, 2**33 + 9, 3) == 2795040748

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nllbcli.options import DecodeOptions
-from nllbcli.engine import OnHost
-from nllbcli.engine.numerics import sentence_keys
-from nllbcli.search import generate, generate_ids
-from nllbcli.translator import load_translator
+from nllbcli.model.engine import OnHost
+from nllbcli.model.engine.numerics import sentence_keys
+from nllbcli.model.search import generate, generate_ids
+from nllbcli.model.translator import load_translator
 
 from test_decoding import translator as decoding_translator
 
@@ -163,7 +163,7 @@ class Logged(OnHost):
 def test_greedy_queues_the_next_steps_before_it_looks_at_this_one():
     """Steps t + 1 .. t + AHEAD are queued before step t's ids are fetched, and the outputs are the goldens'
     (sentences that end early leave the batch AHEAD steps late)."""
-    from nllbcli.search import AHEAD
+    from nllbcli.model.search import AHEAD
 
     tr = translator("tiny-a")
     case = next(c for c in golden("tiny-a")["generate"] if c["beam_size"] == 1 and len(set(map(len, c["output_ids"]))) > 1)
@@ -239,7 +239,7 @@ def test_processor_goldens_change_the_output():
 def test_greedy_gives_the_goldens_however_far_ahead_it_queues(ahead, monkeypatch):
     """NLLB_AHEAD (search.AHEAD) changes when the host looks at each step's ids, never the ids; with 0 nothing
     is queued ahead and each step is fed the ids the host fetched."""
-    import nllbcli.search as search
+    import nllbcli.model.search as search
 
     monkeypatch.setattr(search, "AHEAD", ahead)
     for name in MODELS:

@@ -1,10 +1,10 @@
-"""The published model shapes (nllbcli/shapes.py): the published sizes, language ids where the tokenizers put them."""
+"""The published model shapes (nllbcli/model/shapes.py): the published sizes, language ids where the tokenizers put them."""
 
 import pytest
 
-from nllbcli.checkpoint import ModelConfig
-from nllbcli.langs import FLORES_200_CODES, M2M100_CODES
-from nllbcli.shapes import DEFAULT, NLLB_600M, PRESETS, parameter_count
+from nllbcli.model.checkpoint import ModelConfig
+from nllbcli.model.langs import FLORES_200_CODES, M2M100_CODES
+from nllbcli.model.shapes import DEFAULT, NLLB_600M, PRESETS, parameter_count
 
 # the parameter counts transformers reports for each hub model (model.num_parameters())
 PUBLISHED = {

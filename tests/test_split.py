@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nllbcli.split import ANYWHERE, SPACED, join_sentences, split_text, split_walk
+from nllbcli.model.split import ANYWHERE, SPACED, join_sentences, split_text, split_walk
 
 
 @pytest.mark.parametrize(

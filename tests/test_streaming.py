@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from nllbcli.io.streams import Lines, Replay
-from nllbcli.overlap import read_chunks
+from nllbcli.job.reader import read_chunks
 
 HERE = Path(__file__).parent
 SCRIPT = """

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 import nllbcli
-from nllbcli.batching import plan_batches, translate_records
+from nllbcli.job.chunks import plan_batches, translate_records
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions, Job
-from nllbcli.translator import load_translator
+from nllbcli.model.translator import load_translator
 
 from counting import CountingEngine
 from test_decoding import MODELS
@@ -121,7 +121,7 @@ def test_each_sentence_goes_through_the_encoder_once_for_all_targets(sample, bea
     # batches of 4 sentences: 3 targets of a sentence would straddle them but for plan_chunk's groups
     outcomes = translate_records(translator, records, job, decode, 10**6, max_batch_sentences=4)
     yes = tuple(sample.tokenizer.encode("Yes.", "eng_Latn"))
-    sources = {tuple(sample.tokenizer.encode(s, "eng_Latn")) for t in texts for s in nllbcli.split.split_text(t)[0]}
+    sources = {tuple(sample.tokenizer.encode(s, "eng_Latn")) for t in texts for s in nllbcli.model.split.split_text(t)[0]}
     assert len(sources) == 6  # "Yes." in every row: 15 copies, more than a batch holds
     assert sorted(s for s in counting.encoded if s != yes) == sorted(sources - {yes})  # each once, not once a target
     counting.encoded.clear()
@@ -244,7 +244,7 @@ def test_the_table_api_and_sparks_schema_take_several_targets(sample):
 
 
 def test_ray_takes_several_targets_as_columns_only(tmp_path):
-    raydata = pytest.importorskip("nllbcli.raydata")
+    raydata = pytest.importorskip("nllbcli.runners.ray")
     write_jsonl(tmp_path / "in.jsonl", ["Yes."])
     job = Job(src="eng_Latn", tgt=None, targets=("fra_Latn", "deu_Latn"), targets_as="rows")
     with pytest.raises(NllbError, match="several target languages go to columns there"):

@@ -9,8 +9,8 @@ import pytest
 import sentencepiece as spm
 
 from nllbcli.errors import NllbError
-from nllbcli.langs import FLORES_200_CODES
-from nllbcli.tokenizer import NllbTokenizer
+from nllbcli.model.langs import FLORES_200_CODES
+from nllbcli.model.tokenizer import NllbTokenizer
 
 HERE = Path(__file__).parent
 MODELS = ("tiny-a", "tiny-b")
@@ -44,7 +44,7 @@ def test_encode_and_decode_match_transformers(name, index):
 def test_encode_many_gives_each_texts_encode(name):
     """One sentencepiece call for many texts, the transformers goldens' texts among them; a text sentencepiece
     cannot take (a lone surrogate) fails alone, with encode's own error, and the others still come out."""
-    from nllbcli.tokenizer import tokenizer_from_model_dir
+    from nllbcli.model.tokenizer import tokenizer_from_model_dir
 
     tok = tokenizer_from_model_dir(HERE / "models" / name)
     cases = golden("tiny-a")["tokenizer"]
@@ -63,7 +63,7 @@ def test_encode_many_gives_each_texts_encode(name):
 def test_encode_many_in_several_calls(monkeypatch):
     """Many texts go to sentencepiece a few at a time (ENCODE_CALL): the same ids, in order, over the calls'
     edges, and a bad text still fails alone."""
-    import nllbcli.tokenizer as tokenizer_module
+    import nllbcli.model.tokenizer as tokenizer_module
 
     tok = tokenizer_module.tokenizer_from_model_dir(HERE / "models" / "tiny-a")
     texts = [f"Sentence number {i}, {'with more words ' * (i % 5)}done." for i in range(23)]
@@ -163,7 +163,7 @@ def test_decode_many_is_decode_of_each(name):
 def test_special_token_strings_in_text_are_text():
     """`</s>`, `<unk>`, `<pad>` and language codes inside a text are spelled out as pieces, never the special
     ids (README: transformers differs here, on purpose)."""
-    from nllbcli.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, tokenizer_from_model_dir
+    from nllbcli.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, tokenizer_from_model_dir
 
     tok = tokenizer_from_model_dir(HERE.parent / "data" / "samples" / "model")
     for text in ("Hello </s> world", "x<s>y <pad>", "fra_Latn is here", "a <mask> b"):

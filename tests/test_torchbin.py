@@ -18,14 +18,14 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nllbcli.checkpoint import load_checkpoint, weight_files, write_safetensors
+from nllbcli.model.checkpoint import load_checkpoint, weight_files, write_safetensors
 from nllbcli.cli import cli
-from nllbcli.engine.reference import bf16_round
+from nllbcli.model.engine.reference import bf16_round
 from nllbcli.errors import NllbError
 from nllbcli.options import DecodeOptions
-from nllbcli import torchbin
-from nllbcli.torchbin import open_torch_checkpoint, read_torch_bin
-from nllbcli.translator import load_translator
+from nllbcli.model import torchbin
+from nllbcli.model.torchbin import open_torch_checkpoint, read_torch_bin
+from nllbcli.model.translator import load_translator
 
 HERE = Path(__file__).parent
 TINY_A = HERE / "models" / "tiny-a"
@@ -248,7 +248,7 @@ class TensorLike:
         self.args = (storage, offset, size, stride, False, {})
 
     def __reduce__(self):
-        from nllbcli import torchbin  # stands in for torch._utils, renamed in the bytes below
+        from nllbcli.model import torchbin  # stands in for torch._utils, renamed in the bytes below
 
         return (torchbin.rebuild_tensor_v2, self.args)
 
@@ -264,7 +264,7 @@ def pickle_state(state) -> bytes:
     Pickler(buffer, protocol=2).dump(state)
     raw = buffer.getvalue()
     # point the globals at the names torch writes
-    raw = raw.replace(b"cnllbcli.torchbin\nrebuild_tensor_v2\n", b"ctorch._utils\n_rebuild_tensor_v2\n")
+    raw = raw.replace(b"cnllbcli.model.torchbin\nrebuild_tensor_v2\n", b"ctorch._utils\n_rebuild_tensor_v2\n")
     raw = re.sub(rb"c[\w.]+\nFloatStorage\n", b"ctorch\nFloatStorage\n", raw)
     assert b"ctorch\nFloatStorage\n" in raw and b"ctorch._utils\n_rebuild_tensor_v2\n" in raw
     return raw

@@ -10,9 +10,9 @@ import pytest
 
 from nllbcli.io import Record
 from nllbcli.options import DecodeOptions
-from nllbcli.batching import translate_records
+from nllbcli.job.chunks import translate_records
 from nllbcli.options import Job
-from nllbcli.translator import SentenceError, load_translator
+from nllbcli.model.translator import SentenceError, load_translator
 
 TINY = str(Path(__file__).parent / "models" / "tiny-a")
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello!", "We will meet at the station at seven.",
@@ -49,7 +49,7 @@ def tiny():
 
 @pytest.fixture
 def gpu_like(tiny, monkeypatch):
-    monkeypatch.setattr("nllbcli.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
+    monkeypatch.setattr("nllbcli.model.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
 
     def make(most, longest=10**9):
         return replace(tiny, engine=ShortOfMemory(tiny.engine, most, longest), device="cuda:0")
@@ -76,7 +76,7 @@ def test_a_sentence_too_large_even_alone_names_itself(tiny, gpu_like):
 
 
 def test_without_a_gpu_out_of_memory_is_not_caught(tiny, monkeypatch):
-    monkeypatch.setattr("nllbcli.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
+    monkeypatch.setattr("nllbcli.model.translator.out_of_memory_errors", lambda: (StandInOutOfMemory,))
     cpu = replace(tiny, engine=ShortOfMemory(tiny.engine, most=1))
     with pytest.raises(StandInOutOfMemory):
         cpu.generate([[5, 6, 2], [5, 7, 2]], "fra_Latn", OPTIONS)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 MODEL = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"

@@ -17,7 +17,7 @@ import cupy as cp
 import numpy as np
 
 from bench.micro.engine_bench import timed
-from nllbcli.engine import kernels
+from nllbcli.model.engine import kernels
 
 
 def main() -> int:

@@ -19,11 +19,11 @@ import cupy as cp
 import numpy as np
 
 from bench.harness import in_parts, normal_weights
-from nllbcli.engine import kernels
-from nllbcli.engine.cuda import CudaEngine
+from nllbcli.model.engine import kernels
+from nllbcli.model.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
-from nllbcli.search import generate_ids
-from nllbcli.shapes import NLLB_600M
+from nllbcli.model.search import generate_ids
+from nllbcli.model.shapes import NLLB_600M
 
 
 

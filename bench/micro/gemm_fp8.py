@@ -14,7 +14,7 @@ import sys
 import cupy as cp
 
 from bench.micro.engine_bench import timed
-from nllbcli.engine import kernels
+from nllbcli.model.engine import kernels
 
 # (N, K, what the product's output is): the 600M shape's q/k/v, out_proj, fc1, fc2 and the encoder's cross K/V
 SHAPES = ((1024, 1024, "residual"), (3072, 1024, "bf16"), (4096, 1024, "relu"), (1024, 4096, "residual"),

@@ -6,7 +6,7 @@ Each variant: a tile of kernels.GEMM_TILES, or one made here (other pipeline dep
 GEMM of the model), storing as the engine does: FFN2 and attention out in f32 onto the residual in place, the others
 bf16 (through the TMA unit unless the variant's name ends in " reg": stored from the registers; " bf16" after a
 tile: the f32 shapes in bf16 without their residual;
-" nopdl": CuPy's launches, not programmatic dependents, nllbcli/engine/launch.py). "auto" for a tile:
+" nopdl": CuPy's launches, not programmatic dependents, nllbcli/model/engine/launch.py). "auto" for a tile:
 kernels.gemm_tile's pick. Timed over
 10 launches back to back behind a spin kernel (bench/micro/engine_bench.py's timed: the GPU's time alone, no launch
 latency). "default": the tile kernels.gemm_tile picks, as the engine runs it. Shapes: the encoder's (35,840
@@ -31,8 +31,8 @@ import cupy as cp
 import numpy as np
 
 from bench.micro.engine_bench import GEMM_SHAPES, timed
-from nllbcli.engine import kernels, launch
-from nllbcli.shapes import DEFAULT, PRESETS
+from nllbcli.model.engine import kernels, launch
+from nllbcli.model.shapes import DEFAULT, PRESETS
 
 EXTRA_TILES = {
     "wg64n": dict(kind="sm90", BN=64, CONSUMERS=1, STAGES=8),  # 64 x 64, one k-step a stage: more tiles for few rows

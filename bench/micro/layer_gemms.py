@@ -34,8 +34,8 @@ import numpy as np
 
 from bench.micro.engine_bench import hold_gpu
 from bench.micro.gemm_variants import cublas_library, cublas_onto_residual, epilogue
-from nllbcli.engine import kernels
-from nllbcli.shapes import DEFAULT, PRESETS
+from nllbcli.model.engine import kernels
+from nllbcli.model.shapes import DEFAULT, PRESETS
 
 
 def layer_gemms(preset: str) -> tuple:

@@ -15,7 +15,7 @@ import sys
 
 import cupy as cp
 
-from nllbcli.engine import kernels
+from nllbcli.model.engine import kernels
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 """Where a decode step's time goes: GPU time per kernel family (CUDA events around each launcher) against
-the step's wall time, on a published shape (nllbcli/shapes.py; default NLLB-600M) with random weights.
+the step's wall time, on a published shape (nllbcli/model/shapes.py; default NLLB-600M) with random weights.
 
     python -m bench.micro.profile_step [--preset nllb-200-3.3B] [--pool-gib 40] [--batches 1024,4096] [--steps 8]
                                        [--generate 4096x1,2048x4]
@@ -27,11 +27,11 @@ import numpy as np
 from bench.harness import normal_weights
 from bench.micro.engine_bench import timed
 from bench.harness import NEW_TOKENS, workload
-from nllbcli.shapes import DEFAULT, PRESETS
-from nllbcli.engine import kernels
-from nllbcli.engine.cuda import CudaEngine
+from nllbcli.model.shapes import DEFAULT, PRESETS
+from nllbcli.model.engine import kernels
+from nllbcli.model.engine.cuda import CudaEngine
 from nllbcli.options import DecodeOptions
-from nllbcli.search import generate_ids
+from nllbcli.model.search import generate_ids
 
 # (in FP8, the logits' launchers quantize their input themselves: quantize_rows' time is inside theirs too)
 FAMILIES = ["gemm", "gemm_fp8", "quantize_rows", "attention", "attention_prefill", "layernorm", "embed", "copy_rows",

@@ -27,9 +27,9 @@ import cupy as cp
 import numpy as np
 
 from bench.harness import normal_weights, workload
-from nllbcli.engine import kernels
-from nllbcli.engine.cuda import CudaEngine
-from nllbcli.shapes import DEFAULT, PRESETS
+from nllbcli.model.engine import kernels
+from nllbcli.model.engine.cuda import CudaEngine
+from nllbcli.model.shapes import DEFAULT, PRESETS
 
 LEFT_OUT = {  # a family's launcher replaced by nothing: what it would have written stays as it was
     "layernorm": lambda h, weight, bias, out=None, **options: out,

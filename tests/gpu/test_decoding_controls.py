@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "samples" / "model"
@@ -92,7 +92,7 @@ SAMPLING = {
 def test_sampling_draws_what_the_cpu_draws(name):
     """The same seed and places draw the same tokens on both engines, but where bf16 moves a draw across a
     boundary between two tokens (a step's draw is its stream's, whatever else happened)."""
-    from nllbcli.engine.numerics import sentence_key
+    from nllbcli.model.engine.numerics import sentence_key
 
     options = SAMPLING[name]
     batch = [list(s) for s in sources("eng_Latn")]

@@ -8,12 +8,12 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from nllbcli.checkpoint import load_checkpoint  # noqa: E402
-from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
+from nllbcli.model.checkpoint import load_checkpoint  # noqa: E402
+from nllbcli.model.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.tokenizer import NllbTokenizer  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.tokenizer import NllbTokenizer  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 from checks import teacher_forced_errors  # noqa: E402
 
@@ -200,7 +200,7 @@ def test_a_copy_to_the_host_dropped_before_it_lands_spoils_no_upload():
     """Ids on their way to the host whose fetch nobody calls (greedy search's steps ahead, once every row has
     ended) keep their pinned buffer until the copy lands: CuPy's staging of a later upload (cp.asarray of a
     NumPy array) must not be given it meanwhile, or the late copy lands in the staged values."""
-    from nllbcli.engine.cuda import copy_to_host_later
+    from nllbcli.model.engine.cuda import copy_to_host_later
 
     big = cp.ones((4096, 4096), dtype=cp.float32)
     for trial in range(40):

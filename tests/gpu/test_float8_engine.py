@@ -9,14 +9,14 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from nllbcli.checkpoint import load_checkpoint  # noqa: E402
-from nllbcli.convert import convert_model  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
+from nllbcli.model.checkpoint import load_checkpoint  # noqa: E402
+from nllbcli.model.convert import convert_model  # noqa: E402
+from nllbcli.model.engine import kernels  # noqa: E402
+from nllbcli.model.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.tokenizer import NllbTokenizer  # noqa: E402
-from nllbcli.translator import Translator, load_translator, quantize_matrices  # noqa: E402
+from nllbcli.model.tokenizer import NllbTokenizer  # noqa: E402
+from nllbcli.model.translator import Translator, load_translator, quantize_matrices  # noqa: E402
 
 from checks import teacher_forced_errors  # noqa: E402
 

@@ -6,9 +6,9 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine import numerics  # noqa: E402
-from nllbcli.engine import reference as ref  # noqa: E402
+from nllbcli.model.engine import kernels  # noqa: E402
+from nllbcli.model.engine import numerics  # noqa: E402
+from nllbcli.model.engine import reference as ref  # noqa: E402
 
 rng = np.random.default_rng(2828)
 BF16 = "bfloat16"

@@ -5,9 +5,9 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine import numerics  # noqa: E402
-from nllbcli.engine import reference as ref  # noqa: E402
+from nllbcli.model.engine import kernels  # noqa: E402
+from nllbcli.model.engine import numerics  # noqa: E402
+from nllbcli.model.engine import reference as ref  # noqa: E402
 
 rng = np.random.default_rng(1234)
 BF16 = "bfloat16"
@@ -183,7 +183,7 @@ def test_programmatic_launches_give_the_bits_of_plain_ones(m, monkeypatch):
     """The wgmma GEMMs go out as programmatic dependent launches (launch.py): a chain of GEMMs each reading the
     last one's output, eagerly and as a CUDA graph, gives the bits of CuPy's launches one after the other; and
     the driver took them (launch.py gave nothing up)."""
-    from nllbcli.engine import launch
+    from nllbcli.model.engine import launch
 
     ws = [to_device_bf16(rng.normal(size=(512, 512)).astype(np.float32) / 24) for _ in range(3)]
     x = to_device_bf16(rng.normal(size=(m, 512)).astype(np.float32))
@@ -225,7 +225,7 @@ def test_weights_loaded_before_the_wait_give_the_same_bits(m, monkeypatch):
     """weights=True (the engine's GEMMs): the weights' first stages load before the wait for the kernel before
     (a LayerNorm or a GEMM, which let it launch under them), the activations after: the bits of plain launches,
     eagerly and as a CUDA graph; the activations read early would be the last step's, and differ."""
-    from nllbcli.engine import launch
+    from nllbcli.model.engine import launch
 
     ws = [(to_device_bf16(rng.normal(size=(1024, 256)).astype(np.float32) / 16),
            cp.asarray(rng.normal(size=1024).astype(np.float32)),
@@ -553,7 +553,7 @@ def test_logits_argmax_log_probs_of_equal_logits():
 def test_logits_argmax_samples_as_the_reference(tile, temperature, banned):
     """The SAMPLE epilogue: argmax of logits / temperature + numerics.gumbel_noise, the banned column left out,
     as the reference engine draws; its value is the perturbed logit."""
-    from nllbcli.engine.numerics import gumbel_noise, inverse_temperature, step_keys
+    from nllbcli.model.engine.numerics import gumbel_noise, inverse_temperature, step_keys
 
     m, v, d = 70, 5000, 64
     h = bf16(rng.normal(size=(m, d)).astype(np.float32) * 0.3)
@@ -576,7 +576,7 @@ def test_logits_argmax_samples_as_the_reference(tile, temperature, banned):
 
 def test_sample_keys_match_reference():
     """step.cu's sample_keys_kernel: numerics.step_keys of each row's key at its step (self_len - 2)."""
-    from nllbcli.engine.numerics import step_keys
+    from nllbcli.model.engine.numerics import step_keys
 
     n = 1000
     keys = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)

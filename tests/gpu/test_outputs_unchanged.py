@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from tools.make_gpu_goldens import MODEL, translations  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "gpu_sample.json"
 

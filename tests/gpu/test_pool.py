@@ -1,4 +1,4 @@
-"""The GPU engine's KV pool sized for the batch (engine/kvpool.py's planning, CudaEngine.capacity): as large as the
+"""The GPU engine's KV pool sized for the batch (model/engine/kvpool.py's planning, CudaEngine.capacity): as large as the
 batch needs, kept for the batches it covers, grown for one it does not, a batch the memory holds never split,
 and the memory beside it within kvpool.activation_bytes."""
 
@@ -8,9 +8,9 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from nllbcli.engine.kvpool import PoolPlan, activation_bytes, rounded_up  # noqa: E402
+from nllbcli.model.engine.kvpool import PoolPlan, activation_bytes, rounded_up  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.translator import Translator, load_translator  # noqa: E402
+from nllbcli.model.translator import Translator, load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "data" / "samples" / "model"

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from nllbcli.batching import translate_records  # noqa: E402
+from nllbcli.job.chunks import translate_records  # noqa: E402
 from nllbcli.io import Record  # noqa: E402
 from nllbcli.options import DecodeOptions, Job  # noqa: E402
-from nllbcli.split import split_text  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.model.split import split_text  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 from counting import CountingEngine  # noqa: E402
 

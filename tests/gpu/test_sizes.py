@@ -23,15 +23,15 @@ cp = pytest.importorskip("cupy")
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from nllbcli.checkpoint import ModelConfig  # noqa: E402
-from nllbcli.engine import kernels  # noqa: E402
-from nllbcli.engine.cuda import CudaEngine  # noqa: E402
-from nllbcli.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
+from nllbcli.model.checkpoint import ModelConfig  # noqa: E402
+from nllbcli.model.engine import kernels  # noqa: E402
+from nllbcli.model.engine.cuda import CudaEngine  # noqa: E402
+from nllbcli.model.engine.reference import ReferenceEngine, bf16_round  # noqa: E402
 from nllbcli.options import DecodeOptions  # noqa: E402
-from nllbcli.rows import cut_source  # noqa: E402
-from nllbcli.search import generate_ids  # noqa: E402
-from nllbcli.shapes import PRESETS, random_weights  # noqa: E402
-from nllbcli.translator import load_translator  # noqa: E402
+from nllbcli.job.rows import cut_source  # noqa: E402
+from nllbcli.model.search import generate_ids  # noqa: E402
+from nllbcli.model.shapes import PRESETS, random_weights  # noqa: E402
+from nllbcli.model.translator import load_translator  # noqa: E402
 
 from checks import teacher_forced_errors  # noqa: E402
 

@@ -24,8 +24,8 @@ import cupyx
 import numpy as np
 
 from ..checkpoint import ModelConfig
-from ..environment import ENV
-from ..errors import NllbError
+from ...environment import ENV
+from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
 from .numerics import E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions

@@ -1,6 +1,6 @@
 """The published NLLB-200 and M2M-100 sizes as ModelConfig presets, for the benchmarks and the tests.
 
-    from nllbcli.shapes import PRESETS
+    from nllbcli.model.shapes import PRESETS
     preset = PRESETS["nllb-200-3.3B"]     # preset.config: a ModelConfig; preset.tgt_lang_id: fra_Latn's id
 
     python -m bench.harness --preset nllb-200-3.3B         # the harness on that shape (default: 600M)

@@ -17,7 +17,7 @@ import threading
 import cupy as cp
 import numpy as np
 
-from ..environment import ENV
+from ...environment import ENV
 
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CUlaunchAttributeID
 ENABLED = ENV.pdl  # NLLB_PDL

@@ -11,8 +11,8 @@ import numpy as np
 from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
 from .engine import Engine
 from .engine.reference import ReferenceEngine
-from .errors import NllbError
-from .options import COMPUTE_TYPES, DecodeOptions
+from ..errors import NllbError
+from ..options import COMPUTE_TYPES, DecodeOptions
 from .search import Hypothesis, generate
 from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 

@@ -11,16 +11,16 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from .errors import NllbError
-from .io import Added, Record
-from .io.records import target_column
-from .langs import resolve_lang
-from .options import DecodeOptions, Job
-from .split import join_sentences, split_text
+from ..errors import NllbError
+from ..io import Added, Record
+from ..io.records import target_column
+from ..model.langs import resolve_lang
+from ..options import DecodeOptions, Job
+from ..model.split import join_sentences, split_text
 
 if TYPE_CHECKING:
-    from .search import Hypothesis
-    from .translator import Translator
+    from ..model.search import Hypothesis
+    from ..model.translator import Translator
 
 SURROGATE = re.compile("[\ud800-\udfff]")  # half of a UTF-16 pair, alone: a JSON "\\ud800" escape, not a character
 PIECE_CHARS = 16  # characters per position a long sentence keeps at first: the longest piece of NLLB's vocabulary

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .engine.numerics import sentence_keys
-from .errors import NllbError
-from .io import Record
-from .options import DecodeOptions, Job
+from ..model.engine.numerics import sentence_keys
+from ..errors import NllbError
+from ..io import Record
+from ..options import DecodeOptions, Job
 from .rows import Outcome, Sentence, each_target, gather_targets, join_outcomes, prepare_records
 
 if TYPE_CHECKING:
-    from .overlap import Finisher
-    from .search import Hypothesis
-    from .translator import Translator
+    from .reader import Finisher
+    from ..model.search import Hypothesis
+    from ..model.translator import Translator
 
 Advance = Callable[[int, int], None]  # (rows done, tokens generated) since the last call
 
@@ -161,7 +161,7 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
     """The batch through translator.generate_hypotheses: each sentence's hypotheses, and the rows whose sentence
     it cannot take even alone, with the reason; such a row's other sentences are left out and the rest go on
     (`stop`: the first failure ends the batch, as --on-error fail stops the job on it)."""
-    from .translator import SentenceError
+    from ..model.translator import SentenceError
 
     sentences = batch.sentences
     outputs: list[list[Hypothesis] | None] = [None] * len(sentences)

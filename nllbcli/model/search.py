@@ -25,8 +25,8 @@ import numpy as np
 from .checkpoint import ModelConfig
 from .engine import Engine
 from .engine.numerics import gumbel_noise, inverse_temperature, log_softmax, sample_keys, sentence_keys, step_keys, to_host, topk_desc
-from .environment import ENV
-from .options import DecodeOptions
+from ..environment import ENV
+from ..options import DecodeOptions
 
 NEG = np.float32(-1.0e9)  # transformers' "very large negative" for masked beams
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from .checkpoint import load_checkpoint, read_json_object, resolve_model_dir, write_safetensors
-from .errors import NllbError
+from ..errors import NllbError
 
 # Files of a hub repo that are weights in some format: everything else at the top of the directory is copied.
 WEIGHT_SUFFIXES = (".bin", ".safetensors", ".index.json", ".h5", ".msgpack", ".ot", ".onnx", ".pt", ".pth", ".ckpt")

@@ -17,7 +17,7 @@ file's number, as many digits as the job's last file needs, and the line or row)
 order, the errors file written, and the directory renamed onto OUTPUT with a _SUCCESS file that records the job.
 Each step of the promotion can be done again, so a promotion that was stopped or killed is finished by --resume
 from its plan, without Ray. A row is read, prepared, translated and written by the CLI's own functions (io/,
-rows.py, batching.py), so its translation is the CLI's to the byte.
+rows.py, job/chunks.py), so its translation is the CLI's to the byte.
 """
 
 from __future__ import annotations
@@ -52,21 +52,21 @@ from ray.data.checkpoint import CheckpointConfig
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
-from .batching import translate_chunk
-from .checkpoint import model_identity
-from .errors import NllbError
-from .io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
-from .io.jsonl import encode_jsonl_row, is_blank_line, jsonl_fields, line_record
-from .io.parquet import TableMaker, batch_records, open_parquet, output_schema
-from .io.streams import Lines, Replay, decompressing, read_error
-from .lora import read_adapter_config
-from .options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
-from .overlap import SWITCH_INTERVAL, fewer_collections
-from .pipeline import check_added_columns, check_fields, check_paths, error_line, failed_inputs
-from .resume import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
-from .rows import Outcome, added_values
-from .signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
-from .translator import expected_compute_type
+from ..job.chunks import translate_chunk
+from ..model.checkpoint import model_identity
+from ..errors import NllbError
+from ..io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
+from ..io.jsonl import encode_jsonl_row, is_blank_line, jsonl_fields, line_record
+from ..io.parquet import TableMaker, batch_records, open_parquet, output_schema
+from ..io.streams import Lines, Replay, decompressing, read_error
+from ..model.lora import read_adapter_config
+from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
+from ..job.reader import SWITCH_INTERVAL, fewer_collections
+from ..job.loop import check_added_columns, check_fields, check_paths, error_line, failed_inputs
+from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
+from ..job.rows import Outcome, added_values
+from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
+from ..model.translator import expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
@@ -384,7 +384,7 @@ class Translating:
             self.failure = error
             return
         # the engine thread waits for the GIL behind the threads preparing and finishing blocks, as the CLI's
-        # main thread does behind its reader and finisher: the same settings as a job's (overlap.py)
+        # main thread does behind its reader and finisher: the same settings as a job's (job/reader.py)
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
         self.collections = fewer_collections()
         self.collections.__enter__()  # for the actor's life
@@ -649,7 +649,7 @@ def load_on_actor(model: str, device: str, adapter: str | None, threads: int | N
     """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. On a GPU,
     it computes as the job says (job_compute_type, in the job's identity), or an NllbError: a job's bytes must not
     depend on which actor took a block."""
-    from .translator import load_translator
+    from ..model.translator import load_translator
 
     translator = load_translator(model, device, adapter, compute_type)
     if translator.device != "cpu" and translator.compute_type != job_compute_type:
@@ -818,7 +818,7 @@ def start_ray(address: str | None) -> bool:
         raise
     finally:
         # ray.init sets a SIGTERM handler of its own (it exits with 15), and the driver's core worker a native one
-        # that prints a stack dump: the job's stop signals are the job's again (signals.py)
+        # that prints a stack dump: the job's stop signals are the job's again (job/signals.py)
         reclaim_signals()
     return True
 

@@ -1,6 +1,6 @@
 """NumPy helpers that both engines and the search share: the position table, log-softmax, a sorted top-k.
 
-They sit below engine/reference.py, engine/cuda.py and search.py, and import none of them.
+They sit below engine/reference.py, model/engine/cuda.py and search.py, and import none of them.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from .engine.numerics import E4M3Matrix, bf16_to_float32, has_nonfinite
-from .errors import NllbError
-from .options import FACTOR_RANGE, LENGTH_PENALTY_LIMIT, MAX_BEAMS, MAX_LENGTH
+from ..errors import NllbError
+from ..options import FACTOR_RANGE, LENGTH_PENALTY_LIMIT, MAX_BEAMS, MAX_LENGTH
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 
@@ -524,7 +524,7 @@ def generation_defaults(model_dir: Path) -> dict:
 def decode_options(model_dir: Path | None, **given):
     """DecodeOptions: each option given (not None), else the model directory's generation_config.json's
     (generation_defaults), else nllb's own."""
-    from .options import DecodeOptions
+    from ..options import DecodeOptions
 
     defaults = generation_defaults(model_dir) if model_dir is not None else {}
     return DecodeOptions(**{**defaults, **{name: value for name, value in given.items() if value is not None}})

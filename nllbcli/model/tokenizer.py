@@ -24,7 +24,7 @@ import numpy as np
 import sentencepiece as spm
 
 from .checkpoint import MAX_ID, json_int, json_value, quoted, read_json_object, shown
-from .errors import NllbError
+from ..errors import NllbError
 from .langs import FLORES_200_CODES, M2M100_CODES, check_lang
 
 SPECIAL_TOKENS = ("<s>", "<pad>", "</s>", "<unk>")

@@ -1,9 +1,9 @@
 """The job: a file (or stream) in, its translations out, in chunks that are each translated, written and committed.
 
-    reader (io/) -> chunks (overlap.py, a thread ahead) -> rows' sentences, tokenized (rows.py) -> length-sorted
-    batches -> translator.generate (batching.py) -> decode, join (behind the model) -> writer (io/) -> commit
-    (resume.py); with --devices, worker processes do each chunk's work from its sentences to its joined rows
-    (devices.py)
+    reader (io/) -> chunks (job/reader.py, a thread ahead) -> rows' sentences, tokenized (job/rows.py) -> length-sorted
+    batches -> translator.generate (job/chunks.py) -> decode, join (behind the model) -> writer (io/) -> commit
+    (job/state.py); with --devices, worker processes do each chunk's work from its sentences to its joined rows
+    (runners/devices.py)
 
 Rows are read `read_chunk_rows` at a time (a chunk from a pipe also ends when the input is quiet), translated,
 joined back into rows in input order, and the chunk is written and committed: the partial file fsynced and the
@@ -25,24 +25,24 @@ from contextlib import ExitStack
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from .batching import plan_chunk, translate_prepared
-from .checkpoint import model_identity
-from .errors import NllbError
-from .io import STDIN_NAME, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
-from .io.parquet import check_columns
-from .io.streams import compressing
-from .options import BatchOptions, DecodeOptions, Job
-from .overlap import FINISHER, ChunkReader, Finisher, Inline, fewer_collections, first_chunk_rows
+from .chunks import plan_chunk, translate_prepared
+from ..model.checkpoint import model_identity
+from ..errors import NllbError
+from ..io import STDIN_NAME, Input, Position, Record, file_identity, is_regular_file, open_input, open_sink
+from ..io.parquet import check_columns
+from ..io.streams import compressing
+from ..options import BatchOptions, DecodeOptions, Job
+from .reader import FINISHER, ChunkReader, Finisher, Inline, fewer_collections, first_chunk_rows
 from .progress import Counters, Reporter
-from .resume import (JobFiles, NamedStream, PartialFile, Saved, converting_path, file_stamp,
+from .state import (JobFiles, NamedStream, PartialFile, Saved, converting_path, file_stamp,
                      is_stream, open_job_files, partial_paths, replaced_atomically, save_record, save_state,
                      written_by_nllb)
 from .rows import Outcome, each_target, gather_targets, prepare_records, written_rows
 from .signals import Stopped, critical, job_finished
 
 if TYPE_CHECKING:
-    from .devices import Pool
-    from .translator import Translator
+    from ..runners.devices import Pool
+    from ..model.translator import Translator
 
 
 def translate_file(
@@ -59,8 +59,8 @@ def translate_file(
 ) -> Counters:
     """Translate every row of the job's input into its output; returns the job's counters.
 
-    `progress` is a mode of progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
-    continues an interrupted job's partial output (resume.py); `threads` holds the BLAS library's thread pool, the
+    `progress` is a mode of job/progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
+    continues an interrupted job's partial output (job/state.py); `threads` holds the BLAS library's thread pool, the
     CPU engine's matrix products, to that many threads while the job runs (None: the library's own count). A `Stopped` that ends the job carries
     `resumable`: whether a commit is saved for --resume to continue from, and `rows`: the rows written (or failed)
     before it."""
@@ -202,7 +202,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
         end = source.position
         if not (saved and saved.done):
             def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
-                if pool is not None:  # the workers do it (devices.py)
+                if pool is not None:  # the workers do it (runners/devices.py)
                     return None
                 copies = each_target(chunk, job)
                 outcomes, sentences = prepare_records(translator, copies, job)
@@ -253,7 +253,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
 
 def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):
     """The sink of a file output: lines straight into the partial file, Parquet as frames (io/parquet.py)."""
-    from .io import parquet
+    from ..io import parquet
 
     if job.output_format != "parquet":
         return open_sink(output.stream, job.output_format, job.added, None, job.field)
@@ -268,7 +268,7 @@ def finish_converter(job: Job, source: Input):
     """How a finished partial file becomes OUTPUT when it is not simply renamed: Parquet written from its frames,
     and a .gz or .zst output compressed (the partial file is written plain, so that --resume can cut it back to
     a commit); None when a rename does."""
-    from .io import file_mode, parquet
+    from ..io import file_mode, parquet
 
     if job.output_format != "parquet" and job.output_compression is None:
         return None
@@ -349,7 +349,7 @@ NO_INPUT = object()  # a failed row whose input JSON cannot hold (Parquet column
 def failed_inputs(records: list[Record], job: Job) -> list:
     """What each failed row was in the input, for the errors file: a text row's line; a JSONL or Parquet row's
     fields (Python values); a line that could not be read as a row, its text."""
-    from .io.jsonl import jsonl_fields
+    from ..io.jsonl import jsonl_fields
 
     readable = [r for r in records if r.raw is None and job.input_format != "text"]
     try:
@@ -363,7 +363,7 @@ def failed_inputs(records: list[Record], job: Job) -> list:
 def error_line(record: Record, error: str, job: Job, source) -> bytes:
     """A failed row's line in the errors file: its number, why it failed, and its input (as JSON can hold it:
     left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again."""
-    from .io.jsonl import Unwritable, strict_json
+    from ..io.jsonl import Unwritable, strict_json
 
     head = json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False)
     if source is NO_INPUT:

@@ -20,17 +20,18 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from ..environment import ENV
+from ...environment import ENV
 from . import launch
 from .numerics import inverse_temperature
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels_cu"
+PACKAGE = Path(__file__).resolve().parents[2]  # nllbcli/
+KERNEL_DIR = PACKAGE.parent / "kernels_cu"
 INCLUDE = re.compile(r'^#include "([\w.]+)"\s*$', re.MULTILINE)
 
 
 def kernel_dir() -> Path:
     """The kernel sources: beside the package in a checkout, or installed inside it as nllbcli/kernels_cu."""
-    installed = Path(__file__).resolve().parents[1] / "kernels_cu"
+    installed = PACKAGE / "kernels_cu"
     return installed if installed.is_dir() else KERNEL_DIR
 
 

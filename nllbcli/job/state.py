@@ -42,9 +42,9 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import BinaryIO, Callable, Iterator
 
-from .checkpoint import MODEL_PARTS, changed_files
-from .errors import NllbError
-from .io import Position, file_mode
+from ..model.checkpoint import MODEL_PARTS, changed_files
+from ..errors import NllbError
+from ..io import Position, file_mode
 
 STATE_VERSION = 2
 NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import NllbError
+from ..errors import NllbError
 
 # numpy has no bfloat16: bf16 storages are read as uint16 and widened by hand (float32's upper 16 bits).
 STORAGE_DTYPES = {

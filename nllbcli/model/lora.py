@@ -21,7 +21,7 @@ import numpy as np
 from .checkpoint import (ModelConfig, check_finite, json_int, json_value, quoted, read_json_object, read_weights,
                          shown, stored_tensors)
 from .engine.numerics import has_nonfinite
-from .errors import NllbError
+from ..errors import NllbError
 
 LORA_TENSOR = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(.+)\.lora_([AB])(?:\.[A-Za-z0-9_-]+)?\.weight$")
 

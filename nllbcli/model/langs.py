@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 from functools import lru_cache
 
-from .errors import NllbError
+from ..errors import NllbError
 
 # NLLB-200's 202 language tokens in the order their ids follow the sentencepiece vocabulary
 # (fairseq's and transformers' FAIRSEQ_LANGUAGE_CODES order: ids are assigned by position, so never sort it).

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterable, Iterator
 
-from .environment import ENV
-from .io import Input, Position, Record
-from .options import BatchOptions
+from ..environment import ENV
+from ..io import Input, Position, Record
+from ..options import BatchOptions
 from .signals import critical
 
 IDLE = 0.3  # seconds without a new line from a pipe or terminal that end a chunk

@@ -1,6 +1,6 @@
 """--devices: one worker process per device, each with the model loaded once, running the chunks' batches.
 
-The main process reads the chunks' rows (overlap.py's ChunkReader) and hands each chunk, as soon as it is read,
+The main process reads the chunks' rows (job/reader.py's ChunkReader) and hands each chunk, as soon as it is read,
 to a worker that is free (two a worker at most, so that a worker has its next chunk when it ends one); while a
 pipe is quiet, it writes the chunks that end meanwhile instead of waiting for the pipe's next row. A worker does
 the rest of a chunk's work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator
 
-from .errors import NllbError
-from .options import DecodeOptions, Job
-from .overlap import SWITCH_INTERVAL, ChunkReader, fewer_collections
+from ..errors import NllbError
+from ..options import DecodeOptions, Job
+from ..job.reader import SWITCH_INTERVAL, ChunkReader, fewer_collections
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
 POLL = 0.05  # seconds between looks at a quiet pipe while chunks are out, their results taken meanwhile
@@ -41,8 +41,8 @@ def parse_devices(text: str) -> list[str]:
     """The workers' devices from --devices: GPU numbers (0,1,3: the job's GPUs, cuda:0 being the first that an
     inherited CUDA_VISIBLE_DEVICES names), all (every GPU the job may use), or cpu:N (N CPU workers, at most one
     a core this process may run on: more only share the cores and each holds a copy of the model)."""
-    from .options import usable_cores
-    from .translator import gpu_count, visible_gpus
+    from ..options import usable_cores
+    from ..model.translator import gpu_count, visible_gpus
 
     text = text.strip()
     if text.startswith("cpu:"):
@@ -78,7 +78,7 @@ def parse_devices(text: str) -> list[str]:
 def worker_gpu(device: str) -> str:
     """The CUDA_VISIBLE_DEVICES of the worker on the job's GPU `device` (cuda:N): that GPU as the job's own
     CUDA_VISIBLE_DEVICES names it (its Nth entry), else N."""
-    from .translator import inherited_gpus
+    from ..model.translator import inherited_gpus
 
     index, given = int(device.split(":")[1]), inherited_gpus()
     return str(index) if given is None else given[index]
@@ -88,9 +88,9 @@ def host_translator(model: str, device: str, adapter: str | None = None):
     """What the main process needs of the model to prepare chunks and name the job (tokenizer, config, where
     it runs, the adapter): no weights, which only the workers load. `device` is the first worker's, so that the job's
     identity, and with it --resume, is a one-device job's; its compute_type is the workers' (Pool.compute_type)."""
-    from .checkpoint import ModelConfig, resolve_model_dir
-    from .tokenizer import tokenizer_from_model_dir
-    from .translator import Translator
+    from ..model.checkpoint import ModelConfig, resolve_model_dir
+    from ..model.tokenizer import tokenizer_from_model_dir
+    from ..model.translator import Translator
 
     model_dir = resolve_model_dir(model)
     config_path = model_dir / "config.json"
@@ -319,11 +319,11 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from concurrent.futures import ThreadPoolExecutor
 
-    from .batching import translate_chunk
+    from ..job.chunks import translate_chunk
 
     engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
     try:
-        from .translator import load_translator
+        from ..model.translator import load_translator
 
         translator = engine.submit(load_translator, model, device, adapter, compute_type).result()
         if threads is not None and device == "cpu":
@@ -341,7 +341,7 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     if loaded[0] != "ready":
         return
     # the engine thread waits for the GIL behind the threads preparing and decoding chunks, as a one-device job's
-    # main thread does behind its reader and finisher: the same settings as a job's (overlap.py)
+    # main thread does behind its reader and finisher: the same settings as a job's (job/reader.py)
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
     fewer_collections().__enter__()  # for the worker's life
     sending = threading.Lock()

@@ -1,9 +1,9 @@
 """What a model directory holds and what running it will take, read from config.json and the weight files'
 headers (the safetensors JSON header, the pickle of a pytorch_model.bin): no weight is loaded.
 
-GPU memory is counted as engine/cuda.py lays the weights out: every matrix in bf16 (the tied embedding once),
+GPU memory is counted as model/engine/cuda.py lays the weights out: every matrix in bf16 (the tied embedding once),
 biases and LayerNorm parameters in float32, and the float32 sinusoidal position table. The KV pool comes on top:
-the CUDA engine sizes it for each batch, within the memory left free (engine/kvpool.py).
+the CUDA engine sizes it for each batch, within the memory left free (model/engine/kvpool.py).
 """
 
 from __future__ import annotations

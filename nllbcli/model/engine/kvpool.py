@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PoolFull  # defined in errors.py, where the search (no CuPy) catches it
+from ...errors import PoolFull  # defined in errors.py, where the search (no CuPy) catches it
 
 BF16_BYTES = 2
 MAX_SLOTS = 1 << 16  # the pool's bounds, whatever the memory: slot and row numbers stay well inside int32
