@@ -30,7 +30,7 @@ from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
 from .options import BatchOptions, DecodeOptions, Job, described
 from .job.reader import read_chunks
-from .job.loop import check_added_columns, check_fields
+from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
 from .job.rows import status_of, written_rows
 from .model.translator import Translator, load_translator

@@ -456,7 +456,7 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
     from dataclasses import replace
 
     from .io.streams import compression_of, writes_to_terminal
-    from .job.loop import check_fields, check_paths
+    from .job.spec import check_fields, check_paths
     from .job.state import is_stream
 
     input, output = job.input, job.output

@@ -52,7 +52,7 @@ class PartitionTranslator:
         as translate_table would in every task."""
         from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
-        from .job.loop import check_added_columns
+        from .job.spec import check_added_columns
 
         job = self.job()
         check_added_columns(schema, job)

@@ -177,7 +177,7 @@ def test_convert_on_the_command_line(tmp_path):
 
 def test_a_float8_job_is_not_resumed_by_a_bf16_one(monkeypatch):
     from nllbcli.options import BatchOptions, Job
-    from nllbcli.job.loop import job_identity
+    from nllbcli.job.spec import job_identity
 
     base = load_translator(str(SAMPLE), "cpu")
     job = Job(src="eng_Latn", tgt="fra_Latn", input="in.txt", output="out.txt", input_format="text", output_format="text")

@@ -23,7 +23,7 @@ from nllbcli.model import checkpoint
 from nllbcli.model.checkpoint import model_identity, read_safetensors_header
 from nllbcli.cli import cli
 from nllbcli.options import BatchOptions, DecodeOptions, Job
-from nllbcli.job.loop import job_identity
+from nllbcli.job.spec import job_identity
 from nllbcli.model.translator import load_translator
 
 MODELS = Path(__file__).resolve().parent / "models"

@@ -450,22 +450,22 @@ def test_a_full_disk_while_the_output_is_converted_leaves_no_half_file(fake, tmp
     """OUTPUT written from the finished partial file (Parquet, compressed) onto a disk that fills up: the
     half-written file beside it is removed (on a full disk it holds the room a retry needs), and --resume, once
     there is room, writes OUTPUT from the committed rows."""
-    import nllbcli.job.loop as pipeline
+    import nllbcli.job.commit as commit
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
-    compressing = pipeline.compressing
+    compressing = commit.compressing
 
     def filling(target, compression):
         target.write(b"x" * 4096)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(pipeline, "compressing", filling)
+    monkeypatch.setattr(commit, "compressing", filling)
     result = invoke("-q", "in.txt", out)
     assert result.exit_code == 1
     assert result.stderr == f"Error: cannot write {out}: No space left on device.\n"
     assert not any(name.endswith(".nllb-converting") for name in os.listdir(tmp_path))
-    monkeypatch.setattr(pipeline, "compressing", compressing)
+    monkeypatch.setattr(commit, "compressing", compressing)
     result = invoke("-q", "--resume", "in.txt", out)
     assert result.exit_code == 0, result.output
     assert listing(tmp_path) == ["in.txt", out]

@@ -62,7 +62,8 @@ from ..io.streams import Lines, Replay, decompressing, read_error
 from ..model.lora import read_adapter_config
 from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
 from ..job.reader import SWITCH_INTERVAL, fewer_collections
-from ..job.loop import check_added_columns, check_fields, check_paths, error_line, failed_inputs
+from ..job.commit import error_line, failed_inputs
+from ..job.spec import check_added_columns, check_fields, check_paths
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from ..job.rows import Outcome, added_values
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals

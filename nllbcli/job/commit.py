@@ -1,0 +1,113 @@
+"""A chunk's commit: its rows written through the output's sink in input order, the failed ones counted and
+recorded (the --errors file, or a line on stderr), and the sinks of a file output and the conversion of its
+finished partial file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from ..errors import NllbError
+from ..io import Input, Record, open_sink
+from ..io.streams import compressing
+from ..options import Job
+from .progress import Reporter
+from .rows import Outcome, written_rows
+from .state import NamedStream, PartialFile, Saved, converting_path, replaced_atomically
+
+def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: PartialFile | None, job: Job,
+                reporter: Reporter) -> None:
+    """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
+    counters = reporter.counters
+    added = job.added
+    for record, error in sink.write(*written_rows(chunk, outcomes, added)):
+        if job.on_error == "fail":
+            raise NllbError(error)
+        outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
+        outcome.translation, outcome.error = None, error
+    failed = []
+    for record, outcome in zip(chunk, outcomes):
+        counters.rows += 1
+        if outcome.error is not None:
+            counters.failed += 1
+            failed.append((record, outcome.error))
+        else:
+            counters.translated += 1
+            counters.sentences += len(outcome.parts)
+            counters.cut += outcome.cut
+            counters.max_length += outcome.max_length
+    if errors is not None:
+        errors.stream.write(b"".join(error_line(record, error, job, source) for (record, error), source
+                                     in zip(failed, failed_inputs([record for record, _ in failed], job))))
+    else:
+        for record, error in failed:
+            reporter.warn(f"Skipped: {error}")
+
+
+NO_INPUT = object()  # a failed row whose input JSON cannot hold (Parquet columns of one name)
+
+
+def failed_inputs(records: list[Record], job: Job) -> list:
+    """What each failed row was in the input, for the errors file: a text row's line; a JSONL or Parquet row's
+    fields (Python values); a line that could not be read as a row, its text."""
+    from ..io.jsonl import jsonl_fields
+
+    readable = [r for r in records if r.raw is None and job.input_format != "text"]
+    try:
+        fields = list(jsonl_fields(readable, [""] * len(readable)))
+    except NllbError:  # names a JSON object cannot hold each once
+        fields = [NO_INPUT] * len(readable)
+    fields.reverse()
+    return [r.raw if r.raw is not None else (r.text if job.input_format == "text" else fields.pop()) for r in records]
+
+
+def error_line(record: Record, error: str, job: Job, source) -> bytes:
+    """A failed row's line in the errors file: its number, why it failed, and its input (as JSON can hold it:
+    left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again."""
+    from ..io.jsonl import Unwritable, strict_json
+
+    head = json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False)
+    if source is NO_INPUT:
+        return (head + "\n").encode("utf-8", "backslashreplace")
+    try:
+        line = head[:-1] + ', "input": ' + strict_json(source) + "}"
+    except (Unwritable, RecursionError):
+        line = head
+    return (line + "\n").encode("utf-8", "backslashreplace")
+
+
+def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):
+    """The sink of a file output: lines straight into the partial file, Parquet as frames (io/parquet.py)."""
+    from ..io import parquet
+
+    if job.output_format != "parquet":
+        return open_sink(output.stream, job.output_format, job.added, None, job.field)
+    sink = parquet.FrameSink(output.stream, source.schema, job.added, job.field)
+    if saved is not None:
+        output.stream.flush()
+        sink.resume(output.partial)
+    return sink
+
+
+def finish_converter(job: Job, source: Input):
+    """How a finished partial file becomes OUTPUT when it is not simply renamed: Parquet written from its frames,
+    and a .gz or .zst output compressed (the partial file is written plain, so that --resume can cut it back to
+    a commit); None when a rename does."""
+    from ..io import file_mode, parquet
+
+    if job.output_format != "parquet" and job.output_compression is None:
+        return None
+
+    def convert(partial: str, path: str) -> None:
+        """Write the file beside `path` under a fixed name, then rename it into place. The name is fixed, not
+        random, so a conversion killed half-way leaves nothing that the next run does not replace."""
+        with replaced_atomically(path, converting_path(path), file_mode(path)) as raw:
+            target = NamedStream(raw, path)
+            with compressing(target, job.output_compression) as sink:
+                if job.output_format == "parquet":
+                    parquet.frames_to_parquet(partial, sink, source.schema, job.added, job.field)
+                else:
+                    with open(partial, "rb") as lines:
+                        shutil.copyfileobj(lines, sink, 1 << 20)
+
+    return convert

@@ -1,0 +1,143 @@
+"""The job's spec checked before any work: its paths (never over its input, never over a file nllb did not
+write), its fields (no clash among the added ones, none over an input column unless asked), and the identity
+that a resumed job must match."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import NllbError
+from ..io import STDIN_NAME, file_identity
+from ..model.checkpoint import model_identity
+from ..options import BatchOptions, DecodeOptions, Job
+from .state import converting_path, file_stamp, is_stream, partial_paths, written_by_nllb
+
+
+def follow_link(path: str | None) -> str | None:
+    """A destination that is a symbolic link is written where it points, as the shell's `>` does: the partial
+    file goes beside the link's target and is renamed onto it, and the link stays."""
+    if path and path != "-" and os.path.islink(path):
+        return os.path.realpath(path)
+    return path
+
+
+def check_paths(job: Job) -> None:
+    """Refuse a job that would write over its own input: OUTPUT, the errors file and the files written beside
+    them (partial, state) are each another file than INPUT, and the errors file another than OUTPUT, also
+    through a symbolic or hard link."""
+    written = []
+    if job.output != "-":
+        written.append(("OUTPUT", job.output))
+        if not is_stream(job.output):
+            written += [*(("OUTPUT's partial file", p) for p in partial_paths(job.output)),
+                        ("OUTPUT's temporary file", converting_path(job.output))]
+    if job.on_error == "record" and job.errors:
+        if job.errors == "-":
+            raise NllbError("--errors needs a file: - is not one (--on-error skip names the failed rows on stderr).")
+        if job.output != "-" and not is_stream(job.errors) and same_file(job.errors, job.output):
+            raise NllbError("--errors must be another file than OUTPUT.")
+        written.append(("--errors", job.errors))
+        if not is_stream(job.errors):
+            written.append(("--errors' partial file", partial_paths(job.errors)[0]))
+    if job.input != "-":
+        for what, path in written:
+            if same_file(job.input, path):
+                raise NllbError(f"{what} {path} is the input file {job.input}: refusing to write over the input.")
+    if job.output != "-" and not job.force and not is_stream(job.output):
+        check_replace(job.output)
+
+
+def check_replace(output: str) -> None:
+    """Refuse to replace a file at OUTPUT that nllb did not write (an empty file aside): with `nllb translate
+    dir/*.txt` the shell makes the second input OUTPUT."""
+    target = follow_link(output)
+    stamp = file_stamp(target)
+    if stamp is None or stamp["size"] == 0 or written_by_nllb(target):
+        return
+    raise NllbError(f"OUTPUT {output} exists and nllb did not write it: refusing to replace it. Pass --force to "
+                    "replace it; to translate several files, name an output directory: -o DIR INPUT...")
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file: the same inode where both exist (links included), else the same path
+    once links are resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOptions) -> dict:
+    """What shapes the output: a resumed job must match the interrupted one in all of it. (--on-error may
+    change: a job that stopped on a bad row can go on with skip or record.)"""
+    return {
+        "input_format": job.input_format, "output_format": job.output_format, "field": job.field,
+        "output_field": job.output_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
+        "tgt_field": job.tgt_field, "split": job.split, "decode": decode.identity(),
+        "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input),
+        **model_identity(getattr(translator, "model_dir", ""), getattr(translator, "adapter", None),
+                         getattr(translator, "compute_type", "bfloat16")),
+        "device": getattr(translator, "device", ""),
+        # only where given, so that a job started before these options existed resumes
+        **({"status_field": job.status_field} if job.status_field else {}),
+        **({"overwrite_field": True} if job.overwrite_field else {}),
+        **({"max_input_length": job.max_input_length} if job.max_input_length else {}),
+        **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
+        **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
+        **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
+        **({"targets": list(job.targets), "targets_as": job.targets_as} if job.targets else {}),
+    }
+
+
+def input_identity(path: str) -> dict:
+    return {"path": "-"} if path == "-" else file_identity(path)
+
+
+def job_label(job: Job) -> str:
+    """What the progress bar names the job by: the input's file name and the direction."""
+    name = "stdin" if job.input == "-" else os.path.basename(job.input)
+    src, tgt = job.src or f"each row's {job.src_field}", job.tgt or ", ".join(job.targets) or f"each row's {job.tgt_field}"
+    return f"{name}: {src} → {tgt}"
+
+
+def check_fields(job: Job) -> None:
+    """Refuse, before any work, fields that clash: the translation written over the source text (unless
+    --overwrite-field), the status or a score over either or each other, or a status or scores where the output
+    (text) has no fields."""
+    if job.prefix_field is not None and job.input_format == "text":
+        raise NllbError("--prefix-field needs JSONL or Parquet input: a text input has no fields.")
+    if job.targets and job.output_format == "text" and job.targets_as != "rows":
+        raise NllbError("Several target languages as columns need JSONL or Parquet output: a text output has no "
+                        "columns. Pass --targets-as rows for a line per target language.")
+    if job.targets and job.targets_as == "rows" and job.output_format != "text" and not job.tgt_field:
+        raise NllbError("--targets-as rows names each row's target language in --tgt-lang-field: give it a name.")
+    named = [("--field", job.field), *((o, n) for o, n in job.added_fields
+                                       if not (o == "--tgt-lang-field" and job.output_format == "text"))]
+    for n, (option, name) in enumerate(named[1:], 1):
+        if job.output_format == "text" and option != "--output-field":
+            what = "--scores" if option in ("--score-field", "--log-prob-field") else option
+            raise NllbError(f"{what} needs JSONL or Parquet output: a text output has one translation a line and no "
+                            "fields.")
+        # a translation over the source text is --overwrite-field's to allow, below
+        clash = next((other for other, taken in named[:n]
+                      if taken == name and (option, other) != ("--output-field", "--field")), None)
+        if clash is not None:
+            raise NllbError(f"{option} {name} is {clash}'s field too: name another.")
+    translations = [name for option, name in named if option == "--output-field"]
+    if job.field in translations and job.output_format != "text" and not job.overwrite_field:
+        what = job.output_field if job.output_field == job.field else f"{job.output_field} writes {job.field}, which"
+        raise NllbError(f"--output-field {what} is the field being translated (--field), and the "
+                        "translation would replace the source text: name another with --output-field, or pass "
+                        "--overwrite-field to replace it.")
+
+
+def check_added_columns(schema, job: Job) -> None:
+    """Refuse, before any work, an input schema with a column of the name the translation (or the status) would
+    be written to, unless --overwrite-field."""
+    if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
+        return
+    name = STDIN_NAME if job.input == "-" else job.input
+    for option, column in job.added_fields:
+        if column in schema.names:
+            raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
+                            f"another with {option}, or pass --overwrite-field to replace it.")
