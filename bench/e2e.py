@@ -148,16 +148,17 @@ def probe(argv: list[str]) -> None:
         instrument(calls)
     except ImportError:  # no CuPy: the CPU's engine
         pass
-    import nllbcli.job.loop as pipeline
+    import nllbcli.job.chunks as chunks
+    import nllbcli.job.loop as loop
 
     def timed(name, fn):
         return spans_into(calls, name, fn)
 
-    # the reader thread's tokenizing, and the main thread's writing and committing, where the pipeline has them
-    for name, attr in (("prepare", "prepare_records"), ("write", "write_chunk"), ("translate", "translate_prepared"),
-                       ("commit", "save_state")):
-        if hasattr(pipeline, attr):
-            setattr(pipeline, attr, timed(name, getattr(pipeline, attr)))
+    # the reader thread's tokenizing, the main thread's translating, and the finisher's writing and committing
+    for where, name, attr in ((chunks.ChunkWorker, "prepare", "prepare"), (chunks.ChunkWorker, "translate", "translate"),
+                              (loop, "write", "write_chunk"), (loop, "commit", "save_state")):
+        if hasattr(where, attr):
+            setattr(where, attr, timed(name, getattr(where, attr)))
     from nllbcli.cli import main
 
     sys.argv = ["nllb", *argv]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from .job.chunks import translate_records
+from .job.chunks import ChunkWorker
 from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
@@ -234,11 +234,10 @@ def run_records(translator: Translator, records: list[Record], job: Job, decode:
     batching = batching or BatchOptions.for_device(translator.device)
     reporter = Reporter("bar" if progress else "none", len(records), summary=False)
     done = []
+    worker = ChunkWorker(translator, job, decode, batching)
     try:
         for chunk in read_chunks(records, batching.read_chunk_rows):
-            outcomes = translate_records(translator, chunk, job, decode, batching.max_batch_tokens, reporter.advance,
-                                         batching.max_batch_sentences)
-            done += zip(chunk, outcomes)
+            done += zip(chunk, worker(chunk, reporter.advance))
     finally:
         reporter.close(summary=False)
     return done

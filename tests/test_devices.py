@@ -26,15 +26,16 @@ from test_resume import EXTENSION, ROWS, TINY, command, make_input
 
 from click.testing import CliRunner
 
-from nllbcli.job.chunks import translate_chunk
+from nllbcli.job.chunks import ChunkWorker
 from nllbcli.cli import cli
 from nllbcli.runners.devices import AHEAD, Pool, open_pool, parse_devices
 from nllbcli.errors import NllbError
-from nllbcli.options import DecodeOptions, Job, usable_cores
+from nllbcli.options import BatchOptions, DecodeOptions, Job, usable_cores
 from nllbcli.io import Record
 from nllbcli.model.translator import load_translator
 
 LONGER = ("--max-length", "30")  # a job of a few seconds, so that a kill lands mid-job
+BATCHING = BatchOptions(max_batch_tokens=4096)
 
 
 def on_workers(args: list[str], workers: int = 2) -> list[str]:
@@ -140,7 +141,7 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
     texts = [["The quick brown fox jumps over the lazy dog. " * 8] * 12] + [[f"Hi {n}."] for n in range(9)]
     items = [([Record(index=n * 100 + i, text=t, fields={"text": t}) for i, t in enumerate(chunk_texts)], n, None)
              for n, chunk_texts in enumerate(texts)]
-    finished, arrived = [], []
+    finished, arrived, advanced = [], [], []
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         receive = pool.receive
 
@@ -149,13 +150,14 @@ def test_chunks_that_end_out_of_order_are_finished_in_order():
             arrived.extend(n for n in results if n not in arrived)
 
         pool.receive = recording
-        pool.translate(iter(items), job, decode, (4096, None), lambda chunk, position, prepared, result:
-                       finished.append((position, result)), print)
+        pool.translate(iter(items), job, decode, BATCHING, lambda chunk, position, prepared, result:
+                       finished.append((position, result)), lambda *done: advanced.append(done), print)
     assert [position for position, _ in finished] == list(range(len(texts)))
     assert arrived != sorted(arrived)  # some chunk ended before one ahead of it
     for (chunk, _, _), (_, result) in zip(items, finished):
-        assert result == translate_chunk(translator, chunk, job, decode, 4096)
-        assert result[1] == len(chunk) and result[2] > 0  # the rows done and the tokens generated
+        assert result == ChunkWorker(translator, job, decode, BATCHING)(chunk)
+    assert sum(rows for rows, _ in advanced) == sum(len(chunk) for chunk, _, _ in items)  # every row, once
+    assert sum(tokens for _, tokens in advanced) > 0
 
 
 def test_a_worker_killed_mid_job_has_its_chunks_redone_by_the_other(tmp_path, plain):
@@ -322,6 +324,22 @@ def test_an_input_that_cannot_be_read_is_a_one_device_jobs_error_not_a_hang(tmp_
     assert results[0][0] == 1 and results[0][1].startswith("Error: cannot read cut.jsonl.gz: ")
 
 
+def test_a_workers_rows_reach_the_progress_as_its_batches_end():
+    """A chunk's rows are counted as a worker's batches end, not all at once with the chunk's result: the bar of a
+    --devices job moves while a chunk runs."""
+    job = Job(src="eng_Latn", tgt="fra_Latn")
+    decode = DecodeOptions(beam_size=1, max_length=30)
+    texts = [f"The quick brown fox {n} jumps over the lazy dog." for n in range(100)]
+    chunk = [Record(index=n, text=t, fields={"text": t}) for n, t in enumerate(texts)]
+    events = []
+    with open_pool(["cpu"], TINY, None, 1) as pool:
+        pool.translate(iter([(chunk, 0, None)]), job, decode, BatchOptions(max_batch_tokens=16),
+                       lambda *finished: events.append("finish"), lambda rows, tokens: events.append(rows), print)
+    assert events[-1] == "finish"
+    assert sum(events[:-1]) == len(chunk)
+    assert len(events) > 2 and events[0] > 0  # rows counted before the chunk ended, in more than one message
+
+
 def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
     """A job that stops while the workers hold its later chunks (here finish() fails on the first): their
     results, coming in later, are not taken for the next job's chunks."""
@@ -339,10 +357,10 @@ def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():
     finished = []
     with open_pool(["cpu", "cpu"], TINY, None, 2) as pool:
         with pytest.raises(OSError):
-            pool.translate(iter(first), job, decode, (4096, None), fail, print)
-        pool.translate(iter(second), job, decode, (4096, None), lambda chunk, position, prepared, result:
-                       finished.append(result), print)
-    assert finished == [translate_chunk(translator, chunk, job, decode, 4096) for chunk, _, _ in second]
+            pool.translate(iter(first), job, decode, BATCHING, fail, lambda *done: None, print)
+        pool.translate(iter(second), job, decode, BATCHING, lambda chunk, position, prepared, result:
+                       finished.append(result), lambda *done: None, print)
+    assert finished == [ChunkWorker(translator, job, decode, BATCHING)(chunk) for chunk, _, _ in second]
 
 
 def test_a_job_after_every_worker_died_is_one_line(tmp_path):

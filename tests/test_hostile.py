@@ -134,15 +134,15 @@ def test_the_real_tokenizer_takes_hostile_text():
     from pathlib import Path
 
     from nllbcli.io import Record
-    from nllbcli.options import DecodeOptions
-    from nllbcli.job.chunks import translate_records
+    from nllbcli.options import BatchOptions, DecodeOptions
+    from nllbcli.job.chunks import ChunkWorker
     from nllbcli.options import Job
     from nllbcli.model.translator import load_translator
 
     tiny = load_translator(str(Path(__file__).parent / "models" / "tiny-a"), "cpu")
     texts = ["a\x00b", "\x01\x02\x7f", "\ue000\U0010fffd", "🙂" * 300, "\u200b\u200d", "x" * 5000, "\ud800", "\t \u3000"]
     records = [Record(i, t, {}, where=f"in:{i + 1}") for i, t in enumerate(texts)]
-    outcomes = translate_records(tiny, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(beam_size=1, max_length=3), 4096)
+    outcomes = ChunkWorker(tiny, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(beam_size=1, max_length=3), BatchOptions(max_batch_tokens=4096))(records)
     assert [o.error is None for o in outcomes] == [True, True, True, True, True, True, False, True]
     assert outcomes[6].error.startswith("in:7: field 'text' holds a lone surrogate")
     assert outcomes[5].cut and not outcomes[0].cut

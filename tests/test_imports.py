@@ -82,6 +82,26 @@ def test_a_deferred_import_cycle_is_found(tmp_path):
     assert find_cycle(graph) == ["nllbcli.engine.reference", "nllbcli.search", "nllbcli.engine.reference"]
 
 
+LAYERS = ("nllbcli.errors nllbcli.environment", "nllbcli.io", "nllbcli.options", "nllbcli.model", "nllbcli.job",
+          "nllbcli.runners")  # bottom to top; every other module (cli, api, spark, ...) is above them all
+
+
+def layer_of(module: str) -> int:
+    for n, names in enumerate(LAYERS):
+        if any(module == name or module.startswith(name + ".") for name in names.split()):
+            return n
+    return len(LAYERS)
+
+
+def test_every_import_goes_down_the_layers():
+    """io, the option records, the model, the job, the runners, the front ends: a module imports only its own
+    layer's and those below (docs/ARCHITECTURE.md), so that a row's way goes down without coming back."""
+    graph = package_graph()
+    assert layer_of("nllbcli.job.loop") > layer_of("nllbcli.model.translator") > layer_of("nllbcli.io.jsonl")
+    upward = sorted(f"{a} -> {b}" for a, imported in graph.items() for b in imported if layer_of(b) > layer_of(a))
+    assert upward == []
+
+
 def engine_methods() -> set[str]:
     """The calls of the engine interface (engine.Engine), read from its source."""
     tree = ast.parse((PACKAGE / "model" / "engine" / "__init__.py").read_text(encoding="utf-8"))

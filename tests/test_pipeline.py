@@ -9,7 +9,7 @@ from rich.console import Console
 from nllbcli.errors import NllbError
 from nllbcli.io import Record
 from nllbcli.options import GPU_BATCHING, BatchOptions, DecodeOptions
-from nllbcli.job.chunks import plan_batches, translate_records
+from nllbcli.job.chunks import ChunkWorker, plan_batches
 from nllbcli.options import Job
 from nllbcli.job.reader import read_chunks
 from nllbcli.job.rows import cut_source
@@ -60,7 +60,7 @@ def test_translate_records_restores_input_order(fake):
     translator = fake
     texts = ["a" * (i % 7) + str(i) for i in range(50)]
     records = [Record(i, t, {}) for i, t in enumerate(texts)]
-    assert translations(translate_records(translator, records, JOB, DecodeOptions(), 40)) == [t[::-1] for t in texts]
+    assert translations(ChunkWorker(translator, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=40))(records)) == [t[::-1] for t in texts]
     assert [len(batch[0]) for batch in translator.batches] == sorted((len(b[0]) for b in translator.batches), reverse=True)
 
 
@@ -68,7 +68,7 @@ def test_translate_records_leaves_empty_texts_to_itself(fake):
     translator = fake
     done = []
     records = [Record(0, "", {}), Record(1, "ab", {}), Record(2, " \t", {})]
-    result = translate_records(translator, records, JOB, DecodeOptions(), 100, lambda rows, tokens: done.append((rows, tokens)))
+    result = ChunkWorker(translator, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records, lambda rows, tokens: done.append((rows, tokens)))
     assert translations(result) == ["", "ba", ""]
     assert translator.batches == [[[translator.tokenizer.lang_id("eng_Latn"), ord("a"), ord("b"), 2]]]
     assert done == [(2, 0), (1, 2)]
@@ -77,28 +77,28 @@ def test_translate_records_leaves_empty_texts_to_itself(fake):
 def test_translate_records_cuts_long_sources_and_flags_the_row(fake):
     translator = fake
     translator.config.max_position_embeddings = 4
-    [outcome] = translate_records(translator, [Record(0, "abcdef", {})], JOB, DecodeOptions(), 100)
+    [outcome] = ChunkWorker(translator, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))([Record(0, "abcdef", {})])
     assert (outcome.translation, outcome.cut) == ("ba", True)
     assert translator.batches == [[[translator.tokenizer.lang_id("eng_Latn"), ord("a"), ord("b"), 2]]]
 
 
 def test_rows_are_translated_sentence_by_sentence_and_joined(fake):
     records = [Record(0, "Ab cd. Ef gh?  Ij!\nKl", {}), Record(1, "甲乙。丙丁！", {})]
-    result = translate_records(fake, records, JOB, DecodeOptions(), 100)
+    result = ChunkWorker(fake, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert translations(result) == [".dc bA ?hg fE  !jI\nlK", "。乙甲 ！丁丙"]  # French takes a space where Chinese had none
     assert sorted(len(s) - 2 for batch in fake.batches for s in batch) == [2, 3, 3, 3, 6, 6]
-    assert translations(translate_records(fake, records, WHOLE, DecodeOptions(), 100)) == [records[0].text[::-1], records[1].text[::-1]]
+    assert translations(ChunkWorker(fake, WHOLE, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)) == [records[0].text[::-1], records[1].text[::-1]]
 
 
 def test_sentences_joined_without_spaces_for_chinese(fake):
     records = [Record(0, "Ab. Cd.", {"tgt_lang": "zho_Hans"})]
     fake.tokenizer.lang_codes = ["deu_Latn", "eng_Latn", "fra_Latn", "zho_Hans"]
-    assert translations(translate_records(fake, records, JOB, DecodeOptions(), 100)) == [".bA.dC"]
+    assert translations(ChunkWorker(fake, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)) == [".bA.dC"]
 
 
 def test_max_length_flag(fake):
     records = [Record(0, "abcd", {}), Record(1, "ab", {})]
-    result = translate_records(fake, records, JOB, DecodeOptions(max_length=5), 100)
+    result = ChunkWorker(fake, JOB, DecodeOptions(max_length=5), BatchOptions(max_batch_tokens=100))(records)
     assert [o.max_length for o in result] == [True, False]  # 4 tokens after the language token: the limit
 
 
@@ -108,7 +108,7 @@ def test_per_row_languages(fake):
         Record(1, "cd", {"tgt_lang": "deu_Latn"}, where="in:2"),
         Record(2, "ef", {"src_lang": None}, where="in:3"),
     ]
-    result = translate_records(fake, records, JOB, DecodeOptions(), 100)
+    result = ChunkWorker(fake, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert translations(result) == ["ba", "dc", "fe"]
     assert fake.languages == [["deu_Latn", "deu_Latn", "fra_Latn"]]  # one batch, mixing target languages
     sources = {tuple(s) for batch in fake.batches for s in batch}
@@ -126,16 +126,16 @@ def test_per_row_languages(fake):
 )
 def test_bad_row_languages_fail_the_row(fake, fields, error):
     records = [Record(0, "ab", fields, where="in:1"), Record(1, "cd", {}, where="in:2")]
-    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
+    result = ChunkWorker(fake, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert result[0].translation is None and result[0].error.startswith(error)
     assert result[1].translation == "dc"
     with pytest.raises(NllbError, match="^" + error[:20]):
-        translate_records(fake, records, JOB, DecodeOptions(), 100)
+        ChunkWorker(fake, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
 
 
 def test_missing_languages_without_defaults(fake):
     records = [Record(0, "ab", {"src_lang": "en"}, where="in:1"), Record(1, "cd", {"src_lang": "en", "tgt_lang": "fr"}, where="in:2")]
-    result = translate_records(fake, records, Job(None, None, on_error="skip"), DecodeOptions(), 100)
+    result = ChunkWorker(fake, Job(None, None, on_error="skip"), DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert result[0].error == "in:1: no 'tgt_lang' field and no --tgt to fall back on."
     assert result[1].translation == "dc"
 
@@ -143,14 +143,14 @@ def test_missing_languages_without_defaults(fake):
 def test_tokenizer_failure_fails_the_row(fake):
     records = [Record(0, "a\u2603b", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
     fake.tokenizer.reject = "\u2603"
-    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
+    result = ChunkWorker(fake, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert result[0].error == "in:1: the tokenizer cannot take this text: 'utf-8' codec can't encode character '\\x61' in position 0: surrogates not allowed"
     assert result[1].translation == "dc"
 
 
 def test_a_lone_surrogate_fails_its_row_before_the_tokenizer(fake):
     records = [Record(0, "ab \udc80", {}, where="in:1"), Record(1, "cd", {}, where="in:2")]
-    result = translate_records(fake, records, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), 100)
+    result = ChunkWorker(fake, Job("eng_Latn", "fra_Latn", on_error="skip"), DecodeOptions(), BatchOptions(max_batch_tokens=100))(records)
     assert result[0].error == "in:1: field 'text' holds a lone surrogate (\\udc80 at character 4), half of a UTF-16 pair, which is not text."
     assert result[1].translation == "dc"
 

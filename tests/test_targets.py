@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 import nllbcli
-from nllbcli.job.chunks import plan_batches, translate_records
+from nllbcli.job.chunks import ChunkWorker, plan_batches
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
-from nllbcli.options import DecodeOptions, Job
+from nllbcli.options import BatchOptions, DecodeOptions, Job
 from nllbcli.model.translator import load_translator
 
 from counting import CountingEngine
@@ -119,16 +119,16 @@ def test_each_sentence_goes_through_the_encoder_once_for_all_targets(sample, bea
     decode = DecodeOptions(beam_size=beam_size, max_length=8)
     job = Job(src="eng_Latn", tgt=None, targets=tuple(TARGETS), output_format="jsonl")
     # batches of 4 sentences: 3 targets of a sentence would straddle them but for plan_chunk's groups
-    outcomes = translate_records(translator, records, job, decode, 10**6, max_batch_sentences=4)
+    outcomes = ChunkWorker(translator, job, decode, BatchOptions(max_batch_tokens=10**6, max_batch_sentences=4))(records)
     yes = tuple(sample.tokenizer.encode("Yes.", "eng_Latn"))
     sources = {tuple(sample.tokenizer.encode(s, "eng_Latn")) for t in texts for s in nllbcli.model.split.split_text(t)[0]}
     assert len(sources) == 6  # "Yes." in every row: 15 copies, more than a batch holds
     assert sorted(s for s in counting.encoded if s != yes) == sorted(sources - {yes})  # each once, not once a target
     counting.encoded.clear()
-    translate_records(translator, records, job, decode, 10**6)  # one batch: "Yes." once for all its rows too
+    ChunkWorker(translator, job, decode, BatchOptions(max_batch_tokens=10**6))(records)  # one batch: "Yes." once for all its rows too
     assert sorted(counting.encoded) == sorted(sources)
     for code, n in zip(TARGETS, range(3)):
-        single = translate_records(sample, records, Job(src="eng_Latn", tgt=code, output_format="jsonl"), decode, 10**6)
+        single = ChunkWorker(sample, Job(src="eng_Latn", tgt=code, output_format="jsonl"), decode, BatchOptions(max_batch_tokens=10**6))(records)
         assert [o.targets[n].translation for o in outcomes] == [o.translation for o in single]
 
 

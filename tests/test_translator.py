@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from nllbcli.io import Record
-from nllbcli.options import DecodeOptions
-from nllbcli.job.chunks import translate_records
+from nllbcli.options import BatchOptions, DecodeOptions
+from nllbcli.job.chunks import ChunkWorker
 from nllbcli.options import Job
 from nllbcli.model.translator import SentenceError, load_translator
 
@@ -87,7 +87,7 @@ def test_the_cpu_out_of_memory_halves_the_batch_then_names_the_sentence_and_the_
     too large alone fails its row naming its beams (or samples) and what to lower."""
     cpu = replace(tiny, engine=ShortOfMemory(tiny.engine, most=2, longest=12, error=MemoryError))
     records = [Record(i, t, {}, where=f"in:{i + 1}") for i, t in enumerate(TEXTS)]
-    outcomes = translate_records(cpu, records, Job("eng_Latn", "fra_Latn", on_error="skip", split=False), OPTIONS, 1000)
+    outcomes = ChunkWorker(cpu, Job("eng_Latn", "fra_Latn", on_error="skip", split=False), OPTIONS, BatchOptions(max_batch_tokens=1000))(records)
     expected = tiny.translate_sentences(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
     for record, outcome, translation in zip(records, outcomes, expected):
         tokens = len(tiny.tokenizer.encode(record.text, "eng_Latn"))
@@ -107,9 +107,9 @@ def test_the_pipeline_fails_only_the_row_of_a_sentence_too_large(tiny, gpu_like,
     job = Job("eng_Latn", "fra_Latn", on_error=on_error, split=False)
     if on_error == "fail":
         with pytest.raises(Exception, match=r"^in:\d: the GPU ran out of memory on this sentence alone"):
-            translate_records(short, records, job, OPTIONS, 1000)
+            ChunkWorker(short, job, OPTIONS, BatchOptions(max_batch_tokens=1000))(records)
         return
-    outcomes = translate_records(short, records, job, OPTIONS, 1000)
+    outcomes = ChunkWorker(short, job, OPTIONS, BatchOptions(max_batch_tokens=1000))(records)
     lengths = [len(tiny.tokenizer.encode(t, "eng_Latn")) for t in TEXTS]
     expected = tiny.translate_sentences(TEXTS, "eng_Latn", "fra_Latn", OPTIONS)
     for outcome, length, translation in zip(outcomes, lengths, expected):

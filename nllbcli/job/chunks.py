@@ -1,7 +1,8 @@
-"""Batch planning and decoding: a chunk's sentences grouped by target language and sorted by length, so that a
-batch pads little, cut at max_batch_tokens (rows x longest row) and max_batch_sentences, each batch through
-translator.generate, and the ids decoded back into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this
-changes the output. A sentence the translator cannot take even alone fails its row; the rest go on.
+"""The chunk worker (ChunkWorker): a chunk's rows to their Outcomes, the same for every runner. The rows' sentences
+are grouped by target language and sorted by length, so that a batch pads little, cut at max_batch_tokens (rows x
+longest row) and max_batch_sentences, each batch through translator.generate, and the ids decoded and joined back
+into the rows' Outcomes. A sentence's translation does not depend on its batch, so none of this changes the
+output. A sentence the translator cannot take even alone fails its row; the rest go on.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from ..model.engine.numerics import sentence_keys
 from ..errors import NllbError
 from ..io import Record
-from ..options import DecodeOptions, Job
+from ..options import BatchOptions, DecodeOptions, Job
 from .rows import Outcome, Sentence, each_target, gather_targets, join_outcomes, prepare_records
 
 if TYPE_CHECKING:
@@ -25,68 +26,108 @@ if TYPE_CHECKING:
 Advance = Callable[[int, int], None]  # (rows done, tokens generated) since the last call
 
 
-def translate_records(
-    translator: Translator,
-    records: list[Record],
-    job: Job,
-    decode: DecodeOptions,
-    max_batch_tokens: int,
-    advance: Advance = lambda rows, tokens: None,
-    max_batch_sentences: int | None = None,
-) -> list[Outcome]:
-    """What became of each row of a chunk, in the rows' order (with several target languages, each row's
-    Outcome holds its targets': rows.gather_targets). Empty texts stay empty, without the model.
-
-    With --on-error fail the first bad row raises NllbError before any of the chunk is translated."""
-    copies = each_target(records, job)
-    outcomes, sentences = prepare_records(translator, copies, job)
-    translate_prepared(translator, copies, outcomes, sentences, job, decode, max_batch_tokens, advance,
-                       max_batch_sentences=max_batch_sentences)
-    return gather_targets(outcomes, job)
+def ignore(rows: int, tokens: int) -> None:
+    """An Advance that reports nowhere."""
 
 
-def translate_chunk(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,
-                    max_batch_tokens: int, max_batch_sentences: int | None = None,
-                    on_engine: Callable[[Callable[[], list]], list] = lambda task: task()) -> tuple[list[Outcome], int, int]:
-    """A chunk of rows through a worker that does all of a chunk's work (a --devices worker process, a Ray actor):
-    split and tokenized, its batches through the model by `on_engine` (which runs a task on the thread that runs
-    the model, while the worker's other threads prepare and decode other chunks), decoded and joined. Each row's
-    Outcome (gather_targets: the rows' order), the rows done and the tokens generated. With --on-error fail the
-    first bad row raises NllbError, as translate_records does."""
-    copies = each_target(records, job)
-    outcomes, sentences = prepare_records(translator, copies, job)
-    batches = plan_chunk(sentences, max_batch_tokens, max_batch_sentences)
-    stop = job.on_error == "fail"
-    generated = on_engine(lambda: [generate_batch_hypotheses(translator, batch, decode, stop) for batch in batches])
-    counts = [0, 0]
+@dataclass
+class Prepared:
+    """A chunk made ready for the model: each row as each_target gives it, its Outcome, its sentences
+    tokenized, and their length-sorted batches."""
 
-    def advance(rows: int, tokens: int) -> None:
-        counts[0] += rows
-        counts[1] += tokens
+    copies: list[Record]
+    outcomes: list[Outcome]
+    sentences: list[Sentence]
+    batches: list[Batch]
 
-    translate_prepared(translator, copies, outcomes, sentences, job, decode, max_batch_tokens, advance, batches=batches,
-                       generated=generated)
-    return gather_targets(outcomes, job), counts[0], counts[1]
+
+@dataclass
+class ChunkWorker:
+    """The one way a chunk's rows become their outcomes, whichever runner runs the chunk: split and tokenized
+    (prepare), the batches through the model, decoded and joined (translate), each row's Outcome in the rows'
+    order (outcomes). The one-device job prepares the next chunk on its reader's thread and decodes behind the
+    model on its finisher's; a worker process, a Ray actor and the API call the worker on a chunk's rows.
+
+    `on_engine` runs a task on the thread that runs the model (a --devices worker's or a Ray actor's, while their
+    other threads prepare and decode other chunks); None: the calling thread. With --on-error fail the first bad
+    row raises NllbError before any of the chunk is translated."""
+
+    translator: Translator
+    job: Job
+    decode: DecodeOptions
+    batching: BatchOptions
+    on_engine: Callable[[Callable[[], list]], list] | None = None
+
+    def __call__(self, records: list[Record], advance: Advance = ignore) -> list[Outcome]:
+        prepared = self.prepare(records)
+        self.translate(prepared, advance)
+        return self.outcomes(prepared)
+
+    def prepare(self, records: list[Record]) -> Prepared:
+        """The rows split, checked and tokenized, and their sentences planned into batches. Empty texts stay
+        empty, without the model."""
+        copies = each_target(records, self.job)
+        outcomes, sentences = prepare_records(self.translator, copies, self.job)
+        return Prepared(copies, outcomes, sentences,
+                        plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences))
+
+    def translate(self, prepared: Prepared, advance: Advance = ignore, finisher: Finisher | None = None) -> None:
+        """The prepared chunk through the model, its Outcomes filled in (with a finisher, once it has run what
+        this gives it)."""
+        tally = Tally(prepared.sentences, len(prepared.outcomes), max(1, len(self.job.targets)), advance)
+        generated = None
+        if self.on_engine is not None:  # every batch on the engine's thread, counted as each ends
+            stop = self.job.on_error == "fail"
+
+            def generate_all() -> list[Generated]:
+                done = []
+                for batch in prepared.batches:
+                    done.append(generate_batch_hypotheses(self.translator, batch, self.decode, stop))
+                    tally.batch(batch.positions, done[-1][0])
+                return done
+
+            generated, tally = self.on_engine(generate_all), None
+        translate_prepared(self.translator, prepared.copies, prepared.outcomes, prepared.sentences, self.job,
+                           self.decode, tally, finisher, prepared.batches, generated)
+
+    def outcomes(self, prepared: Prepared) -> list[Outcome]:
+        """Each row's Outcome, in the rows' order (with several target languages, its targets' together:
+        rows.gather_targets)."""
+        return gather_targets(prepared.outcomes, self.job)
+
+
+class Tally:
+    """The rows a chunk's batches finish and the tokens they generate, given to `advance` as each batch ends: a
+    row is done with its last sentence, its copies for several targets together."""
+
+    def __init__(self, sentences: list[Sentence], copies: int, targets: int, advance: Advance):
+        self.sentences, self.targets, self.advance = sentences, targets, advance
+        self.pending = [0] * (copies // targets)  # each row's sentences not translated yet
+        for sentence in sentences:
+            self.pending[sentence.row // targets] += 1
+        advance(sum(p == 0 for p in self.pending), 0)  # rows without a sentence: empty ones, failed ones
+
+    def batch(self, positions: list[int], outputs: list) -> None:
+        finished = tokens = 0
+        for n, hypotheses in zip(positions, outputs):
+            if hypotheses is not None:
+                tokens += len(hypotheses[0].ids)
+            row = self.sentences[n].row // self.targets
+            self.pending[row] -= 1
+            finished += self.pending[row] == 0
+        self.advance(finished, tokens)
 
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
-                       sentences: list[Sentence], job: Job, decode: DecodeOptions, max_batch_tokens: int,
-                       advance: Advance = lambda rows, tokens: None, finisher: "Finisher | None" = None,
-                       batches: list[Batch] | None = None, generated: list[Generated] | None = None,
-                       max_batch_sentences: int | None = None) -> list[Outcome]:
-    """The prepared chunk (`records`: its rows as rows.each_target gives them, `outcomes` theirs) through the
-    model: its sentences in length-sorted batches (plan_chunk's, made here
-    unless given), decoded and joined back into `outcomes` (returned), rows in input order. With a finisher,
-    each batch's decoding and the joining run there, behind the next batch's generate (the outcomes are
-    complete once the finisher has run them). `generated`: each batch's generate_batch_hypotheses, made already (on
-    another thread: translate_chunk), instead of the translator's."""
+                       sentences: list[Sentence], job: Job, decode: DecodeOptions, tally: Tally | None,
+                       finisher: Finisher | None, batches: list[Batch], generated: list[Generated] | None) -> None:
+    """ChunkWorker.translate's work: the prepared chunk (`records`: its rows as rows.each_target gives them,
+    `outcomes` theirs) through the model, its `batches` (plan_chunk's) decoded and joined back into `outcomes`,
+    rows in input order. With a finisher, each batch's decoding and the joining run there, behind the next
+    batch's generate (the outcomes are complete once the finisher has run them). `generated`: each batch's
+    generate_batch_hypotheses, made already (on the engine's thread, which counted them: `tally` None), instead
+    of the translator's."""
     tokenizer = translator.tokenizer
-    copies = max(1, len(job.targets))  # `records` holds each row's copies, one per target (rows.each_target)
-    pending = [0] * (len(records) // copies)  # each row's sentences not translated yet, its copies' together
-    for sentence in sentences:
-        pending[sentence.row // copies] += 1
-    done_rows = [p == 0 for p in pending]
-    advance(sum(done_rows), 0)
 
     texts: dict[int, list[str]] = {}  # each sentence's hypotheses' texts
     found: dict[int, list[Hypothesis]] = {}
@@ -98,28 +139,20 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         for n, hypotheses in done:
             texts[n] = [next(decoded) for _ in hypotheses]
             found[n] = hypotheses
-        finished = tokens = 0
         for n, hypotheses in zip(batch, outputs):
-            row = sentences[n].row
-            if hypotheses is not None:
-                best = hypotheses[0].ids
-                tokens += len(best)
-                if len(best) >= decode.length_limit(len(sentences[n].ids)) - 1:
-                    outcomes[row].max_length = True
-            pending[row // copies] -= 1
-            finished += pending[row // copies] == 0
-        advance(finished, tokens)
+            if hypotheses is not None and len(hypotheses[0].ids) >= decode.length_limit(len(sentences[n].ids)) - 1:
+                outcomes[sentences[n].row].max_length = True
+        if tally is not None:
+            tally.batch(batch, outputs)
 
     run = finisher.submit if finisher is not None else lambda task: task()
-    planned = plan_chunk(sentences, max_batch_tokens, max_batch_sentences) if batches is None else batches
-    for n, batch in enumerate(planned):
+    for n, batch in enumerate(batches):
         if generated is None:
             outputs = generate_batch(translator, batch, decode, records, outcomes, job)
         else:
             outputs = record_failures(generated[n], batch, records, outcomes, job)
         run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
     run(lambda: join_outcomes(outcomes, sentences, texts, found, decode))
-    return outcomes
 
 
 @dataclass

@@ -20,24 +20,33 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterable, Protocol
 
 from ..io import Input, Position, Record, is_regular_file, open_input, open_sink
 from ..io.parquet import check_columns
 from ..io.streams import compressing
 from ..options import BatchOptions, DecodeOptions, Job
-from .chunks import plan_chunk, translate_prepared
+from .chunks import ChunkWorker
 from .commit import finish_converter, open_frames, write_chunk
 from .progress import Counters, Reporter
 from .reader import FINISHER, ChunkReader, Finisher, Inline, fewer_collections, first_chunk_rows
-from .rows import Outcome, each_target, gather_targets, prepare_records
+from .rows import Outcome
 from .signals import Stopped, critical, job_finished
 from .spec import check_added_columns, check_fields, check_paths, follow_link, job_identity, job_label
 from .state import JobFiles, Saved, open_job_files, save_record, save_state
 
 if TYPE_CHECKING:
-    from ..runners.devices import Pool
     from ..model.translator import Translator
+
+
+class Pool(Protocol):
+    """Workers that translate a job's chunks elsewhere (runners/devices.py's Pool): each chunk's rows through
+    their ChunkWorker, `finish(chunk, position, prepared, outcomes)` called in input order, `advance(rows, tokens)`
+    as their batches end."""
+
+    def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, batching: BatchOptions,
+                  finish: Callable[..., None], advance: Callable[[int, int], None],
+                  warn: Callable[[str], None]) -> None: ...
 
 
 def translate_file(
@@ -135,36 +144,26 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     try:
         end = source.position
         if not (saved and saved.done):
-            def prepare(chunk: list[Record]):  # on the reader's thread: tokenized, and cut into batches
-                if pool is not None:  # the workers do it (runners/devices.py)
-                    return None
-                copies = each_target(chunk, job)
-                outcomes, sentences = prepare_records(translator, copies, job)
-                return (copies, outcomes, sentences,
-                        plan_chunk(sentences, batching.max_batch_tokens, batching.max_batch_sentences))
-
+            worker = ChunkWorker(translator, job, decode, batching)
+            # on the reader's thread: tokenized, and cut into batches (with --devices the workers do it)
+            prepare = worker.prepare if pool is None else lambda chunk: None
             with ChunkReader(source, batching.read_chunk_rows, prepare, ahead=is_regular_file(job.input),
                              first=first_chunk_rows(translator, batching)) as reader, \
                     (Finisher() if FINISHER else Inline()) as finisher:
                 def finish(chunk, position, prepared) -> None:
-                    copies, outcomes, sentences, batches = prepared
                     finisher.wait(behind=1)  # at most one chunk waits to be committed while this one runs
-                    translate_prepared(translator, copies, outcomes, sentences, job, decode, batching.max_batch_tokens,
-                                       reporter.advance, finisher, batches)
-                    finisher.submit(lambda: commit(chunk, gather_targets(outcomes, job), position), chunk_end=True)
+                    worker.translate(prepared, reporter.advance, finisher)
+                    finisher.submit(lambda: commit(chunk, worker.outcomes(prepared), position), chunk_end=True)
 
-                def finish_translated(chunk, position, _, result) -> None:  # a worker's chunk, in its turn
-                    outcomes, rows, tokens = result
+                def finish_translated(chunk, position, _, outcomes) -> None:  # a worker's chunk, in its turn
                     finisher.wait(behind=1)
-                    reporter.advance(rows, tokens)
                     finisher.submit(lambda: commit(chunk, outcomes, position), chunk_end=True)
 
                 if pool is None:
                     for chunk, position, prepared in reader:
                         finish(chunk, position, prepared)
                 else:  # the workers translate, several chunks at once; finish_translated takes them in input order
-                    pool.translate(reader, job, decode, (batching.max_batch_tokens, batching.max_batch_sentences),
-                                   finish_translated, warn)
+                    pool.translate(reader, job, decode, batching, finish_translated, reporter.advance, warn)
             end = reader.position
         with critical():
             sink.close()

@@ -3,8 +3,9 @@
 The main process reads the chunks' rows (job/reader.py's ChunkReader) and hands each chunk, as soon as it is read,
 to a worker that is free (two a worker at most, so that a worker has its next chunk when it ends one); while a
 pipe is quiet, it writes the chunks that end meanwhile instead of waiting for the pipe's next row. A worker does
-the rest of a chunk's work (batching.translate_chunk): it splits and tokenizes the rows on one thread while its
-model runs another chunk on another, then decodes and joins the translations, and sends back each row's Outcome.
+the rest of a chunk's work (job/chunks.py's ChunkWorker, as every runner): it splits and tokenizes the rows on one
+thread while its model runs another chunk on another, then decodes and joins the translations, and sends back each
+row's Outcome; the rows and tokens done go to the main process's progress as each batch ends.
 So the main process's share of a row (reading it, handing it over, writing it) stays small as workers are added.
 It writes and commits the chunks strictly in input order, so the output, the errors file and the resume state
 are those of a one-device job, whatever the number of workers and whichever chunk ends first.
@@ -23,6 +24,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,11 +32,12 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable, Iterable, Iterator
 
 from ..errors import NllbError
-from ..options import DecodeOptions, Job
+from ..options import BatchOptions, DecodeOptions, Job
 from ..job.reader import SWITCH_INTERVAL, ChunkReader, fewer_collections
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
 POLL = 0.05  # seconds between looks at a quiet pipe while chunks are out, their results taken meanwhile
+PROGRESS_EVERY = 0.2  # seconds at least between a worker's progress messages within a chunk
 
 
 def parse_devices(text: str) -> list[str]:
@@ -172,12 +175,13 @@ class Pool:
                 worker.process.kill()
                 worker.process.join()
 
-    def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, limits: tuple[int, int | None],
-                  finish: Callable[..., None], warn: Callable[[str], None]) -> None:
-        """Every chunk through the workers (`chunks`: a ChunkReader, or its items, each chunk's rows first;
-        `limits`: the batches' max_batch_tokens and max_batch_sentences), and `finish(chunk, position, prepared,
-        result)` for each chunk in input order, `result` being batching.translate_chunk's (the rows' Outcomes, the
-        rows done, the tokens generated). Each chunk goes to a worker as it is read, and is finished as soon as it
+    def translate(self, chunks: Iterable[tuple], job: Job, decode: DecodeOptions, batching: BatchOptions,
+                  finish: Callable[..., None], advance: Callable[[int, int], None],
+                  warn: Callable[[str], None]) -> None:
+        """Every chunk through the workers (`chunks`: a ChunkReader, or its items, each chunk's rows first), and
+        `finish(chunk, position, prepared, outcomes)` for each chunk in input order, `outcomes` being its rows'
+        (ChunkWorker's); `advance(rows, tokens)` as the workers report them, taken back for the chunks of a worker
+        that died. Each chunk goes to a worker as it is read, and is finished as soon as it
         and those before it are done: the next chunk of a quiet pipe is waited for only when none is out. A chunk
         of a worker that died goes to another; with none left, an NllbError. A chunk's error (--on-error fail's
         first bad row, the reader's) is raised in its turn, after the chunks before it are finished. A job that
@@ -187,7 +191,9 @@ class Pool:
             raise NllbError("no --devices worker is left (they died in an earlier job): nothing can be translated.")
         quiet = chunks.quiet if isinstance(chunks, ChunkReader) else lambda: False
         chunks = iter(chunks)
-        task = (job, decode, limits)
+        task = (job, decode, batching)
+        self.advance = advance
+        self.progressed: dict[int, list[int]] = {}  # the rows and tokens each chunk out has reported
         waiting: dict[int, tuple] = {}  # taken from `chunks` and not finished yet
         results: dict[int, tuple | BaseException] = {}
         todo: deque[int] = deque()  # chunks for the next free worker, a dead worker's first
@@ -198,6 +204,7 @@ class Pool:
                     result = results.pop(next_finish)
                     if isinstance(result, BaseException):  # in its chunk's turn, as a one-device job raises it
                         raise result
+                    self.progressed.pop(next_finish, None)
                     finish(*waiting.pop(next_finish), result)
                     next_finish += 1
                 paused = False  # the input is quiet while chunks are out: look at it again after POLL seconds
@@ -251,13 +258,19 @@ class Pool:
             try:
                 if handle is not worker.connection:
                     raise EOFError
-                number, value = worker.connection.recv()  # the chunk's result, or the error that stopped it
+                kind, number, *value = worker.connection.recv()
             except (EOFError, OSError):
                 self.lose(worker, todo, warn)
                 continue
-            if number in worker.chunks:  # (else a chunk of a job that ended on an error)
+            if number not in worker.chunks:  # a chunk of a job that ended on an error
+                continue
+            if kind == "advance":  # rows and tokens done within the chunk
+                done = self.progressed.setdefault(number, [0, 0])
+                done[0], done[1] = done[0] + value[0], done[1] + value[1]
+                self.advance(*value)
+            else:  # the chunk's Outcomes, or the error that stopped it
                 worker.chunks.remove(number)
-                results[number] = value
+                results[number] = value[0]
 
     def lose(self, worker: Worker, todo: deque[int], warn: Callable[[str], None]) -> None:
         worker.process.join(timeout=5)
@@ -267,6 +280,9 @@ class Pool:
         self.workers.remove(worker)
         worker.connection.close()
         redone = sorted(worker.chunks)
+        for number in redone:  # counted again as another worker does them
+            rows, tokens = self.progressed.pop(number, (0, 0))
+            self.advance(-rows, -tokens)
         if not self.workers:
             raise NllbError(f"the worker on {worker.device} {ended(worker.process)}, and it was the last one: the "
                             "rows committed so far are saved; run the same command with --resume to continue.")
@@ -311,15 +327,15 @@ def spawning(gpu: str | None) -> Iterator[None]:
 
 def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None,
          compute_type: str = "auto") -> None:
-    """A worker: the model loaded once, on the thread that runs it; then each chunk that comes through
-    batching.translate_chunk on a thread of its own (two at once: one chunk is split and tokenized, or decoded,
-    while the model runs the other), its result (or the error that stopped it) sent back, until the main process
+    """A worker: the model loaded once, on the thread that runs it; then each chunk that comes through a
+    ChunkWorker on a thread of its own (two at once: one chunk is split and tokenized, or decoded, while the model
+    runs the other), its progress and its result (or the error that stopped it) sent back, until the main process
     closes its end of the pipe. This thread only takes the chunks as they come, so the main process never waits
     to hand one over."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..job.chunks import translate_chunk
+    from ..job.chunks import ChunkWorker
 
     engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
     try:
@@ -353,15 +369,17 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
             except (EOFError, OSError):
                 os._exit(0)  # the main process is gone: nothing is left to do
             except Exception as error:  # noqa: BLE001 - an error that does not pickle goes as its words
-                connection.send((message[0], NllbError(f"{type(error).__name__}: {error}")))
+                connection.send((*message[:2], NllbError(f"{type(error).__name__}: {error}")))
 
-    def run(number: int, records: list, job: Job, decode: DecodeOptions, limits: tuple[int, int | None]) -> None:
+    def run(number: int, records: list, job: Job, decode: DecodeOptions, batching: BatchOptions) -> None:
+        progress = Progress(lambda rows, tokens: send(("advance", number, rows, tokens)))
         try:
-            result = translate_chunk(translator, records, job, decode, *limits,
-                                     on_engine=lambda task: engine.submit(task).result())
+            result = ChunkWorker(translator, job, decode, batching,
+                                 lambda task: engine.submit(task).result())(records, progress.advance)
+            progress.flush()
         except Exception as error:  # noqa: BLE001 - raised in the main process, in the chunk's turn
             result = error
-        send((number, result))
+        send(("done", number, result))
 
     chunks = ThreadPoolExecutor(AHEAD, thread_name_prefix="nllb-chunk")
     while True:
@@ -370,3 +388,23 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
         except (EOFError, OSError):
             os._exit(0)  # the main process closed its end, or is gone: nothing is left to do
         chunks.submit(run, *task)
+
+
+class Progress:
+    """A chunk's rows and tokens done, sent on (`send(rows, tokens)`) at most every PROGRESS_EVERY seconds, the
+    rest by flush: a bar moves as batches end without a message for each."""
+
+    def __init__(self, send: Callable[[int, int], None]):
+        self.send, self.rows, self.tokens, self.sent = send, 0, 0, time.monotonic()
+
+    def advance(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+        if time.monotonic() - self.sent >= PROGRESS_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows or self.tokens:
+            self.send(self.rows, self.tokens)
+        self.rows = self.tokens = 0
+        self.sent = time.monotonic()

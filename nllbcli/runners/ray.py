@@ -52,7 +52,7 @@ from ray.data.checkpoint import CheckpointConfig
 from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
-from ..job.chunks import translate_chunk
+from ..job.chunks import ChunkWorker
 from ..model.checkpoint import model_identity
 from ..errors import NllbError
 from ..io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
@@ -393,6 +393,8 @@ class Translating:
         self.batching = BatchOptions.for_device(self.translator.device, max_batch_tokens,
                                                 max_batch_sentences=max_batch_sentences)
         self.job = replace(job, on_error="skip", errors=None)  # failures are marked here and judged by the Sink
+        self.chunks = ChunkWorker(self.translator, self.job, decode, self.batching,
+                                  lambda task: self.engine.submit(task).result())
         gpus = ray.get_gpu_ids()
         self.worker = f"GPU {','.join(map(str, gpus))}" if gpus else "CPU"
 
@@ -401,8 +403,7 @@ class Translating:
             raise self.failure
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
-        outcomes, _, _ = translate_chunk(self.translator, records, self.job, self.decode, self.batching.max_batch_tokens,
-                                         self.batching.max_batch_sentences, lambda task: self.engine.submit(task).result())
+        outcomes = self.chunks(records)
         return self.output(block, records, outcomes, ids)
 
     def records(self, block: pa.Table, ids: list[int]) -> list[Record]:

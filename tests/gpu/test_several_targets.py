@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from nllbcli.job.chunks import translate_records  # noqa: E402
+from nllbcli.job.chunks import ChunkWorker  # noqa: E402
 from nllbcli.io import Record  # noqa: E402
-from nllbcli.options import DecodeOptions, Job  # noqa: E402
+from nllbcli.options import BatchOptions, DecodeOptions, Job  # noqa: E402
 from nllbcli.model.split import split_text  # noqa: E402
 from nllbcli.model.translator import load_translator  # noqa: E402
 
@@ -36,14 +36,13 @@ def test_several_targets_on_the_gpu_are_each_targets_own_run(beam_size):
     decode = DecodeOptions(beam_size=beam_size, max_length=64)
     gpu = sample("cuda")
     counting = CountingEngine(gpu.engine)
-    several = translate_records(replace(gpu, engine=counting), records,
-                                Job(src="eng_Latn", tgt=None, targets=TARGETS, output_format="jsonl"), decode, 262144)
+    several = ChunkWorker(replace(gpu, engine=counting), Job(src="eng_Latn", tgt=None, targets=TARGETS, output_format="jsonl"), decode, BatchOptions(max_batch_tokens=262144))(records)
     sources = {tuple(gpu.tokenizer.encode(sentence, "eng_Latn")) for text in texts for sentence in split_text(text)[0]}
     assert len(counting.encoded) == len(sources)  # every sentence encoded once for the three targets
     for n, code in enumerate(TARGETS):
         job = Job(src="eng_Latn", tgt=code, output_format="jsonl")
-        alone = translate_records(gpu, records, job, decode, 262144)
+        alone = ChunkWorker(gpu, job, decode, BatchOptions(max_batch_tokens=262144))(records)
         assert [o.targets[n].translation for o in several] == [o.translation for o in alone]
-        cpu = translate_records(sample("cpu"), records, job, decode, 262144)
+        cpu = ChunkWorker(sample("cpu"), job, decode, BatchOptions(max_batch_tokens=262144))(records)
         same = [a.targets[n].translation == b.translation for a, b in zip(several, cpu)]
         assert sum(same) >= 0.99 * len(same), code
