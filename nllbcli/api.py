@@ -9,10 +9,11 @@
 
 Rows go through what `nllb translate` does to them: each is split into sentences, which are translated in
 length-sorted batches and joined back, a row's own src_lang/tgt_lang fields (columns) override the languages
-given, and a row that cannot be translated fails alone, as a value (`Result.error`, an error column), never as an
-exception: the translations are those of the CLI's output, to the byte. The arguments are checked at the door, as
-the command checks its options: one of the wrong type raises TypeError naming it, a value the command refuses
-ValueError (the option records') or NllbError (a language, a table's columns).
+given, and a row that cannot be translated fails alone: `translate` gives its failure as a value
+(`Result.error`), `translate_table` does what --on-error says (fail, skip, or record it in an error column). The
+translations are those of the CLI's output, to the byte. The arguments are checked at the door, as the command
+checks its options: one of the wrong type raises TypeError naming it, a value the command refuses ValueError (the
+option records') or NllbError (a language, a table's columns).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import BatchOptions, DecodeOptions, Job, described
+from .options import ON_ERROR, BatchOptions, DecodeOptions, Job, described
 from .job.reader import read_chunks
 from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
@@ -97,11 +98,14 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
-                    prefix_field: str | None = None, targets_as: str = "columns", progress: bool = False) -> pa.Table:
+                    prefix_field: str | None = None, targets_as: str = "columns", on_error: str | None = None,
+                    progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
-    `decode.num_hypotheses` above 1): failed rows left out; with `error_field`, every row kept, a failed one with
-    a null translation and its reason in that column (null for the others). A table whose schema the CLI refuses
+    `decode.num_hypotheses` above 1). A row that cannot be translated does what --on-error says: `on_error`
+    "fail" (without `error_field`, as the command) raises NllbError naming the row; "skip" leaves it out;
+    "record" (with `error_field`, its default) keeps every row, a failed one with a null translation and its
+    reason in that column (null for the others). A table whose schema the CLI refuses
     (no text column, one named twice, a column the translation would replace without `overwrite_field`) raises
     NllbError. `prefix_field`: --prefix-field's column. `tgt` may be several languages (a list, or codes with
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
@@ -120,7 +124,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
                     split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
-                    targets_as=targets_as)
+                    targets_as=targets_as, on_error=on_error)
     check_text_column(schema, TABLE, field)
     check_added_columns(schema, job)
     added = job.added
@@ -150,13 +154,23 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
 def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], *, field: str, output_field: str,
               status_field: str | None, error_field: str | None, src_field: str, tgt_field: str, split: bool,
               overwrite_field: bool, max_input_length: int | None, score_field: str, log_prob_field: str,
-              prefix_field: str | None, targets_as: str) -> Job:
+              prefix_field: str | None, targets_as: str, on_error: str | None = None) -> Job:
     """translate_table's job from its arguments (`targets`: the model's codes of `tgt`), its fields checked as
-    the command checks its options' (pipeline.check_fields): a field named twice, or the translation over the
-    text without `overwrite_field`, raises NllbError."""
+    the command checks its options' (job.spec.check_fields): a field named twice, or the translation over the
+    text without `overwrite_field`, raises NllbError. `error_field` takes the errors file's place: a failed row
+    is kept (and skipped by the chunk worker)."""
+    on_error = on_error or ("record" if error_field is not None else "fail")
+    check_type("on_error", on_error, str, f"one of {', '.join(ON_ERROR)}, or None")
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error is one of {', '.join(ON_ERROR)}, not {on_error!r}.")
+    if (on_error == "record") != (error_field is not None):
+        raise ValueError("on_error='record' keeps failed rows with their reason in error_field: give both, or "
+                         "neither." if on_error == "record" else
+                         f"error_field keeps every row with its reason (on_error='record'), and on_error is {on_error!r}.")
     job = Job(src=src, tgt=targets[0] if len(targets) == 1 else None, targets=targets if len(targets) > 1 else (),
               targets_as=targets_as, input=TABLE, input_format="parquet", output_format="parquet", field=field,
-              output_field=output_field, src_field=src_field, tgt_field=tgt_field, split=split, on_error="skip",
+              output_field=output_field, src_field=src_field, tgt_field=tgt_field, split=split,
+              on_error="fail" if on_error == "fail" else "skip",
               status_field=status_field, error_field=error_field, overwrite_field=overwrite_field,
               max_input_length=max_input_length, score_field=score_field if decode.scores else None,
               log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,

@@ -103,8 +103,8 @@ def partition_translator(model: str | None = None, *, device: str = "auto", adap
     for name, value in (("device", device), ("compute_type", compute_type)):
         check_type(name, value, str, "a str")
     if not error_field:
-        raise ValueError("partition_translator needs an error_field: without one, a row that fails would be "
-                         "left out of the output.")
+        raise ValueError("partition_translator needs an error_field: without one, a row that fails would fail "
+                         "its task (or be left out of the output).")
     try:  # a misspelt option fails here, on the driver, not in every task
         inspect.signature(translate_table).bind(None, None, error_field=error_field, **options)
     except TypeError as error:

@@ -81,10 +81,11 @@ def test_translate_table_gives_the_parquet_output_of_the_command(tmp_path):
                                       "--on-error", "skip", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet")])
     assert result.exit_code == 3, result.output
     expected = pq.read_table(tmp_path / "out.parquet")
-    got = nllbcli.translate_table(sample(), table, src="en", tgt="fr", decode=GREEDY, status_field="status")
+    got = nllbcli.translate_table(sample(), table, src="en", tgt="fr", decode=GREEDY, status_field="status",
+                                  on_error="skip")
     assert got.equals(expected)
     batches = nllbcli.translate_table(sample(), table.to_batches(max_chunksize=2), src="en", tgt="fr", decode=GREEDY,
-                                      status_field="status")
+                                      status_field="status", on_error="skip")
     assert batches.to_pylist() == got.to_pylist()
     kept = nllbcli.translate_table(sample(), table, src="en", tgt="fr", decode=GREEDY, error_field="error")
     assert kept.num_rows == 5 and kept.column_names == ["id", "text", "tgt_lang", "meta", "translation", "error"]
@@ -93,6 +94,25 @@ def test_translate_table_gives_the_parquet_output_of_the_command(tmp_path):
     assert errors[1] == "the table: row 2: field 'text' is null, not a string." and "unknown language code 'xx'" in errors[4]
     assert kept.filter(pa.array([e is None for e in errors])).drop_columns(["error"]).to_pylist() == \
         expected.drop_columns(["status"]).to_pylist()
+
+
+def test_a_row_that_fails_fails_the_table_as_it_fails_the_command(tmp_path):
+    """Without error_field a failed row is not left out silently: the call fails on it, naming it, as the command
+    does under its default --on-error fail; on_error="skip" leaves it out, error_field keeps it with its reason."""
+    table = pa.table({"id": [1, 2, 3], "text": [ROWS[0], None, ROWS[1]]})
+    pq.write_table(table, tmp_path / "in.parquet")
+    result = CliRunner().invoke(cli, ["translate", "-q", "-m", str(SAMPLE), "--device", "cpu", "--src", "en", "--tgt",
+                                      "fr", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet")])
+    assert result.exit_code == 1
+    assert result.output == f"Error: {tmp_path / 'in.parquet'}: row 2: field 'text' is null, not a string.\n"
+    with pytest.raises(NllbError, match=r"^the table: row 2: field 'text' is null, not a string\.$"):
+        nllbcli.translate_table(sample(), table, "en", "fr", GREEDY)
+    assert nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, on_error="skip").column("id").to_pylist() == [1, 3]
+    assert nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, error_field="error").num_rows == 3
+    for given, message in (({"on_error": "record"}, "give both, or neither"), ({"on_error": "ignore"}, "not 'ignore'"),
+                           ({"on_error": "skip", "error_field": "error"}, "on_error is 'skip'")):
+        with pytest.raises(ValueError, match=message):
+            nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, **given)
 
 
 def test_translate_table_refuses_what_the_command_refuses():
@@ -137,7 +157,8 @@ def test_an_added_column_never_replaces_an_input_one_unless_asked(given):
         return
     assert str(caught.value) == (f"the table: it has a column 'id' already, which {named} would replace: name another "
                                  f"with {named}, or pass --overwrite-field to replace it.")
-    replaced = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, overwrite_field=True, **given)
+    skip = {} if option == "error_field" else {"on_error": "skip"}  # row 2 has no text
+    replaced = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, overwrite_field=True, **given, **skip)
     assert replaced.column_names == ["id", "text", "translation"]
     assert replaced.column("id").to_pylist() == ([None, "the table: row 2: field 'text' is null, not a string."]
                                                  if option == "error_field" else ["ok"])

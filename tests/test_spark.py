@@ -176,7 +176,7 @@ def test_a_table_the_command_refuses_fails_the_job_with_its_reason(recipe):
 
 
 def test_no_error_column_and_a_misspelt_option_are_refused_on_the_driver():
-    with pytest.raises(ValueError, match="needs an error_field: without one, a row that fails would be left out"):
+    with pytest.raises(ValueError, match="needs an error_field: without one, a row that fails would fail its task"):
         nllbcli.spark.partition_translator(str(SAMPLE), error_field=None)
     with pytest.raises(ValueError, match="unexpected keyword argument 'status_feild'"):
         nllbcli.spark.partition_translator(str(SAMPLE), status_feild="status")
