@@ -177,8 +177,9 @@ class Run:
 
 
 def with_records(command: Callable) -> Callable:
-    """Give the command its options as records: each record's options (RecordOption) as one mapping of its fields
-    to the values given, keyword `record`; the model's as ModelOptions; the rest as Run."""
+    """Give the command its options as records: the options of each of job, decode and batching (RecordOption)
+    as one mapping of the record's fields to the values given, under the record's name (the records are made once
+    the options are checked against each other, option_records); the model's as ModelOptions; the rest as Run."""
     @functools.wraps(command)
     def given_as_records(**params):
         given: dict[str, dict] = {"job": {}, "decode": {}, "batching": {}, "model": {}}
@@ -285,6 +286,7 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     from dataclasses import replace
 
     base, decoding = option_records(job, decode, model.model)
+    targets_as = job["targets_as"]  # as given: several targets go to a text output as rows by default (checked_job)
     if run.on_ray:
         return translate_on_ray(base, decoding, batching, model, run)
     for option, given in (("--ray-address", run.ray_address), ("--ray-actors", run.ray_actors)):
@@ -297,7 +299,7 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
                            "record their failed rows, or use --on-error skip.")
     jobs = [checked_job(replace(base, input=input, output=output), run.input_format, run.output_format, run.resume,
-                        job["targets_as"])
+                        targets_as)
             for input, output in pairs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
