@@ -42,6 +42,9 @@ def test_a_field_added_without_being_declared_is_refused(record):
     with pytest.raises(TypeError, match=rf"^New{record.__name__}: each field is declared once, in SHAPING or "
                                         r"OUTPUT_NEUTRAL; not so: new_option\.$"):
         shaping_fields(added)
+    required = {f.name: None for f in dataclasses.fields(record) if f.default is dataclasses.MISSING}
+    with pytest.raises(TypeError, match="not so: new_option"):  # what every job's identity is made with
+        shaping_values(added(**required))
     both = type(f"Both{record.__name__}", (record,), {"OUTPUT_NEUTRAL": record.OUTPUT_NEUTRAL | record.SHAPING})
     with pytest.raises(TypeError, match="not so: "):
         shaping_fields(both)
@@ -63,16 +66,18 @@ def inputs(tmp_path_factory) -> tuple[str, str]:
     return str(directory / "a.jsonl"), str(directory / "b.jsonl")
 
 
-# values a field's type does not give (another file, a choice of a fixed list) or that need another to make sense
-OTHER = {"input": "INPUT_B", "model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8",
-         "on_error": "skip", "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn")}
+# values a field's type does not give: another model or adapter, a choice of a fixed list
+OTHER = {"model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8", "on_error": "skip",
+         "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn")}
 
 
 def another(record, name: str, inputs: tuple[str, str]):
-    """Another valid value for a field: OTHER's, else one its annotated type gives."""
-    value, kind = getattr(record, name), dataclasses.fields(record)[[f.name for f in dataclasses.fields(record)].index(name)].type
+    """Another valid value for a field: another input file, OTHER's, else one its annotated type gives."""
+    value, kind = getattr(record, name), {f.name: f.type for f in dataclasses.fields(record)}[name]
+    if name == "input":
+        return inputs[1]
     if name in OTHER:
-        return inputs[1] if OTHER[name] == "INPUT_B" else OTHER[name]
+        return OTHER[name]
     if kind.startswith("bool"):
         return not value
     if kind.startswith("int"):
