@@ -37,7 +37,7 @@ def test_every_field_of_every_option_record_is_declared_once():
 @pytest.mark.parametrize("record", OPTION_RECORDS, ids=lambda record: record.__name__)
 def test_a_field_added_without_being_declared_is_refused(record):
     """A new option that is neither output-shaping nor output-neutral fails here, and in every job."""
-    added = dataclasses.make_dataclass(f"New{record.__name__}", [("new_option", int, dataclasses.field(default=0))],
+    added = dataclasses.make_dataclass(f"New{record.__name__}", [("new_option", "int", dataclasses.field(default=0))],
                                        bases=(record,), frozen=True)
     with pytest.raises(TypeError, match=rf"^New{record.__name__}: each field is declared once, in SHAPING or "
                                         r"OUTPUT_NEUTRAL; not so: new_option\.$"):
