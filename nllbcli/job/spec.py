@@ -69,8 +69,8 @@ def same_file(a: str, b: str) -> bool:
 
 
 def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOptions) -> dict:
-    """The identity of a job run with `translator` (identity_of): the command's, --devices' (whose main process
-    holds the workers' model, devices.host_translator) and the API's."""
+    """The identity of a job run with `translator` (identity_of): the command's, and --devices' (whose main
+    process holds the workers' model, devices.host_translator)."""
     return identity_of(job, decode, batching, loaded_model(translator))
 
 
@@ -79,8 +79,8 @@ def identity_of(job: Job, decode: DecodeOptions, batching: BatchOptions | Mappin
     """What shapes the output: each output-shaping field of the records (options.shaping_fields), which a resumed
     job must match, and an unchanged finished job's record too. The input by its file's identity (or `input`,
     where a runner reads several files), the model and the adapter by their files (checkpoint.model_identity),
-    the decoding options under "decode". `batching` may be the batching options as given, None for the device's
-    defaults, where the runner picks the device only once it runs (--ray)."""
+    the decoding options under "decode". `batching` may be a mapping of the batching options as given (one left
+    out or None: the device's default), where the runner picks the device only once it runs (--ray)."""
     identity = {**shaping_values(job), "input": input_identity(job.input) if input is None else input,
                 "decode": shaping_values(decode), **shaping_values(batching, BatchOptions)}
     return {**identity, **model_identity(model.model, model.adapter, model.compute_type), "device": model.device}
