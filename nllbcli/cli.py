@@ -3,11 +3,15 @@ of errors to exit codes is the command group's."""
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import re
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Callable
 
 import click
 
@@ -15,7 +19,8 @@ from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
-                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, cpu_threads)
+                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, Job,
+                      ModelOptions, cpu_threads)
 from .job.progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -65,15 +70,10 @@ def load_tokenizer(model: str):
     return load_tokenizer(model)
 
 
-model_option = click.option(
-    "-m",
-    "--model",
-    default=DEFAULT_MODEL,
-    envvar="NLLB_MODEL",
-    show_default=True,
-    show_envvar=True,
-    help="A model directory in the Hugging Face layout, or a hub id looked up in the local Hugging Face cache.",
-)
+MODEL_DECLS = ("-m", "--model")
+MODEL_ATTRS = dict(default=DEFAULT_MODEL, envvar="NLLB_MODEL", show_default=True, show_envvar=True,
+                   help="A model directory in the Hugging Face layout, or a hub id looked up in the local Hugging Face cache.")
+model_option = click.option(*MODEL_DECLS, **MODEL_ATTRS)
 
 
 def model_named(ctx: click.Context, model: str, argument: str | None) -> str:
@@ -143,6 +143,56 @@ def stopped_by(error: BaseException) -> int | None:
     return None
 
 
+class RecordOption(click.Option):
+    """An option that fills a field of one of the job's records: `record` (job, decode, batching or model), `field`
+    (the option's own name by default), `convert` what the field takes of the value given (--no-split: split)."""
+
+    def __init__(self, *args, record: str, field: str | None = None, convert: Callable | None = None, **attrs):
+        super().__init__(*args, **attrs)
+        self.record, self.field, self.convert = record, field or self.name, convert
+
+
+def into(record: str, *decls: str, **attrs):
+    """A click option that fills a field of `record` (RecordOption)."""
+    return click.option(*decls, cls=RecordOption, record=record, **attrs)
+
+
+@dataclass(frozen=True)
+class Run:
+    """How the command runs its jobs: the options of `nllb translate` that fill no record. None shapes the output
+    (the paths are the job's, checked_job)."""
+
+    paths: tuple[str, ...]  # INPUT [OUTPUT], or INPUTs with -o
+    output_option: str | None  # -o
+    input_format: str | None  # the formats as given; the job's are found from the paths (checked_job)
+    output_format: str | None
+    devices: str | None  # --devices: one worker process a device
+    on_ray: bool  # --ray, --ray-address, --ray-actors
+    ray_address: str | None
+    ray_actors: int | None
+    threads: int  # the CPU engine's BLAS threads
+    resume: bool
+    progress: str
+    quiet: bool
+
+
+def with_records(command: Callable) -> Callable:
+    """Give the command its options as records: the options of each of job, decode and batching (RecordOption)
+    as one mapping of the record's fields to the values given, under the record's name (the records are made once
+    the options are checked against each other, option_records); the model's as ModelOptions; the rest as Run."""
+    @functools.wraps(command)
+    def given_as_records(**params):
+        given: dict[str, dict] = {"job": {}, "decode": {}, "batching": {}, "model": {}}
+        for param in click.get_current_context().command.params:
+            if isinstance(param, RecordOption):
+                value = params.pop(param.name)
+                given[param.record][param.field] = value if param.convert is None else param.convert(value)
+        model = ModelOptions(**given.pop("model"))
+        return command(**given, model=model, run=Run(**params))
+
+    return given_as_records
+
+
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(None, "-V", "--version", package_name="nllbcli", prog_name="nllb")
 def cli():
@@ -158,60 +208,56 @@ def cli():
 @cli.command()
 @click.argument("paths", metavar="INPUT [OUTPUT]", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
-@click.option("--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
-@click.option("--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
-@click.option("--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it. Several, with commas between (fra_Latn,deu_Latn), translate each row into each: see --targets-as.")
-@click.option("--targets-as", type=click.Choice(TARGETS_AS), help="With several --tgt languages: the translation (and status, scores) once per target in fields named FIELD_CODE (translation_fra_Latn), or each row once per target, its language in --tgt-lang-field; rows' own target fields are not read. Each sentence goes through the encoder once. [default: columns; rows for text output, a line per target]")
-@model_option
-@click.option("--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
+@into("job", "--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
+@into("job", "--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
+@into("job", "--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it. Several, with commas between (fra_Latn,deu_Latn), translate each row into each: see --targets-as.")
+@into("job", "--targets-as", type=click.Choice(TARGETS_AS), help="With several --tgt languages: the translation (and status, scores) once per target in fields named FIELD_CODE (translation_fra_Latn), or each row once per target, its language in --tgt-lang-field; rows' own target fields are not read. Each sentence goes through the encoder once. [default: columns; rows for text output, a line per target]")
+@into("model", *MODEL_DECLS, **MODEL_ATTRS)
+@into("model", "--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3, as CuPy numbers them under CUDA_VISIBLE_DEVICES), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, at most one a core, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
 @click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else the one `ray start` runs on this machine, else a Ray started for the job. See the README's Ray section.")
 @click.option("--ray-address", metavar="ADDRESS", help="With --ray: the cluster to join, as ray.init takes it (auto, HOST:6379, ray://HOST:10001).")
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
-@click.option("--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
-@click.option("--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: README, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
+@into("model", "--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
+@into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: README, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
-@click.option("--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
-@click.option("--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
-@click.option("--status-field", help="A JSONL field or Parquet column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
-@click.option("--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
-@click.option("--src-lang-field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
-@click.option("--tgt-lang-field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
-@click.option("--beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), help=f"Beams per sentence; 1 is greedy search (at most {MAX_BEAMS:,}, and half the model's vocabulary). [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
-@click.option("--max-length", type=click.IntRange(min=1, max=MAX_LENGTH), help=f"At most this many generated tokens per sentence, the target-language token included (at most {MAX_LENGTH:,}: no model has more positions). [default: the model's generation_config.json max_new_tokens, or its max_length less 1 (NLLB's: 199), else {DecodeOptions.max_length}]")
-@click.option("--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help=f"Beam search ranks finished beams by sum(log p) / length ** this (within ±{LENGTH_PENALTY_LIMIT:g}, so that length ** this stays a finite float32 at any length). [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
-@click.option("--no-repeat-ngram-size", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
-@click.option("--repetition-penalty", type=Between(*FACTOR_RANGE), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that the scores stay finite). [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
-@click.option("--min-length", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"At least this many generated tokens before </s>, the target-language token included (transformers' min_new_tokens); 0 is off. [default: the model's generation_config.json min_new_tokens, else {DecodeOptions.min_length}]")
-@click.option("--max-length-a", type=Between(0, MAX_LENGTH), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
-@click.option("--max-length-b", type=click.IntRange(min=0, max=MAX_LENGTH), help="See --max-length-a (either alone takes the other as 0).")
-@click.option("--num-hypotheses", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
-@click.option("--sampling-topk", type=click.IntRange(min=0, max=SAMPLING_TOPP_TOKENS), help="Draw each token at random among the K most likely (0: the whole vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
-@click.option("--sampling-topp", type=Between(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
-@click.option("--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
-@click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")
-@click.option("--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
-@click.option("--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
-@click.option("--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
-@click.option("--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
-@click.option("--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
-@click.option("--no-split", is_flag=True, help="Translate each row whole instead of sentence by sentence.")
-@click.option("--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
-@click.option("--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
-@click.option("--chunk-rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
+@into("job", "--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
+@into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
+@into("job", "--status-field", help="A JSONL field or Parquet column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
+@into("job", "--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
+@into("job", "--src-lang-field", field="src_field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
+@into("job", "--tgt-lang-field", field="tgt_field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
+@into("decode", "--beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), help=f"Beams per sentence; 1 is greedy search (at most {MAX_BEAMS:,}, and half the model's vocabulary). [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
+@into("decode", "--max-length", type=click.IntRange(min=1, max=MAX_LENGTH), help=f"At most this many generated tokens per sentence, the target-language token included (at most {MAX_LENGTH:,}: no model has more positions). [default: the model's generation_config.json max_new_tokens, or its max_length less 1 (NLLB's: 199), else {DecodeOptions.max_length}]")
+@into("decode", "--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help=f"Beam search ranks finished beams by sum(log p) / length ** this (within ±{LENGTH_PENALTY_LIMIT:g}, so that length ** this stays a finite float32 at any length). [default: the model's generation_config.json length_penalty, else {DecodeOptions.length_penalty}]")
+@into("decode", "--no-repeat-ngram-size", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"No n-gram of this many tokens occurs twice in a translation; 0 is off. [default: the model's generation_config.json no_repeat_ngram_size, else {DecodeOptions.no_repeat_ngram_size}]")
+@into("decode", "--repetition-penalty", type=Between(*FACTOR_RANGE), help=f"Scores of tokens already generated are divided by this (multiplied when negative); 1 is off (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that the scores stay finite). [default: the model's generation_config.json repetition_penalty, else {DecodeOptions.repetition_penalty}]")
+@into("decode", "--min-length", type=click.IntRange(min=0, max=MAX_LENGTH), help=f"At least this many generated tokens before </s>, the target-language token included (transformers' min_new_tokens); 0 is off. [default: the model's generation_config.json min_new_tokens, else {DecodeOptions.min_length}]")
+@into("decode", "--max-length-a", type=Between(0, MAX_LENGTH), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
+@into("decode", "--max-length-b", type=click.IntRange(min=0, max=MAX_LENGTH), help="See --max-length-a (either alone takes the other as 0).")
+@into("decode", "--num-hypotheses", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
+@into("decode", "--sampling-topk", type=click.IntRange(min=0, max=SAMPLING_TOPP_TOKENS), help="Draw each token at random among the K most likely (0: the whole vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
+@into("decode", "--sampling-topp", type=Between(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
+@into("decode", "--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
+@into("decode", "--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")
+@into("job", "--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
+@into("decode", "--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
+@into("job", "--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
+@into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
+@into("job", "--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
+@into("job", "--no-split", field="split", convert=operator.not_, is_flag=True, help="Translate each row whole instead of sentence by sentence.")
+@into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
+@into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
+@into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (the BLAS library's; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
-@click.option("--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
-@click.option("--errors", "errors_file", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
+@into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
+@into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
-def translate(paths, output_option, force, src, tgt, targets_as, model, device, devices, on_ray, ray_address, ray_actors, adapter, compute_type, input_format, output_format, field, output_field,
-              status_field, overwrite_field, src_lang_field, tgt_lang_field, beam_size, max_length, length_penalty, no_repeat_ngram_size,
-              repetition_penalty, min_length, max_length_a, max_length_b, num_hypotheses, sampling_topk, sampling_topp,
-              sampling_temperature, seed, prefix_field, scores, score_field, log_prob_field,
-              max_input_length, no_split, max_batch_tokens, max_batch_sentences, chunk_rows, threads, on_error, errors_file, resume,
-              progress, quiet):
+@with_records
+def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run):
     """
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
@@ -239,80 +285,84 @@ def translate(paths, output_option, force, src, tgt, targets_as, model, device, 
     """
     from dataclasses import replace
 
-    from .options import Job
-
-    for option, given in (("--score-field", score_field), ("--log-prob-field", log_prob_field)):
-        if given is not None and not scores:
-            raise InvalidUsage(f"{option} goes with --scores.")
-    if sampling_topk is None and sampling_topp is not None:
-        sampling_topk = 0  # a nucleus of the whole vocabulary
-    sampling = sampling_topk is not None and sampling_topk != 1
-    for option, given in (("--sampling-topp", sampling_topp), ("--sampling-temperature", sampling_temperature),
-                          ("--seed", seed)):
-        if given is not None and not sampling:
-            raise InvalidUsage(f"{option} goes with sampling: --sampling-topk 0 (the whole vocabulary) or above 1.")
-    if sampling and beam_size is None:
-        beam_size = 1
-    targets = tuple(code.strip() for code in tgt.split(",")) if tgt and "," in tgt else ()
-    if targets and not all(targets):
-        raise InvalidUsage(f"Invalid value for '--tgt': {tgt!r} has an empty language code: name them with commas "
-                           "between, as fra_Latn,deu_Latn.")
-    if targets_as is not None and not targets:
-        raise InvalidUsage("--targets-as goes with several target languages: --tgt fra_Latn,deu_Latn.")
-    try:
-        decode = decode_options(model, beam_size=beam_size, max_length=max_length, length_penalty=length_penalty,
-                                no_repeat_ngram_size=no_repeat_ngram_size, repetition_penalty=repetition_penalty,
-                                min_length=min_length, max_length_a=max_length_a, max_length_b=max_length_b,
-                                num_hypotheses=num_hypotheses, sampling_topk=sampling_topk, sampling_topp=sampling_topp,
-                                sampling_temperature=sampling_temperature, seed=seed, scores=scores or None)
-        base = Job(src=src, tgt=None if targets else tgt, targets=targets, targets_as=targets_as or "columns", field=field, output_field=output_field, src_field=src_lang_field,
-                   tgt_field=tgt_lang_field, split=not no_split, on_error=on_error or ("record" if errors_file else "fail"),
-                   errors=errors_file, force=force, status_field=status_field, overwrite_field=overwrite_field,
-                   max_input_length=max_input_length, score_field=(score_field or "score") if scores else None,
-                   log_prob_field=(log_prob_field or "log_prob") if scores else None, hypotheses=num_hypotheses,
-                   prefix_field=prefix_field)
-    except ValueError as error:
-        raise InvalidUsage(str(error)) from None
-    if on_ray:
-        return translate_on_ray(base, paths, output_option, model, device, adapter, compute_type, input_format, output_format,
-                                resume, progress, quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, ray_address, ray_actors,
-                                decode)
-    for option, given in (("--ray-address", ray_address), ("--ray-actors", ray_actors)):
+    base, decoding = option_records(job, decode, model.model)
+    targets_as = job["targets_as"]  # as given: several targets go to a text output as rows by default (checked_job)
+    if run.on_ray:
+        return translate_on_ray(base, decoding, batching, model, run)
+    for option, given in (("--ray-address", run.ray_address), ("--ray-actors", run.ray_actors)):
         if given is not None:
             raise InvalidUsage(f"{option} goes with --ray.")
     if base.targets:  # the added fields are named by the model's codes: known before the fields are checked
-        base = replace(base, targets=resolved_languages(model, None, None, base.targets)["targets"])
-    pairs = input_output_pairs(paths, output_option, output_format)
-    if len(pairs) > 1 and errors_file:
+        base = replace(base, targets=resolved_languages(model.model, None, None, base.targets)["targets"])
+    pairs = input_output_pairs(run.paths, run.output_option, run.output_format)
+    if len(pairs) > 1 and base.errors:
         raise InvalidUsage("--errors names one file, and there are several inputs: translate them one at a time to "
                            "record their failed rows, or use --on-error skip.")
-    jobs = [checked_job(replace(base, input=input, output=output), input_format, output_format, resume, targets_as)
+    jobs = [checked_job(replace(base, input=input, output=output), run.input_format, run.output_format, run.resume,
+                        targets_as)
             for input, output in pairs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
-    languages = resolved_languages(model, base.src, base.tgt, base.targets)
+    languages = resolved_languages(model.model, base.src, base.tgt, base.targets)
     jobs = [replace(job, **languages) for job in jobs]
     with ExitStack() as stack:
         pool = None
-        if devices is None:
+        if run.devices is None:
             # the adapter and compute type are passed only when given, so a load_model that knows neither still serves
-            given = {**({"adapter": adapter} if adapter else {}), **({"compute_type": compute_type} if compute_type != "auto" else {})}
-            translator = load_model(model, device, **given)
+            given = {**({"adapter": model.adapter} if model.adapter else {}),
+                     **({"compute_type": model.compute_type} if model.compute_type != "auto" else {})}
+            translator = load_model(model.model, model.device, **given)
         else:
-            translator, pool = start_workers(stack, devices, model, adapter, threads, compute_type)
-        batching = BatchOptions.for_device(getattr(translator, "device", "cpu"), max_batch_tokens, chunk_rows,
-                                           max_batch_sentences)
+            translator, pool = start_workers(stack, run.devices, model, run.threads)
+        batch = BatchOptions.for_device(getattr(translator, "device", "cpu"), **batching)
         codes = []
         for job in jobs:
-            mode = "none" if quiet else progress_mode(progress, job.output)
+            mode = "none" if run.quiet else progress_mode(run.progress, job.output)
             try:
-                codes.append(run_job(translator, job, decode, batching, mode, resume, quiet, threads, pool))
+                codes.append(run_job(translator, job, decoding, batch, mode, run.resume, run.quiet, run.threads, pool))
             except (*USER_ERRORS, click.ClickException) as error:
                 if len(jobs) == 1 or isinstance(error, BrokenPipeError):
                     raise
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
     command_done(1 if 1 in codes else max(codes))
+
+
+def option_records(job: dict, decode: dict, model: str) -> tuple[Job, DecodeOptions]:
+    """The job and its decoding options from the fields given (with_records), checked: what one option says of
+    another (--score-field goes with --scores, --seed with sampling, several --tgt languages), then the records'
+    own checks, each a usage error."""
+    job, decode = dict(job), dict(decode)
+    for option, name in (("--score-field", "score_field"), ("--log-prob-field", "log_prob_field")):
+        if job[name] is not None and not decode["scores"]:
+            raise InvalidUsage(f"{option} goes with --scores.")
+    if decode["sampling_topk"] is None and decode["sampling_topp"] is not None:
+        decode["sampling_topk"] = 0  # a nucleus of the whole vocabulary
+    sampling = decode["sampling_topk"] is not None and decode["sampling_topk"] != 1
+    for option, name in (("--sampling-topp", "sampling_topp"), ("--sampling-temperature", "sampling_temperature"),
+                         ("--seed", "seed")):
+        if decode[name] is not None and not sampling:
+            raise InvalidUsage(f"{option} goes with sampling: --sampling-topk 0 (the whole vocabulary) or above 1.")
+    if sampling and decode["beam_size"] is None:
+        decode["beam_size"] = 1
+    tgt = job["tgt"]
+    targets = tuple(code.strip() for code in tgt.split(",")) if tgt and "," in tgt else ()
+    if targets and not all(targets):
+        raise InvalidUsage(f"Invalid value for '--tgt': {tgt!r} has an empty language code: name them with commas "
+                           "between, as fra_Latn,deu_Latn.")
+    if job["targets_as"] is not None and not targets:
+        raise InvalidUsage("--targets-as goes with several target languages: --tgt fra_Latn,deu_Latn.")
+    scores = decode["scores"]
+    try:
+        decoding = decode_options(model, **{**decode, "scores": scores or None})
+        return Job(**{**job, "tgt": None if targets else tgt, "targets": targets,
+                      "targets_as": job["targets_as"] or "columns",
+                      "on_error": job["on_error"] or ("record" if job["errors"] else "fail"),
+                      "score_field": (job["score_field"] or "score") if scores else None,
+                      "log_prob_field": (job["log_prob_field"] or "log_prob") if scores else None,
+                      "hypotheses": decode["num_hypotheses"]}), decoding
+    except ValueError as error:
+        raise InvalidUsage(str(error)) from None
 
 
 def decode_options(model: str, **given) -> DecodeOptions:
@@ -344,9 +394,9 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
     return resolved
 
 
-def translate_on_ray(base, paths, output_option, model, device, adapter, compute_type, input_format, output_format, resume, progress,
-                     quiet, threads, max_batch_tokens, max_batch_sentences, chunk_rows, address, actors, decode) -> None:
-    """--ray: the inputs into one directory of parts on a Ray cluster (runners/ray.py); exit 0, or 3 with failed rows."""
+def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: ModelOptions, run: Run) -> None:
+    """--ray: the inputs into one directory of parts on a Ray cluster (runners/ray.py); exit 0, or 3 with failed
+    rows. `batching` as given: the actors' device picks the rest."""
     from dataclasses import replace
 
     from .model.checkpoint import resolve_model_dir
@@ -355,11 +405,13 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     ctx = click.get_current_context()
     if ctx.get_parameter_source("devices") is not click.core.ParameterSource.DEFAULT:
         raise InvalidUsage("--devices and --ray cannot be used together: --ray runs an actor per GPU of the cluster.")
-    if device not in ("auto", "cpu", "cuda"):
-        raise InvalidUsage(f"--device {device} with --ray: the actors take auto, cpu or cuda (Ray gives each its GPU).")
-    if progress == "json":
+    if model.device not in ("auto", "cpu", "cuda"):
+        raise InvalidUsage(f"--device {model.device} with --ray: the actors take auto, cpu or cuda (Ray gives each its GPU).")
+    if run.progress == "json":
         raise InvalidUsage("--progress json does not go with --ray: Ray reports its own progress (bar or none).")
-    inputs, output = (list(paths), output_option) if output_option is not None else (list(paths[:-1]), paths[-1] if paths else None)
+    paths = run.paths
+    inputs, output = ((list(paths), run.output_option) if run.output_option is not None
+                      else (list(paths[:-1]), paths[-1] if paths else None))
     if not inputs or output is None:
         raise InvalidUsage("--ray needs INPUTs and an OUTPUT directory: nllb translate --ray INPUT... OUTPUT, or -o OUTPUT INPUT...")
     if "-" in inputs or output == "-":
@@ -369,20 +421,20 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     except ImportError as error:
         raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
                                    "'nllbcli[ray]'.") from None
-    job = replace(base, **resolved_languages(model, base.src, base.tgt, base.targets))
-    model_dir = str(resolve_model_dir(model).resolve())
-    options = ray.RayOptions(address, actors, device, threads, compute_type)
+    job = replace(base, **resolved_languages(model.model, base.src, base.tgt, base.targets))
+    model_dir = str(resolve_model_dir(model.model).resolve())
+    options = ray.RayOptions(run.ray_address, run.ray_actors, model.device, run.threads, model.compute_type)
     started = time.monotonic()
     try:
         with stop_on_signals():
             outcomes = ray.translate_with_ray(
-                inputs, output, job, decode, options, model=model_dir, adapter=adapter, chunk_rows=chunk_rows,
-                max_batch_tokens=max_batch_tokens, max_batch_sentences=max_batch_sentences, resume=resume, force=base.force, input_format=input_format,
-                output_format=output_format, progress=not quiet and progress_mode(progress, output) == "bar",
+                inputs, output, job, decode, options, model=model_dir, adapter=model.adapter, batching=batching,
+                resume=run.resume, input_format=run.input_format, output_format=run.output_format,
+                progress=not run.quiet and progress_mode(run.progress, output) == "bar",
                 warn=lambda message: click.echo(message, err=True))
     except Stopped as stop:
         exit_on_stop(stop, streamed=False)
-    if not quiet:
+    if not run.quiet:
         if outcomes.already:
             click.echo(f"Already finished: {output} holds this job's rows, and its inputs and options are unchanged; "
                        "nothing to do.", err=True)
@@ -393,7 +445,7 @@ def translate_on_ray(base, paths, output_option, model, device, adapter, compute
     command_done(3 if outcomes.failed else 0)
 
 
-def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | None, threads: int, compute_type: str = "auto"):
+def start_workers(stack: ExitStack, devices: str, model: ModelOptions, threads: int):
     """--devices: the main process's model (tokenizer and config, devices.host_translator) and the workers'
     pool, which `stack` ends."""
     from .runners.devices import host_translator, open_pool, parse_devices
@@ -404,8 +456,8 @@ def start_workers(stack: ExitStack, devices: str, model: str, adapter: str | Non
         names = parse_devices(devices)
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
-    translator = host_translator(model, names[0], adapter)
-    pool = stack.enter_context(open_pool(names, model, adapter, threads, compute_type))
+    translator = host_translator(model.model, names[0], model.adapter)
+    pool = stack.enter_context(open_pool(names, model.model, model.adapter, threads, model.compute_type))
     translator.compute_type = pool.compute_type  # what the workers took, for the job's identity
     return translator, pool
 

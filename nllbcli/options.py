@@ -5,7 +5,7 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from .io import Added
@@ -37,6 +37,13 @@ class DecodeOptions:
     seed: int | None = None  # sampling's seed, 0 to MAX_SEED: a sentence's draws depend on it and the sentence's
     #                          place in the input
 
+    # every option picks the tokens, or (scores) the fields a row gets
+    SHAPING: ClassVar[frozenset[str]] = frozenset({
+        "beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty", "num_hypotheses",
+        "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk", "sampling_topp",
+        "sampling_temperature", "seed"})
+    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset()
+
     @property
     def sampling(self) -> bool:
         """Whether tokens are drawn at random rather than searched for."""
@@ -59,12 +66,6 @@ class DecodeOptions:
     def processes_scores(self) -> bool:
         """Whether the search needs each step's full scores (transformers' logits processors), not just the best."""
         return self.no_repeat_ngram_size > 0 or self.repetition_penalty != 1.0
-
-    def identity(self) -> dict:
-        """The options as a resumed job compares them: each field, those added since jobs first saved them left
-        out while they are at their defaults, so that such a job still resumes."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name not in ADDED_LATER or getattr(self, f.name) != f.default}
 
     def length_limit(self, source_tokens: int) -> int:
         """The generated tokens a sentence of this many source tokens (language token and </s> included) may have:
@@ -97,8 +98,6 @@ class DecodeOptions:
                              f"{self.num_hypotheses}: raise --beam-size for more, or sample them")
 
 SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the whole vocabulary (the GPU's top-k lists)
-ADDED_LATER = frozenset({"num_hypotheses", "scores", "min_length", "max_length_a", "max_length_b", "sampling_topk",
-                         "sampling_topp", "sampling_temperature", "seed"})  # DecodeOptions.identity
 
 # Where the options' meanings end (the records check them; the CLI's option types take the same bounds):
 MAX_LENGTH = 1 << 16  # generated tokens: no model has more positions (checkpoint.MAX_POSITIONS), and a length
@@ -162,6 +161,11 @@ class BatchOptions:
     read_chunk_rows: int = 2048  # rows read ahead, sorted by length, batched, then written and committed together
     max_batch_sentences: int | None = None  # sentences per batch as well (CTranslate2's max_batch_size); None: any
     #                                         (each 1 to MAX_BATCH)
+
+    # a Parquet output has a row group per chunk, and a --ray job a part per block; a sentence's translation, to the
+    # bit, does not depend on its batch (test_decoding_cli)
+    SHAPING: ClassVar[frozenset[str]] = frozenset({"read_chunk_rows"})
+    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset({"max_batch_tokens", "max_batch_sentences"})
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -238,6 +242,17 @@ class Job:
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
 
+    # input: by its file's identity (job.spec.input_identity), so that a new day's file under the same name is
+    # another job
+    SHAPING: ClassVar[frozenset[str]] = frozenset({
+        "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
+        "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
+        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "error_field"})
+    # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
+    # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
+    # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced
+    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset({"output", "on_error", "errors", "force"})
+
     def __post_init__(self) -> None:
         check_types(self)
         if self.on_error not in ON_ERROR:
@@ -272,3 +287,43 @@ class Job:
         if self.targets_as == "columns":
             return replace(added, targets=self.targets)
         return replace(added, target=self.tgt_field)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model translates, and how it computes: as given (auto, a hub id), or as loaded (the model's directory,
+    the device and compute type it took: loaded_model)."""
+
+    model: str  # a model directory, or a hub id in the local Hugging Face cache ("" for a translator made without one)
+    adapter: str | None = None  # a PEFT LoRA adapter directory, merged into the weights at load
+    compute_type: str = "auto"  # the GPU's matrix products: one of COMPUTE_TYPES (the CPU computes in float32)
+    device: str = "auto"  # auto, cpu, cuda or cuda:N; as loaded, where it runs (cpu, cuda:0)
+
+    # the model and the adapter by their files (checkpoint.model_identity); the CPU's float32 and a GPU's bfloat16
+    # or float8 give other bytes
+    SHAPING: ClassVar[frozenset[str]] = frozenset({"model", "adapter", "compute_type", "device"})
+    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset()
+
+
+def loaded_model(translator) -> ModelOptions:
+    """The model a translator holds, as a job's identity names it (a made-up translator's missing parts as a
+    model-less CPU one's)."""
+    return ModelOptions(str(getattr(translator, "model_dir", "") or ""), getattr(translator, "adapter", None),
+                        getattr(translator, "compute_type", "bfloat16"), getattr(translator, "device", ""))
+
+
+OPTION_RECORDS = (Job, DecodeOptions, BatchOptions, ModelOptions)  # what a job is given: each field classified
+
+
+def shaping_fields(record_type: type) -> tuple[str, ...]:
+    """The fields of an option record that shape the output, in their order: what a resumed job must match. Each
+    field is declared once beside its record, as shaping (SHAPING) or output-neutral (OUTPUT_NEUTRAL); a field
+    declared neither or both is a TypeError, so that a new option cannot be left out of the job's identity."""
+    names = [f.name for f in fields(record_type)]
+    shaping, neutral = getattr(record_type, "SHAPING", frozenset()), getattr(record_type, "OUTPUT_NEUTRAL", frozenset())
+    unclassified = [name for name in names if (name in shaping) == (name in neutral)]
+    unknown = sorted((shaping | neutral) - set(names))
+    if unclassified or unknown:
+        raise TypeError(f"{record_type.__name__}: each field is declared once, in SHAPING or OUTPUT_NEUTRAL; not "
+                        f"so: {', '.join(unclassified + unknown)}.")
+    return tuple(name for name in names if name in shaping)

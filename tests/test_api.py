@@ -18,6 +18,7 @@ from click.testing import CliRunner
 import nllbcli
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
+from nllbcli.job.spec import shaping_values
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "data" / "samples" / "model"
@@ -230,5 +231,5 @@ def test_numpy_numbers_are_taken_as_pythons():
 
     options = nllbcli.DecodeOptions(beam_size=np.int64(1), max_length=np.int32(48), length_penalty=np.float32(0.5))
     assert (type(options.beam_size), type(options.max_length), type(options.length_penalty)) == (int, int, float)
-    assert json.dumps(options.identity())  # a job's identity is JSON
+    assert json.dumps(shaping_values(options))  # a job's identity is JSON
     assert nllbcli.translate(sample(), ROWS[1:2], "en", "fr", options) == nllbcli.translate(sample(), ROWS[1:2], "en", "fr", GREEDY)

@@ -32,7 +32,7 @@ ray = pytest.importorskip("ray")
 from nllbcli.runners import ray as raydata  # noqa: E402
 from nllbcli.cli import cli  # noqa: E402
 from nllbcli.errors import NllbError  # noqa: E402
-from nllbcli.options import DecodeOptions, Job  # noqa: E402
+from nllbcli.options import DecodeOptions, Job, ModelOptions  # noqa: E402
 from nllbcli.model.translator import load_translator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,10 +276,11 @@ def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:
     return Flaky(load_translator(SAMPLE, "cpu"), marker, delay)
 
 
-def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, **kwargs) -> raydata.Outcomes:
+def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, chunk_rows=None, **kwargs) -> raydata.Outcomes:
     job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"), errors=kwargs.pop("errors", None))
     return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(), model=SAMPLE,
-                                      load=load, warn=lambda message: None, **kwargs)
+                                      batching={"read_chunk_rows": chunk_rows}, load=load, warn=lambda message: None,
+                                      **kwargs)
 
 
 def test_a_batch_function_that_raises_is_run_again(tmp_path):
@@ -410,11 +411,11 @@ def test_a_job_whose_weights_were_written_anew_is_refused_or_translated_again(tm
 
     def ray_job() -> raydata.Outcomes:
         return raydata.translate_with_ray(files, str(output), job, GREEDY, raydata.RayOptions(), model=str(model),
-                                          chunk_rows=5, resume=True, warn=lambda message: None)
+                                          batching={"read_chunk_rows": 5}, resume=True, warn=lambda message: None)
 
     # the job as it finished, and as it was interrupted, before the weights were written anew
-    before = raydata.ray_identity(files, replace(job, input_format="jsonl", output_format="jsonl"), GREEDY, 5, None,
-                                  str(model), None, "bfloat16")
+    before = raydata.ray_identity(files, replace(job, input_format="jsonl", output_format="jsonl"), GREEDY,
+                                  {"read_chunk_rows": 5}, ModelOptions(str(model), None, "bfloat16"))
     output.mkdir()
     raydata.write_json(str(output / raydata.SUCCESS), {"nllb": 1, "job": before})
     assert ray_job().already

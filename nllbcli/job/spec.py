@@ -5,11 +5,12 @@ that a resumed job must match."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from ..errors import NllbError
 from ..io import STDIN_NAME, file_identity
 from ..model.checkpoint import model_identity
-from ..options import BatchOptions, DecodeOptions, Job
+from ..options import BatchOptions, DecodeOptions, Job, ModelOptions, loaded_model, shaping_fields
 from .state import converting_path, file_stamp, is_stream, partial_paths, written_by_nllb
 
 
@@ -68,28 +69,32 @@ def same_file(a: str, b: str) -> bool:
 
 
 def job_identity(translator, job: Job, decode: DecodeOptions, batching: BatchOptions) -> dict:
-    """What shapes the output: a resumed job must match the interrupted one in all of it. (--on-error may
-    change: a job that stopped on a bad row can go on with skip or record.)"""
-    return {
-        "input_format": job.input_format, "output_format": job.output_format, "field": job.field,
-        "output_field": job.output_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
-        "tgt_field": job.tgt_field, "split": job.split, "decode": decode.identity(),
-        "read_chunk_rows": batching.read_chunk_rows, "input": input_identity(job.input),
-        **model_identity(getattr(translator, "model_dir", ""), getattr(translator, "adapter", None),
-                         getattr(translator, "compute_type", "bfloat16")),
-        "device": getattr(translator, "device", ""),
-        # only where given, so that a job started before these options existed resumes
-        **({"status_field": job.status_field} if job.status_field else {}),
-        **({"overwrite_field": True} if job.overwrite_field else {}),
-        **({"max_input_length": job.max_input_length} if job.max_input_length else {}),
-        **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
-        **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
-        **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
-        **({"targets": list(job.targets), "targets_as": job.targets_as} if job.targets else {}),
-    }
+    """The identity of a job run with `translator` (identity_of): the command's, and --devices' (whose main
+    process holds the workers' model, devices.host_translator)."""
+    return identity_of(job, decode, batching, loaded_model(translator))
+
+
+def identity_of(job: Job, decode: DecodeOptions, batching: BatchOptions | Mapping, model: ModelOptions,
+                input: dict | list | None = None) -> dict:
+    """What shapes the output: each output-shaping field of the records (options.shaping_fields), which a resumed
+    job must match, and an unchanged finished job's record too. The input by its file's identity (or `input`,
+    where a runner reads several files), the model and the adapter by their files (checkpoint.model_identity),
+    the decoding options under "decode". `batching` may be a mapping of the batching options as given (one left
+    out or None: the device's default), where the runner picks the device only once it runs (--ray)."""
+    identity = {**shaping_values(job), "input": input_identity(job.input) if input is None else input,
+                "decode": shaping_values(decode), **shaping_values(batching, BatchOptions)}
+    return {**identity, **model_identity(model.model, model.adapter, model.compute_type), "device": model.device}
+
+
+def shaping_values(record, record_type: type | None = None) -> dict:
+    """The output-shaping fields of a record (or a mapping of its fields' values) as JSON holds them."""
+    get = record.get if isinstance(record, Mapping) else lambda name: getattr(record, name)
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name in shaping_fields(record_type or type(record)) for value in (get(name),)}
 
 
 def input_identity(path: str) -> dict:
+    """An input file's identity (its size and modification time, io.file_identity); stdin's is its name."""
     return {"path": "-"} if path == "-" else file_identity(path)
 
 

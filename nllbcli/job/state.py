@@ -21,7 +21,7 @@ left is removed by the next run, even one that finds the job finished (with the 
 killed before its first state).
 
 A state also records what shapes the output (input identity, formats, fields, languages, decoding options,
-the model and adapter with their files, compute type, device: pipeline.job_identity); resuming with any of them
+the model and adapter with their files, compute type, device: job.spec.identity_of); resuming with any of them
 changed is refused rather than mixing two jobs in one file. It also names the errors file the failed rows went
 to: a resume that would leave the rows recorded there behind (another --errors, or none) is refused.
 

@@ -663,7 +663,7 @@ MODEL_PARTS = ("model", "adapter")  # model_identity's directories of files (cha
 
 
 def model_identity(model_dir: str | Path, adapter: str | Path | None = None, compute_type: str = "bfloat16") -> dict:
-    """The model part of a job's identity (pipeline.job_identity, raydata.ray_identity): what the model computes
+    """The model part of a job's identity (job.spec.identity_of): what the model computes
     with, so that --resume never continues a job's rows with another model's. The model's directory and files
     (MODEL_FILES and the weights), the adapter's likewise (None without one), and the compute type. A translator
     made without a model directory has none (None)."""

@@ -41,7 +41,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Generator, Iterator
+from types import MappingProxyType
+from typing import Callable, Generator, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,17 +54,16 @@ from ray.data.datasource import FileBasedDatasource
 from ray.data.datasource.file_datasink import BlockBasedFileDatasink
 
 from ..job.chunks import ChunkWorker
-from ..model.checkpoint import model_identity
 from ..errors import NllbError
 from ..io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
 from ..io.jsonl import encode_jsonl_row, is_blank_line, jsonl_fields, line_record
 from ..io.parquet import TableMaker, batch_records, open_parquet, output_schema
 from ..io.streams import Lines, Replay, decompressing, read_error
 from ..model.lora import read_adapter_config
-from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job
+from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job, ModelOptions
 from ..job.reader import SWITCH_INTERVAL, fewer_collections
 from ..job.commit import error_line, failed_inputs
-from ..job.spec import check_added_columns, check_fields, check_paths
+from ..job.spec import check_added_columns, check_fields, check_paths, identity_of
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from ..job.rows import Outcome, added_values
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
@@ -273,20 +273,11 @@ def check_parquet_inputs(files: list[str], job: Job) -> pa.Schema:
     return schema
 
 
-def ray_identity(files: list[str], job: Job, decode: DecodeOptions, chunk_rows: int | None,
-                 max_batch_tokens: int | None, model: str, adapter: str | None, compute_type: str) -> dict:
-    """What shapes the output: a resumed job must match the interrupted one in all of it (the model's part as
-    the command's, checkpoint.model_identity)."""
-    return {"inputs": [dict(file_identity(f), name=f) for f in files], "format": job.input_format,
-            "field": job.field, "output_field": job.output_field, "status_field": job.status_field,
-            "overwrite_field": job.overwrite_field, "src": job.src, "tgt": job.tgt, "src_field": job.src_field,
-            "tgt_field": job.tgt_field, "split": job.split, "max_input_length": job.max_input_length,
-            "decode": decode.identity(), "chunk_rows": chunk_rows,
-            "max_batch_tokens": max_batch_tokens, **model_identity(model, adapter, compute_type),
-            **({"score_field": job.score_field, "log_prob_field": job.log_prob_field} if job.score_field else {}),
-            **({"hypotheses": job.hypotheses} if job.hypotheses > 1 else {}),
-            **({"prefix_field": job.prefix_field} if job.prefix_field else {}),
-            **({"targets": list(job.targets)} if job.targets else {})}
+def ray_identity(files: list[str], job: Job, decode: DecodeOptions, batching: BatchOptions | Mapping,
+                 model: ModelOptions) -> dict:
+    """What shapes the output (the command's job.spec.identity_of), the inputs each by its name and identity;
+    `batching` as given, the device's defaults picked once the cluster is joined."""
+    return identity_of(job, decode, batching, model, input=[dict(file_identity(f), name=f) for f in files])
 
 
 class Source(FileBasedDatasource):
@@ -579,16 +570,16 @@ def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
 
 def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions = DecodeOptions(),
                        options: RayOptions = RayOptions(), *, model: str, adapter: str | None = None,
-                       chunk_rows: int | None = None, max_batch_tokens: int | None = None,
-                       max_batch_sentences: int | None = None, resume: bool = False,
-                       force: bool = False, input_format: str | None = None, output_format: str | None = None,
-                       progress: bool = False, warn: Callable[[str], None] = print,
-                       load: Callable[[], object] | None = None) -> Outcomes:
+                       batching: Mapping[str, int | None] = MappingProxyType({}), resume: bool = False,
+                       input_format: str | None = None, output_format: str | None = None, progress: bool = False,
+                       warn: Callable[[str], None] = print, load: Callable[[], object] | None = None) -> Outcomes:
     """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
-    `job` holds the fields, languages and --on-error (its paths and formats are not read); `chunk_rows` and
-    `max_batch_tokens` default to the device's (the CLI's), `max_batch_sentences` to none; `load` makes an actor's
-    Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU, or on the CPU with
-    `options.threads`)."""
+    `job` holds the fields, languages, --on-error and --force (its paths and formats are not read); `batching`
+    BatchOptions' fields as given, each left out (or None) the device's (the CLI's), max_batch_sentences none;
+    `load` makes an actor's Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU,
+    or on the CPU with `options.threads`)."""
+    chunk_rows, max_batch_tokens, max_batch_sentences = (
+        batching.get(name) for name in ("read_chunk_rows", "max_batch_tokens", "max_batch_sentences"))
     files = expand_inputs(paths)
     check_names([*files, output])
     fmt = inputs_format(files, input_format)
@@ -602,9 +593,9 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     if adapter is not None:  # the actors load it: what the command checks before any work, checked here
         read_adapter_config(Path(adapter))
     compressions, schema = check_inputs(files, fmt, job)
-    check_output(output, files, job, force)
+    check_output(output, files, job, job.force)
     compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
-    identity = ray_identity(files, job, decode, chunk_rows, max_batch_tokens, model, adapter, compute_type)
+    identity = ray_identity(files, job, decode, batching, ModelOptions(model, adapter, compute_type, options.device))
     staging = staging_path(output)
     if resume and finished_job(output) == identity:
         remove_path(staging)
