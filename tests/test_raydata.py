@@ -464,23 +464,30 @@ def test_the_runner_takes_ray_data_through_its_public_and_developer_interfaces()
         assert kind in (AnnotationType.PUBLIC_API, AnnotationType.DEVELOPER_API), f"{module}.{name} is {kind}"
 
 
+def test_a_ray_without_what_the_job_needs_of_it_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A Ray that lacks one of INTERNALS, or a DataContext setting the job sets, is refused before any work, by
+    name, rather than run otherwise than the job says."""
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    monkeypatch.setitem(raydata.INTERNALS, "ray.data._internal.planner.checkpoint.plan_write_op", ("gone",))
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out")
+    assert code == 1 and said == (f"Error: --ray: Ray {ray.__version__} has no ray.data._internal.planner.checkpoint."
+                                  "plan_write_op.gone, which the job needs (runners/ray.py's INTERNALS): install a Ray "
+                                  "that nllbcli supports (pip install 'nllbcli[ray]').\n")
+    assert not (tmp_path / ".out.nllb-staging").exists()
+    with pytest.raises(NllbError, match=rf"^--ray: Ray {re.escape(ray.__version__)}'s DataContext has no "
+                                        r"a_setting_renamed, which the job sets: install a Ray"):
+        raydata.configure(ray.data.DataContext.get_current(), a_setting_renamed=True)
+
+
 def test_the_ray_internals_the_runner_relies_on_are_there():
     """What the runner needs of Ray that Ray does not publish (INTERNALS, and the module's docstring says why): a
     Ray that lacks or changed one must fail here, naming it, rather than lose rows, write them twice, or wait."""
-    import importlib
     from types import SimpleNamespace
 
-    for module, names in raydata.INTERNALS.items():
-        try:
-            found = importlib.import_module(module)
-        except ImportError as error:
-            pytest.fail(f"Ray {ray.__version__} has no {module} ({error}), which runners/ray.py needs: see INTERNALS.")
-        for name in names:
-            value = found
-            for part in name.split("."):
-                assert hasattr(value, part), (f"Ray {ray.__version__}'s {module} has no {name}, which runners/ray.py "
-                                              "needs: see INTERNALS.")
-                value = getattr(value, part)
+    try:
+        raydata.check_internals()
+    except NllbError as error:
+        pytest.fail(str(error))
     # the two-phase checkpoint is a file datasink's, and a task's pending checkpoint is named by its file's name
     # (TaskName's): on resume, the files whose names start with it are the uncommitted ones, deleted
     from ray.data._internal.planner.checkpoint.plan_write_op import _generate_base_filename

@@ -37,6 +37,7 @@ import contextlib
 import functools
 import gc
 import glob
+import importlib
 import io
 import json
 import logging
@@ -722,6 +723,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         raise NllbError("--ray writes a row for each input row: several target languages go to columns there "
                         "(--targets-as columns), not rows.")
     check_fields(job)
+    check_internals()
     if adapter is not None:  # the actors load it: what the command checks before any work, checked here
         read_adapter_config(Path(adapter))
     compressions, schema = check_inputs(files, fmt, job)
@@ -1015,12 +1017,11 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
     context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
-    context.enable_progress_bars = progress
-    context.print_on_execution_start = False
-    context.actor_task_retry_on_errors = True  # with max_task_retries: a batch function that raised runs again
-    context.raise_original_map_exception = True  # what it raised reaches the job's error (ray_error), not a wrapper
-    context.checkpoint_config = CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
-                                                 delete_checkpoint_on_success=False)
+    configure(context, enable_progress_bars=progress, print_on_execution_start=False,
+              actor_task_retry_on_errors=True,  # with max_task_retries: a batch function that raised runs again
+              raise_original_map_exception=True,  # what it raised reaches the job's error (ray_error), not a wrapper
+              checkpoint_config=CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
+                                                 delete_checkpoint_on_success=False))
     gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device != "cpu" else 0
     if options.device == "cuda" and not gpus:
         raise NllbError("--device cuda: the Ray cluster has no GPU.")
@@ -1039,14 +1040,17 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     # strict: every block chunk_rows rows but the last; else each read block leaves a small one of its own, which
     # an actor takes as one call with little for the GPU to do while its next block is prepared
     dataset = dataset.repartition(target_num_rows_per_block=chunk_rows, strict=True)
-    with warnings.catch_warnings():  # max_task_retries is not one of map_batches' named parameters yet (Ray 2.60)
+    # two blocks at once on an actor (one prepared while the other is on the engine): max_concurrency, the actor's
+    # option of ray.remote, which every Ray Data since 2.55 takes (its ActorPoolStrategy's own has changed name);
+    # max_task_retries is an option of ray.remote too, not one of map_batches' named parameters
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         dataset = dataset.map_batches(
             Translating, fn_constructor_kwargs={"load": load, "names": names, "job": job, "decode": decode,
                                                 "max_batch_tokens": max_batch_tokens, "schema": schema,
                                                 "max_batch_sentences": max_batch_sentences},
             batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
-            compute=ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2, enable_true_multi_threading=True),
+            compute=ActorPoolStrategy(size=actors, enable_true_multi_threading=True), max_concurrency=2,
             max_task_retries=TASK_RETRIES)
     sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error, file_digits(len(files)))
     failure = None
@@ -1065,6 +1069,30 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
         raise NllbError(f"{failure.rstrip('.')} (the rows written so far are kept: run the same command with --resume "
                         "to continue)")
     return tuple(sorted(sink.workers))
+
+
+def configure(context: DataContext, **settings) -> None:
+    """Set Ray Data's settings, each one this Ray has: a setting it has renamed or dropped would be set in vain
+    (a dataclass takes any attribute), and the job would run otherwise than it says."""
+    for name, value in settings.items():
+        if not hasattr(context, name):
+            raise NllbError(f"--ray: Ray {ray.__version__}'s DataContext has no {name}, which the job sets: install a "
+                            "Ray that nllbcli supports (pip install 'nllbcli[ray]').")
+        setattr(context, name, value)
+
+
+def check_internals() -> None:
+    """Refuse, in one line and before any work, a Ray that lacks what the job needs of it beyond what it
+    publishes (INTERNALS)."""
+    for module, names in INTERNALS.items():
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            found, names = None, names[:1]
+        for name in names:
+            if not hasattr(found, name):
+                raise NllbError(f"--ray: Ray {ray.__version__} has no {module}.{name}, which the job needs (runners/"
+                                "ray.py's INTERNALS): install a Ray that nllbcli supports (pip install 'nllbcli[ray]').")
 
 
 def ray_error(error: BaseException) -> str:
