@@ -20,15 +20,17 @@ from its plan, without Ray. A row is read, prepared, translated, written and cou
 (io/, job/rows.py, job/chunks.py, job/commit.py), so its translation is the CLI's to the byte, and its counts the
 CLI's (each write task stages its blocks' counts beside its parts, so that a resumed job counts every run's rows).
 
-Ray Data is taken through what it publishes: read_datasource, map_batches, repartition and write_datasink
-(@PublicAPI), a Datasource (@PublicAPI) of ReadTasks, a BlockBasedFileDatasink with a FilenameProvider (the
-extension points its docs name: @DeveloperAPI and @PublicAPI alpha), CheckpointConfig (@PublicAPI beta),
-DataContext and ActorPoolStrategy. What it does not publish, and the job cannot do without, is named in INTERNALS,
-which a test checks: Ray Data's two-phase write checkpoint, which holds only for a file datasink and knows a task's
-files as those whose names start with the task's file name (the contract FilenameProvider's docs state), so that
-an uncommitted part is deleted on resume (without it a resumed job would lose rows or write them twice); and, of
-Ray itself, how the cluster recorded on this machine is found (running_here, check_answers) and the processes of
-a Ray the job started (keep_local_ray), which Ray gives no public way to ask for.
+Ray Data is taken through what it publishes: read_datasource, repartition, map_batches with ActorPoolStrategy and
+write_datasink (@PublicAPI); a Datasource (@PublicAPI) of ReadTasks and BlockMetadata (@DeveloperAPI); a
+BlockBasedFileDatasink (@DeveloperAPI) named by a FilenameProvider (@PublicAPI alpha), the extension points its
+docs name; CheckpointConfig (@PublicAPI beta) and DataContext (@DeveloperAPI; configure refuses a setting this Ray
+lacks). What it does not publish, and the job cannot do without, is named in INTERNALS, which a job checks as it
+starts (check_internals) and a test checks further: Ray Data's two-phase write checkpoint, which holds only for a
+file datasink and knows a task's files as those whose names start with the task's file name (the contract
+FilenameProvider's docs state), so that an uncommitted part is deleted on resume (without it a resumed job would
+stage a row twice, and its promotion refuse it); and, of Ray itself, how the cluster recorded on this machine is
+found (running_here, check_answers) and the processes of a Ray the job started (keep_local_ray), which Ray gives no
+public way to ask for.
 """
 
 from __future__ import annotations
@@ -514,21 +516,20 @@ class BlockRows:
     TableMaker, in the input's schema."""
 
     def __init__(self, job: Job, schema: pa.Schema | None):
-        self.fmt, self.schema, self.added = job.output_format, schema, job.added
-        self.lines = io.BytesIO()
-        self.sink = LineSink(self.lines, "jsonl", job.added) if self.fmt == "jsonl" else TableMaker(schema, job.added,
-                                                                                                    job.field)
+        self.schema, self.added = schema, job.added
+        self.lines = io.BytesIO() if job.output_format == "jsonl" else None
+        self.maker = TableMaker(schema, job.added, job.field) if self.lines is None else None
         self.written: pa.Table | None = None
 
     def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
-        if self.fmt == "jsonl":
-            return self.sink.write(records, values)
-        self.written, failed = self.sink.table(records, values)
+        if self.maker is None:
+            return LineSink(self.lines, "jsonl", self.added).write(records, values)
+        self.written, failed = self.maker.table(records, values)
         return failed
 
     def table(self) -> pa.Table:
         """The written rows: a JSONL line each (LINE), or the output's Parquet columns."""
-        if self.fmt == "jsonl":
+        if self.maker is None:
             lines = self.lines.getvalue().split(b"\n")[:-1]
             return pa.table({LINE: pa.array([line + b"\n" for line in lines], pa.binary())})
         schema = output_schema(self.schema, self.added)
