@@ -8,7 +8,6 @@ import operator
 import os
 import re
 import sys
-import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Callable
@@ -424,7 +423,6 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
     job = replace(base, **resolved_languages(model.model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model.model).resolve())
     options = ray.RayOptions(run.ray_address, run.ray_actors, model.device, run.threads, model.compute_type)
-    started = time.monotonic()
     try:
         with stop_on_signals():
             outcomes = ray.translate_with_ray(
@@ -434,15 +432,8 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
                 warn=lambda message: click.echo(message, err=True))
     except Stopped as stop:
         exit_on_stop(stop, streamed=False)
-    if not run.quiet:
-        if outcomes.already:
-            click.echo(f"Already finished: {output} holds this job's rows, and its inputs and options are unchanged; "
-                       "nothing to do.", err=True)
-        else:
-            seconds = time.monotonic() - started
-            click.echo(f"Translated {outcomes.translated:,} of {outcomes.rows:,} rows ({outcomes.failed:,} failed) "
-                       f"into {output} in {seconds:.1f} s, on {', '.join(outcomes.workers) or 'no actor this run'}.", err=True)
-    command_done(3 if outcomes.failed else 0)
+    ray.report(outcomes, output, summary=not run.quiet)
+    command_done(3 if outcomes.counters.failed else 0)
 
 
 def start_workers(stack: ExitStack, devices: str, model: ModelOptions, threads: int):

@@ -177,7 +177,8 @@ def test_progress_none_writes_only_the_summary():
     stream = io.StringIO()
     reporter = Reporter("none", None, stream=stream)
     reporter.counters.rows, reporter.counters.translated, reporter.counters.failed = 3, 2, 1
-    reporter.advance(3, 40)
+    reporter.counters.tokens = 40  # the committed rows' (commit_rows counts them)
+    reporter.advance(3, 50)  # rows and tokens as the model finishes them: the bar's
     reporter.close()
     assert stream.getvalue().startswith("Done: 3 rows (2 translated, 1 failed, 0 flagged: 0 cut to fit the model, 0 stopped at --max-length), 0 sentences, 40 tokens in ")
     assert stream.getvalue().count("\n") == 1
@@ -198,8 +199,8 @@ def test_progress_json_lines(monkeypatch):
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["event"] for line in lines] == ["progress", "summary"]
     assert lines[0] == {"event": "progress", "rows": 7, "committed": 5, "translated": 0, "failed": 0, "cut": 0,
-                        "max_length": 0, "sentences": 0, "tokens": 20, "seconds": 6.0, "flagged": 0,
-                        "tokens_per_s": 3.3, "rows_per_s": 0.5, "eta_s": 26.0, "total": 20}
+                        "max_length": 0, "sentences": 0, "tokens": 10, "seconds": 6.0, "flagged": 0,
+                        "tokens_per_s": 1.7, "rows_per_s": 0.5, "eta_s": 26.0, "total": 20}  # the counters: committed
     assert lines[1]["rows"] == 5 and "committed" not in lines[1]
 
 

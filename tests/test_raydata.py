@@ -8,6 +8,7 @@ One Ray for the whole module (started in this process; the jobs join it), so eac
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
@@ -32,6 +33,7 @@ ray = pytest.importorskip("ray")
 from nllbcli.runners import ray as raydata  # noqa: E402
 from nllbcli.cli import cli  # noqa: E402
 from nllbcli.errors import NllbError  # noqa: E402
+from nllbcli.job.progress import Counters  # noqa: E402
 from nllbcli.options import DecodeOptions, Job, ModelOptions  # noqa: E402
 from nllbcli.model.translator import load_translator  # noqa: E402
 
@@ -112,8 +114,9 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
     expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz", "c.jsonl")]
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == b"".join(out for out, _ in expected)
     assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(errors for _, errors in expected)
-    assert said.splitlines()[-1].startswith("Translated 67 of 70 rows (3 failed) into ")
-    assert said.splitlines()[-1].endswith(", on GPU 0, GPU 1.")  # each actor was given its own GPU by Ray
+    done, actors = said.splitlines()[-2:]  # the command's summary, then the actors that ran the job
+    assert done.startswith("Done: 70 rows (67 translated, 3 failed, 0 flagged: ")
+    assert actors == "Ray actors: GPU 0, GPU 1."  # each actor was given its own GPU by Ray
     assert "_SUCCESS" in os.listdir(tmp_path / "out")
     assert not list(tmp_path.glob(".out.nllb-staging"))
 
@@ -158,38 +161,42 @@ def test_the_actors_are_given_blocks_of_chunk_rows_rows(tmp_path):
 
 def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
     """Rows of one write task that are not adjacent in the input (a resumed job's leftovers, blocks that ended
-    out of order) go to separate parts, so that parts in name order hold the rows in input order."""
-    from types import SimpleNamespace
-
-    from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
-
+    out of order) go to separate parts, so that parts in name order hold the rows in input order; the task's own
+    file holds what its blocks counted."""
     sink = raydata.Sink(str(tmp_path), "jsonl", "skip", 5)
     ids = [5, 6, 9, 10, 11, (1 << raydata.FILE_BITS) | 1]  # lines 5-6 and 9-11 (7 blank) of file 0, line 1 of file 1
     rows = [3, 4, 6, 7, 8, 0]  # row 5 (line 8) is not among them: written by an earlier run
+    counted = ['{"rows": 3, "translated": 3, "sentences": 4, "tokens": 20}', None, None,
+               '{"rows": 3, "translated": 2, "failed": 1, "sentences": 2, "cut": 1, "tokens": 9}', None, None]
     block = pa.table({raydata.ID: ids, raydata.ROW: rows, raydata.LINE: [b"%d\n" % i for i in ids],
                       raydata.ERROR: [None, None, None, "line 10: bad", None, None],
-                      raydata.ERROR_LINE: [None, None, None, b"{}\n", None, None], raydata.WORKER: ["CPU"] * 6})
-    result = sink.write([block.slice(3), block.slice(0, 3)], SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=7))
-    assert result == {"rows": 6, "failed": 1, "workers": ["CPU"]}
+                      raydata.ERROR_LINE: [None, None, None, b"{}\n", None, None], raydata.WORKER: ["CPU"] * 6,
+                      raydata.COUNTED: counted})
+    record = io.BytesIO()
+    assert sink.write_parts(pa.concat_tables([block.slice(3), block.slice(0, 3)]), "u_000007", record) == {"workers": ["CPU"]}
     assert sorted(p.name for p in tmp_path.iterdir()) == [  # each named by its first line and its rows
         "u_000007-00000-000000000005-2.jsonl", "u_000007-00000-000000000009-1.errors.jsonl",
         "u_000007-00000-000000000009-2.jsonl", "u_000007-00001-000000000001-1.jsonl"]
     assert (tmp_path / "u_000007-00000-000000000009-2.jsonl").read_bytes() == b"9\n11\n"
+    assert json.loads(record.getvalue()) == {"rows": 6, "translated": 5, "failed": 1, "cut": 1, "max_length": 0,
+                                             "sentences": 6, "tokens": 29}
 
 
 def write_task(staging: Path, task: int, lines: list[tuple[int, int, int, str | None]], digits: int) -> None:
-    """What a write task of a job writes into its staging's data: rows given as (file, line, row, error)."""
-    from types import SimpleNamespace
-
-    from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
-
+    """What a write task of a job writes into its staging's data: rows given as (file, line, row, error), and the
+    task's counts (a sentence a translated row, a token a row) in its own file."""
     ids = [file << raydata.FILE_BITS | line for file, line, _, _ in lines]
+    failed = sum(e is not None for *_, e in lines)
+    counted = json.dumps({"rows": len(lines), "translated": len(lines) - failed, "failed": failed,
+                          "sentences": len(lines) - failed, "tokens": len(lines)})
     block = pa.table({raydata.ID: pa.array(ids, pa.int64()), raydata.ROW: [row for _, _, row, _ in lines],
                       raydata.LINE: [b'{"n": %d}\n' % i for i in ids], raydata.ERROR: [e for *_, e in lines],
                       raydata.ERROR_LINE: [None if e is None else b'{"error": "%s"}\n' % e.encode() for *_, e in lines],
-                      raydata.WORKER: ["CPU"] * len(lines)})
+                      raydata.WORKER: ["CPU"] * len(lines), raydata.COUNTED: [counted] + [None] * (len(lines) - 1)})
     sink = raydata.Sink(str(staging / "data"), "jsonl", "skip", digits)
-    sink.write([block], SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=task))
+    record = io.BytesIO()
+    sink.write_parts(block, f"u_{task:06d}", record)
+    (staging / "data" / f"u_{task:06d}").write_bytes(record.getvalue())
 
 
 def test_part_names_keep_input_order_past_99999_files(tmp_path, monkeypatch):
@@ -215,8 +222,9 @@ def test_part_names_keep_input_order_past_99999_files(tmp_path, monkeypatch):
     monkeypatch.setattr(raydata, "counted_rows", lambda staging, files: {n: 2 * (n >= 99_999) for n in range(len(files))})
     skipped = []
     outcomes = raydata.promote(str(staging), str(tmp_path / "out"), files, SKIPPING, {"job": 1}, None, skipped.append)
-    assert (outcomes.rows, outcomes.translated, outcomes.failed) == (4, 3, 1) and skipped == ["Skipped: bad"]
-    assert sorted(os.listdir(tmp_path / "out")) == ["_SUCCESS", "part-099999-000000000001.jsonl",
+    assert outcomes.counters == Counters(rows=4, translated=3, failed=1, sentences=3, tokens=4)
+    assert skipped == ["Skipped: bad"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["_SUCCESS", "part-099999-000000000001.jsonl",  # no task's counts
                                                    "part-100000-000000000001.jsonl"]
     assert (tmp_path / "out" / "part-099999-000000000001.jsonl").read_bytes() == (
         b'{"n": %d}\n{"n": %d}\n' % (99_999 << raydata.FILE_BITS | 1, 99_999 << raydata.FILE_BITS | 3))
@@ -276,9 +284,10 @@ def flaky(marker: str | None = None, delay: float = 0.0) -> Flaky:
     return Flaky(load_translator(SAMPLE, "cpu"), marker, delay)
 
 
-def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, chunk_rows=None, **kwargs) -> raydata.Outcomes:
+def translate(tmp_path: Path, inputs: list[str], output: Path, load=None, chunk_rows=None, decode: DecodeOptions = GREEDY,
+              **kwargs) -> raydata.Outcomes:
     job = Job(src="eng_Latn", tgt="fra_Latn", on_error=kwargs.pop("on_error", "skip"), errors=kwargs.pop("errors", None))
-    return raydata.translate_with_ray(inputs, str(output), job, GREEDY, raydata.RayOptions(), model=SAMPLE,
+    return raydata.translate_with_ray(inputs, str(output), job, decode, raydata.RayOptions(), model=SAMPLE,
                                       batching={"read_chunk_rows": chunk_rows}, load=load, warn=lambda message: None,
                                       **kwargs)
 
@@ -397,6 +406,101 @@ def test_a_killed_job_resumes_to_the_same_bytes(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == cli_output(
         tmp_path, tmp_path / "in.jsonl", "--on-error", "skip")[0]
+
+
+def test_the_jobs_counts_are_the_commands_every_run_included(tmp_path):
+    """What a --ray job counts (rows, translated, failed, flagged, sentences, tokens) is what the command counts
+    of the same rows (job/commit.py counts both), for a job that failed and was resumed too: each write task's
+    counts are staged with its parts."""
+    write_jsonl(tmp_path / "in.jsonl", 48, bad_every=40)
+    result = CliRunner().invoke(cli, ["translate", "-m", SAMPLE, "--device", "cpu", "--beam-size", "1", "--max-length",
+                                      "8", "--src", "en", "--tgt", "fr", "--progress", "json", "--on-error", "skip",
+                                      str(tmp_path / "in.jsonl"), str(tmp_path / "command.jsonl")])
+    summary = [json.loads(line) for line in result.output.splitlines() if line.startswith("{")][-1]
+    expected = {name: summary[name] for name in raydata.counted_fields(Counters())}
+    assert expected["failed"] and expected["max_length"] and expected["tokens"]  # something of each to count
+    short = DecodeOptions(beam_size=1, max_length=8)
+    with pytest.raises(NllbError, match=r"not valid JSON"):
+        translate(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", decode=short, chunk_rows=4, on_error="fail")
+    assert any((tmp_path / ".out.nllb-staging" / "data").iterdir())  # counts of the first run to keep
+    outcomes = translate(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out", decode=short, chunk_rows=4,
+                         resume=True)
+    assert raydata.counted_fields(outcomes.counters) == expected and outcomes.counters.seconds > 0
+    assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["tokens"] == expected["tokens"]
+
+
+def test_the_summary_is_the_commands_line_then_the_actors():
+    said = io.StringIO()
+    counters = Counters(rows=70, translated=67, failed=3, max_length=2, sentences=80, tokens=1200, seconds=4.0)
+    raydata.report(raydata.Outcomes(counters, ("GPU 0", "GPU 1")), "out", stream=said)
+    assert said.getvalue() == ("Done: 70 rows (67 translated, 3 failed, 2 flagged: 0 cut to fit the model, 2 stopped at "
+                               "--max-length), 80 sentences, 1,200 tokens in 4.0 s, 300 tokens/s.\n"
+                               "Ray actors: GPU 0, GPU 1.\n")
+    said = io.StringIO()
+    raydata.report(raydata.Outcomes(already=True), "out", stream=said)
+    assert said.getvalue() == ("Already finished: out holds this job's rows, and its inputs and options are unchanged; "
+                               "nothing to do.\n")
+    said = io.StringIO()
+    raydata.report(raydata.Outcomes(counters), "out", summary=False, stream=said)  # --quiet
+    assert said.getvalue() == ""
+
+
+def test_the_runner_takes_ray_data_through_its_public_and_developer_interfaces():
+    """Every name the runner imports from Ray is one Ray marks @PublicAPI or @DeveloperAPI, from a module that is
+    not private; Ray's internals are named in INTERNALS alone (test_the_ray_internals_the_runner_relies_on_are_there)."""
+    import ast
+    import importlib
+
+    from ray.util.annotations import AnnotationType
+
+    tree = ast.parse(Path(raydata.__file__).read_text())
+    imported = [(node.module, alias.name) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.level == 0 and node.module.split(".")[0] == "ray" for alias in node.names]
+    assert imported
+    for module, name in imported:
+        if any(part.startswith("_") for part in module.split(".")):
+            assert f"{module}.{name}" in raydata.INTERNALS, f"{module}.{name}: a private module of Ray's, not in INTERNALS"
+            continue
+        kind = getattr(getattr(importlib.import_module(module), name), "_annotated_type", None)
+        assert kind in (AnnotationType.PUBLIC_API, AnnotationType.DEVELOPER_API), f"{module}.{name} is {kind}"
+
+
+def test_a_ray_without_what_the_job_needs_of_it_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A Ray that lacks one of INTERNALS, or a DataContext setting the job sets, is refused before any work, by
+    name, rather than run otherwise than the job says."""
+    write_jsonl(tmp_path / "in.jsonl", 3)
+    monkeypatch.setitem(raydata.INTERNALS, "ray.data._internal.planner.checkpoint.plan_write_op", ("gone",))
+    code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out")
+    assert code == 1 and said == (f"Error: --ray: Ray {ray.__version__} has no ray.data._internal.planner.checkpoint."
+                                  "plan_write_op.gone, which the job needs (runners/ray.py's INTERNALS): install a Ray "
+                                  "that nllbcli supports (pip install 'nllbcli[ray]').\n")
+    assert not (tmp_path / ".out.nllb-staging").exists()
+    with pytest.raises(NllbError, match=rf"^--ray: Ray {re.escape(ray.__version__)}'s DataContext has no "
+                                        r"a_setting_renamed, which the job sets: install a Ray"):
+        raydata.configure(ray.data.DataContext.get_current(), a_setting_renamed=True)
+
+
+def test_the_ray_internals_the_runner_relies_on_are_there():
+    """What the runner needs of Ray that Ray does not publish (INTERNALS, and the module's docstring says why): a
+    Ray that lacks or changed one must fail here, naming it, rather than lose rows, write them twice, or wait."""
+    from types import SimpleNamespace
+
+    try:
+        raydata.check_internals()
+    except NllbError as error:
+        pytest.fail(str(error))
+    # the two-phase checkpoint is a file datasink's, and a task's pending checkpoint is named by its file's name
+    # (TaskName's): on resume, the files whose names start with it are the uncommitted ones, deleted
+    from ray.data._internal.planner.checkpoint.plan_write_op import _generate_base_filename
+    from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
+    from ray.data.datasource.file_datasink import _FileDatasink
+
+    sink = raydata.Sink("/nonexistent/data", "jsonl", "skip", 5)
+    assert isinstance(sink, _FileDatasink), f"Ray {ray.__version__}: the Sink is not a file datasink of Ray's checkpoint"
+    name = _generate_base_filename(sink, SimpleNamespace(kwargs={WRITE_UUID_KWARG_NAME: "u"}, task_idx=7))
+    assert name == sink.filename_provider.task == "u_000007", (
+        f"Ray {ray.__version__} names a write task's pending checkpoint {name!r}, not by TaskName's name: an "
+        "uncommitted part would not be deleted on resume.")
 
 
 def test_a_job_whose_weights_were_written_anew_is_refused_or_translated_again(tmp_path):
@@ -738,8 +842,9 @@ def test_a_job_joins_the_ray_that_ray_start_runs_here(tmp_path, ray_tmpdir):
         time.sleep(0.1)
     assert not session_processes(head.pid)
     assert result.returncode == 0, result.stderr
-    [said] = result.stderr.splitlines()  # the summary, and no line of Ray's
-    assert said.startswith("Translated 3 of 3 rows") and ", on GPU " in said  # that Ray's: one the job starts has none
+    done, actors = result.stderr.splitlines()  # the summary, and no line of Ray's
+    assert done.startswith("Done: 3 rows (3 translated, 0 failed, ")
+    assert actors.startswith("Ray actors: GPU ")  # that Ray's: one the job starts has none
 
 
 def test_the_record_of_a_ray_that_has_stopped_is_not_followed(tmp_path, ray_tmpdir):

@@ -140,8 +140,10 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
             texts[n] = [next(decoded) for _ in hypotheses]
             found[n] = hypotheses
         for n, hypotheses in zip(batch, outputs):
-            if hypotheses is not None and len(hypotheses[0].ids) >= decode.length_limit(len(sentences[n].ids)) - 1:
-                outcomes[sentences[n].row].max_length = True
+            if hypotheses is not None:
+                outcome = outcomes[sentences[n].row]
+                outcome.tokens += len(hypotheses[0].ids)
+                outcome.max_length |= len(hypotheses[0].ids) >= decode.length_limit(len(sentences[n].ids)) - 1
         if tally is not None:
             tally.batch(batch, outputs)
 

@@ -11,16 +11,26 @@ from ..errors import NllbError
 from ..io import Input, Record, open_sink
 from ..io.streams import compressing
 from ..options import Job
-from .progress import Reporter
+from .progress import Counters, Reporter
 from .rows import Outcome, written_rows
 from .state import NamedStream, PartialFile, Saved, converting_path, replaced_atomically
 
 def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: PartialFile | None, job: Job,
                 reporter: Reporter) -> None:
     """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
-    counters = reporter.counters
-    added = job.added
-    for record, error in sink.write(*written_rows(chunk, outcomes, added)):
+    failed = commit_rows(chunk, outcomes, sink, job, reporter.counters)
+    if errors is not None:
+        errors.stream.write(b"".join(error_lines(failed, job)))
+    else:
+        for record, error in failed:
+            reporter.warn(f"Skipped: {error}")
+
+
+def commit_rows(chunk: list[Record], outcomes: list[Outcome], sink, job: Job, counters: Counters) -> list[tuple[Record, str]]:
+    """Write a chunk's rows through `sink` (`write(records, values) -> failed rows`) and count them into
+    `counters`; returns the failed rows with why, in input order. A row the writer fails is failed in `outcomes`
+    too; with --on-error fail it raises NllbError."""
+    for record, error in sink.write(*written_rows(chunk, outcomes, job.added)):
         if job.on_error == "fail":
             raise NllbError(error)
         outcome = outcomes[next(i for i, r in enumerate(chunk) if r is record)]
@@ -28,6 +38,7 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
     failed = []
     for record, outcome in zip(chunk, outcomes):
         counters.rows += 1
+        counters.tokens += outcome.tokens
         if outcome.error is not None:
             counters.failed += 1
             failed.append((record, outcome.error))
@@ -36,12 +47,13 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
             counters.sentences += len(outcome.parts)
             counters.cut += outcome.cut
             counters.max_length += outcome.max_length
-    if errors is not None:
-        errors.stream.write(b"".join(error_line(record, error, job, source) for (record, error), source
-                                     in zip(failed, failed_inputs([record for record, _ in failed], job))))
-    else:
-        for record, error in failed:
-            reporter.warn(f"Skipped: {error}")
+    return failed
+
+
+def error_lines(failed: list[tuple[Record, str]], job: Job) -> list[bytes]:
+    """Each failed row's line in the errors file (error_line), in order."""
+    sources = failed_inputs([record for record, _ in failed], job)
+    return [error_line(record, error, job, source) for (record, error), source in zip(failed, sources)]
 
 
 NO_INPUT = object()  # a failed row whose input JSON cannot hold (Parquet columns of one name)

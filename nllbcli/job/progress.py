@@ -55,8 +55,8 @@ class Counters:
 class Reporter:
     """Counts the job and shows it: `advance` as rows finish, `warn` for skipped rows, `close` for the summary.
 
-    `counters` are the committed rows' (write_chunk counts them; the resume state saves them); `done` counts
-    rows as the model finishes them, for display. `label` names the job in the bar (input and direction)."""
+    `counters` are the committed rows' (commit.commit_rows counts them, their tokens too; the resume state saves
+    them); `done` and `tokens` count rows and tokens as the model finishes them, for display. `label` names the job in the bar (input and direction)."""
 
     def __init__(self, mode: str = "none", total: int | None = None, counters: Counters | None = None,
                  stream: TextIO | None = None, summary: bool = True, console=None, label: str = ""):
@@ -92,7 +92,6 @@ class Reporter:
         """`rows` more rows are done (translated or failed), `tokens` more tokens generated."""
         self.done += rows
         self.tokens += tokens
-        self.counters.tokens += tokens
         self.tick()
         if self.bar is not None:
             self.bar.update(self.task, completed=self.done, tokens=self.tokens)

@@ -51,6 +51,7 @@ class Outcome:
     gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
     tgt: str = ""
     targets: list[Outcome] | None = None  # several target languages (each_target): each one's, in the job's order
+    tokens: int = 0  # tokens generated for the row's sentences (each one's best translation)
 
 
 def status_of(outcome: Outcome) -> str:
@@ -99,7 +100,7 @@ def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
         error = next((o.error for o in copies if o.error is not None), None)
         rows.append(Outcome(None if error else copies[0].translation, error, any(o.cut for o in copies),
                             any(o.max_length for o in copies), [part for o in copies for part in o.parts],
-                            targets=copies))
+                            targets=copies, tokens=sum(o.tokens for o in copies)))
     return rows
 
 

@@ -16,8 +16,21 @@ promotion recorded (promotion.json); then the parts are renamed by their first r
 file's number, as many digits as the job's last file needs, and the line or row), so that name order is input
 order, the errors file written, and the directory renamed onto OUTPUT with a _SUCCESS file that records the job.
 Each step of the promotion can be done again, so a promotion that was stopped or killed is finished by --resume
-from its plan, without Ray. A row is read, prepared, translated and written by the CLI's own functions (io/,
-rows.py, job/chunks.py), so its translation is the CLI's to the byte.
+from its plan, without Ray. A row is read, prepared, translated, written and counted by the CLI's own functions
+(io/, job/rows.py, job/chunks.py, job/commit.py), so its translation is the CLI's to the byte, and its counts the
+CLI's (each write task stages its blocks' counts beside its parts, so that a resumed job counts every run's rows).
+
+Ray Data is taken through what it publishes: read_datasource, repartition, map_batches with ActorPoolStrategy and
+write_datasink (@PublicAPI); a Datasource (@PublicAPI) of ReadTasks and BlockMetadata (@DeveloperAPI); a
+BlockBasedFileDatasink (@DeveloperAPI) named by a FilenameProvider (@PublicAPI alpha), the extension points its
+docs name; CheckpointConfig (@PublicAPI beta) and DataContext (@DeveloperAPI; configure refuses a setting this Ray
+lacks). What it does not publish, and the job cannot do without, is named in INTERNALS, which a job checks as it
+starts (check_internals) and a test checks further: Ray Data's two-phase write checkpoint, which holds only for a
+file datasink and knows a task's files as those whose names start with the task's file name (the contract
+FilenameProvider's docs state), so that an uncommitted part is deleted on resume (without it a resumed job would
+stage a row twice, and its promotion refuse it); and, of Ray itself, how the cluster recorded on this machine is
+found (running_here, check_answers) and the processes of a Ray the job started (keep_local_ray), which Ray gives no
+public way to ask for.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ import contextlib
 import functools
 import gc
 import glob
+import importlib
+import io
 import json
 import logging
 import os
@@ -39,39 +54,41 @@ import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Generator, Iterator, Mapping
+from typing import Callable, Generator, Iterator, Mapping, TextIO
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 from ray.data import ActorPoolStrategy, DataContext
-from ray.data.block import BlockAccessor
+from ray.data.block import BlockAccessor, BlockMetadata
 from ray.data.checkpoint import CheckpointConfig
-from ray.data.datasource import FileBasedDatasource
-from ray.data.datasource.file_datasink import BlockBasedFileDatasink
+from ray.data.datasource import BlockBasedFileDatasink, Datasource, FilenameProvider, ReadTask
 
 from ..job.chunks import ChunkWorker
 from ..errors import NllbError
-from ..io import Position, Record, extension_format, file_identity, input_compression, name_read_errors
-from ..io.jsonl import encode_jsonl_row, is_blank_line, jsonl_fields, line_record
+from ..io import LineSink, Position, Record, extension_format, file_identity, input_compression, name_read_errors
+from ..io.jsonl import is_blank_line, line_record
 from ..io.parquet import TableMaker, batch_records, open_parquet, output_schema
 from ..io.streams import Lines, Replay, decompressing, read_error
 from ..model.lora import read_adapter_config
 from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job, ModelOptions
 from ..job.reader import SWITCH_INTERVAL, fewer_collections
-from ..job.commit import error_line, failed_inputs
+from ..job.commit import commit_rows, error_lines
+from ..job.progress import Counters, Reporter
 from ..job.spec import check_added_columns, check_fields, check_paths, identity_of
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
-from ..job.rows import Outcome, added_values
+from ..job.rows import Outcome
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
 from ..model.translator import expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
-INTERNAL = (ID, ROW, LINE, ERROR, ERROR_LINE, WORKER)
+COUNTED = "__nllb_counted"  # a block's counts (Counters), on its first row: a block is one write task's
+INTERNAL = (ID, ROW, LINE, ERROR, ERROR_LINE, WORKER, COUNTED)
 FILE_BITS = 40  # an id is file number << 40 | line (JSONL, from 1) or row (Parquet, from 0)
 ROW_MASK = (1 << FILE_BITS) - 1
 READ_ROWS = 8192  # rows a read task yields at a time
@@ -131,6 +148,15 @@ for pid, start in kept.items():
         os.kill(pid, signal.SIGKILL)
 """
 
+# What the runner needs of Ray that Ray does not publish (the module's docstring says why), by module; the tests
+# check that each is there (test_the_ray_internals_the_runner_relies_on_are_there)
+INTERNALS = {
+    "ray._private.services": ("canonicalize_bootstrap_address", "find_bootstrap_address", "find_gcs_addresses"),
+    "ray._private.worker": ("_global_node",),  # keep_local_ray
+    "ray.data._internal.planner.checkpoint.plan_write_op": ("plan_write_op_with_checkpoint_writer",),  # TaskName
+}
+
+
 @dataclass(frozen=True)
 class RayOptions:
     """Where and how a --ray job runs."""
@@ -144,13 +170,24 @@ class RayOptions:
 
 @dataclass
 class Outcomes:
-    """What a --ray job did: counted from its parts, every run of a resumed job included."""
+    """What a --ray job did: its counts (every run of a resumed job's rows, and this run's time), and this run's
+    actors ("GPU 0", "CPU")."""
 
-    rows: int = 0
-    translated: int = 0
-    failed: int = 0
-    workers: tuple[str, ...] = ()  # this run's actors: "GPU 0", "CPU"
+    counters: Counters = field(default_factory=Counters)
+    workers: tuple[str, ...] = ()
     already: bool = False  # the job had finished before; nothing was run
+
+    @property
+    def rows(self) -> int:
+        return self.counters.rows
+
+    @property
+    def translated(self) -> int:
+        return self.counters.translated
+
+    @property
+    def failed(self) -> int:  # rows failed: the command exits 3 with any
+        return self.counters.failed
 
 
 def staging_path(output: str) -> str:
@@ -280,31 +317,60 @@ def ray_identity(files: list[str], job: Job, decode: DecodeOptions, batching: Ba
     return identity_of(job, decode, batching, model, input=[dict(file_identity(f), name=f) for f in files])
 
 
-class Source(FileBasedDatasource):
+class Source(Datasource):
     """The inputs for Ray Data: JSONL as each non-blank line's bytes, Parquet as its columns, every row with its
-    id and its number in its file (its row, from 0). A read task that has read a file through records its rows in
-    the staging's ROWS folder; a read error names the file, as the command's does."""
+    id and its number in its file (its row, from 0). A read task reads a run of the inputs, each whole and in
+    order; once through a file it records the file's rows in the staging's ROWS folder. A read error names the
+    file, as the command's does."""
 
     def __init__(self, files: list[str], names: list[str], fmt: str, compressions: list[str | None], staging: str):
-        super().__init__(files)
-        self.fmt, self.names, self.compressions, self.staging = fmt, names, compressions, staging
-        self.numbers = {os.path.abspath(f): n for n, f in enumerate(files)}
+        super().__init__()
+        self.inputs = [InputFile(path, name, compression, number)
+                       for number, (path, name, compression) in enumerate(zip(files, names, compressions))]
+        self.fmt, self.staging = fmt, staging
 
-    def _open_input_source(self, filesystem, path: str, **open_args):
-        number = self.numbers[os.path.abspath(path)]
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None  # a compressed file's rows are many times its bytes; Ray plans without the estimate
+
+    def get_read_tasks(self, parallelism: int, **options) -> list[ReadTask]:
+        """A read task for each of at most `parallelism` runs of adjacent inputs. `options` (a row limit, Ray's
+        context) are not used: the job reads every row."""
+        tasks, count = [], min(max(1, parallelism), len(self.inputs))
+        for n in range(count):
+            inputs = self.inputs[n * len(self.inputs) // count:(n + 1) * len(self.inputs) // count]
+            metadata = BlockMetadata(num_rows=None, size_bytes=None, exec_stats=None,
+                                     input_files=[i.path for i in inputs])
+            tasks.append(ReadTask(functools.partial(read_inputs, inputs, self.fmt, self.staging), metadata))
+        return tasks
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """An input as a read task takes it: its absolute path, its name in messages, its compression, its number."""
+
+    path: str
+    name: str
+    compression: str | None
+    number: int
+
+
+def read_inputs(inputs: list[InputFile], fmt: str, staging: str) -> Iterator[pa.Table]:
+    """A read task's inputs' rows, file after file (jsonl_tables, parquet_tables); each file's row count recorded."""
+    read = parquet_tables if fmt == "parquet" else jsonl_tables
+    files = pafs.LocalFileSystem()  # its streams have no file descriptor: Lines reads a stream by its reads
+    for source in inputs:
         try:
-            if self.fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
-                return filesystem.open_input_file(path)
-            # .gz and .zst decompressed as the CLI does them (gzip members, zstd frames, a cut file an error)
-            return decompressing(filesystem.open_input_stream(path, compression=None), self.compressions[number])
+            if fmt == "parquet":  # Parquet reads its footer first: a file, not a stream
+                raw = files.open_input_file(source.path)
+            else:
+                raw = files.open_input_stream(source.path, compression=None)
         except OSError as error:
-            raise read_error(self.names[number], plain(error)) from None
-
-    def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
-        number = self.numbers[os.path.abspath(path)]
-        read = parquet_tables if self.fmt == "parquet" else jsonl_tables
-        rows = yield from read(f, number, self.names[number])
-        open(os.path.join(self.staging, ROWS, f"{number}-{rows}"), "wb").close()
+            raise read_error(source.name, plain(error)) from None
+        with raw:
+            # .gz and .zst decompressed as the CLI does them (gzip members, zstd frames, a cut file an error)
+            stream = raw if fmt == "parquet" else decompressing(raw, source.compression)
+            rows = yield from read(stream, source.number, source.name)
+        open(os.path.join(staging, ROWS, f"{source.number}-{rows}"), "wb").close()
 
 
 def jsonl_tables(f, number: int, name: str) -> Generator[pa.Table, None, int]:
@@ -395,7 +461,7 @@ class Translating:
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
         outcomes = self.chunks(records)
-        return self.output(block, records, outcomes, ids)
+        return self.output(records, outcomes, ids)
 
     def records(self, block: pa.Table, ids: list[int]) -> list[Record]:
         if self.job.input_format == "jsonl":
@@ -411,64 +477,103 @@ class Translating:
                 start += batch.num_rows
         return records
 
-    def output(self, block: pa.Table, records: list[Record], outcomes: list[Outcome], ids: list[int]) -> pa.Table:
-        """The written rows (their output and id), then the failed ones (nulls, their id, error and errors line)."""
+    def output(self, records: list[Record], outcomes: list[Outcome], ids: list[int]) -> pa.Table:
+        """The block's rows as the job commits a chunk's (commit.commit_rows, error_lines): the written ones
+        (their output and id), then the failed ones (nulls, their id, error and errors line); the block's counts
+        (Counters, as JSON) on its first row."""
         job = self.job
-        added = job.added
-        values = [added_values(added, o) for o in outcomes]
-        place = {id(r): n for n, r in enumerate(records)}
-        if job.output_format == "jsonl":
-            schema, lines, unwritten = pa.schema([(LINE, pa.binary())]), [], []
-            fields = jsonl_fields(records, values)
-            for record, row in zip(records, values):
-                if row is not None:
-                    line, error = encode_jsonl_row(record, next(fields), row)
-                    (unwritten.append((record, error)) if error else lines.append(line))
-            written = pa.table({LINE: pa.array(lines, pa.binary())})
-        else:
-            schema = output_schema(self.schema, added)
-            written, unwritten = TableMaker(self.schema, added, job.field).table(records, values)
-            written = (written if written is not None else schema.empty_table()).select(schema.names).cast(schema)
-        for record, error in unwritten:  # rows the writer refused fail as the CLI's do
-            outcomes[place[id(record)]].translation, outcomes[place[id(record)]].error = None, error
+        counters = Counters()
+        rows = BlockRows(job, self.schema)
+        failed = commit_rows(records, outcomes, rows, job, counters)
         kept = [n for n, o in enumerate(outcomes) if o.error is None]
-        failed = [n for n, o in enumerate(outcomes) if o.error is not None]
-        failed_records = [records[n] for n in failed]
-        error_lines = [error_line(record, outcomes[n].error, job, source)
-                       for n, record, source in zip(failed, failed_records, failed_inputs(failed_records, job))]
-        nulls = pa.table({f.name: pa.nulls(len(failed), f.type) for f in schema}, schema=schema)
-        table = pa.concat_tables([written, nulls])
-        rows = [record.index for record in records]  # each row's number in its file
-        return table.append_column(ID, pa.array([ids[n] for n in kept + failed], pa.int64())).append_column(
-            ROW, pa.array([rows[n] for n in kept + failed], pa.int64())).append_column(
-            ERROR, pa.array([None] * len(kept) + [outcomes[n].error for n in failed], pa.string())).append_column(
-            ERROR_LINE, pa.array([None] * len(kept) + error_lines, pa.binary())).append_column(
-            WORKER, pa.array([self.worker] * table.num_rows, pa.string()))
+        lost = [n for n, o in enumerate(outcomes) if o.error is not None]
+        written = rows.table()
+        table = pa.concat_tables([written, pa.table({f.name: pa.nulls(len(lost), f.type) for f in written.schema},
+                                                    schema=written.schema)])
+        order = kept + lost
+        counted = [json.dumps(counted_fields(counters))] + [None] * (len(order) - 1)
+        for name, values, kind in (
+                (ID, [ids[n] for n in order], pa.int64()), (ROW, [records[n].index for n in order], pa.int64()),
+                (ERROR, [None] * len(kept) + [error for _, error in failed], pa.string()),
+                (ERROR_LINE, [None] * len(kept) + error_lines(failed, job), pa.binary()),
+                (WORKER, [self.worker] * len(order), pa.string()), (COUNTED, counted, pa.string())):
+            table = table.append_column(name, pa.array(values, kind))
+        return table
+
+
+class BlockRows:
+    """A block's written rows as the job's writers make them (the sink that commit.commit_rows writes through):
+    JSONL lines by io's LineSink, one a row (JSON escapes a line break), or a Parquet table by io.parquet's
+    TableMaker, in the input's schema."""
+
+    def __init__(self, job: Job, schema: pa.Schema | None):
+        self.schema, self.added = schema, job.added
+        self.lines = io.BytesIO() if job.output_format == "jsonl" else None
+        self.maker = TableMaker(schema, job.added, job.field) if self.lines is None else None
+        self.written: pa.Table | None = None
+
+    def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
+        if self.maker is None:
+            return LineSink(self.lines, "jsonl", self.added).write(records, values)
+        self.written, failed = self.maker.table(records, values)
+        return failed
+
+    def table(self) -> pa.Table:
+        """The written rows: a JSONL line each (LINE), or the output's Parquet columns."""
+        if self.maker is None:
+            lines = self.lines.getvalue().split(b"\n")[:-1]
+            return pa.table({LINE: pa.array([line + b"\n" for line in lines], pa.binary())})
+        schema = output_schema(self.schema, self.added)
+        written = self.written if self.written is not None else schema.empty_table()
+        return written.select(schema.names).cast(schema)
+
+
+def counted_fields(counters: Counters) -> dict:
+    """What a block or a write task counted: the Counters' counts, without the time (the job's own)."""
+    return {name: value for name, value in asdict(counters).items() if name != "seconds"}
+
+
+class TaskName(FilenameProvider):
+    """A write task's name, its write's and its number's, without an extension: Ray's two-phase checkpoint knows a
+    task's files as those whose names start with it (a name without an extension is its own base), so that the
+    parts of a task whose checkpoint was not committed are deleted when the job resumes. Ray asks for it as the
+    task starts to write; `task` holds it then."""
+
+    task = ""
+
+    def get_filename_for_task(self, write_uuid: str, task_index: int) -> str:
+        self.task = f"{write_uuid}_{task_index:06}"
+        return self.task
 
 
 class Sink(BlockBasedFileDatasink):
     """The staged parts: a write task's rows sorted by id, the translated ones in a part named by its first row
-    and its row count, the failed ones' errors lines beside it. With --on-error fail a failed row fails the task,
-    and the job. `digits`: the width of the file numbers in the names (file_digits)."""
+    and its row count, the failed ones' errors lines beside it, and the file Ray opens for the task (named by it
+    alone: TaskName) holding what its rows counted. With --on-error fail a failed row fails the task, and the
+    job. `digits`: the width of the file numbers in the names (file_digits)."""
 
     def __init__(self, path: str, fmt: str, on_error: str, digits: int):
-        super().__init__(path, file_format=fmt)
+        super().__init__(path, filename_provider=TaskName())
         self.fmt, self.on_error, self.digits = fmt, on_error, digits
+        self.workers: set[str] = set()
+        self.returned: dict | None = None
 
     def write(self, blocks, ctx) -> dict | None:
-        from ray.data._internal.planner.plan_write_op import WRITE_UUID_KWARG_NAME
-        from ray.data.datasource.filename_provider import _split_base_and_ext
+        """The task's rows written (write_block_to_file); returns the actors that translated them."""
+        self.returned = None
+        super().write(blocks, ctx)  # Ray names the task (TaskName), opens its file and calls write_block_to_file
+        return self.returned
 
-        tables = [BlockAccessor.for_block(block).to_arrow() for block in blocks]
-        table = pa.concat_tables(tables).sort_by(ID) if tables else None
-        if table is None or table.num_rows == 0:
-            return None
+    def write_block_to_file(self, block: BlockAccessor, file) -> None:
+        self.returned = self.write_parts(block.to_arrow(), self.filename_provider.task, file)
+
+    def write_parts(self, table: pa.Table, task: str, record) -> dict:
+        """The rows of the task named `task` into its parts, and what they counted into `record` (a binary
+        stream) as JSON; returns the actors that translated them."""
+        table = table.sort_by(ID)
         errors = table.column(ERROR)
         if self.on_error == "fail" and errors.null_count < table.num_rows:
             raise NllbError(errors.drop_null()[0].as_py())
-        # the names start with the one Ray's checkpoint knows the task by, so that an uncommitted part is found
-        task = _split_base_and_ext(self.filename_provider.get_filename_for_task(ctx.kwargs[WRITE_UUID_KWARG_NAME],
-                                                                               ctx.task_idx))[0]
         with writing(os.path.dirname(self.path), task):
             for start, end in runs(table.column(ID).to_pylist(), table.column(ROW).to_pylist()):
                 run = table.slice(start, end - start)
@@ -479,8 +584,11 @@ class Sink(BlockBasedFileDatasink):
                     if rows.num_rows:
                         name = staged_name(task, first >> FILE_BITS, first & ROW_MASK, rows.num_rows, self.digits, suffix)
                         self.write_part(f"{self.path}/{name}", rows, suffix == ".errors.jsonl")
-        return {"rows": table.num_rows, "failed": table.num_rows - errors.null_count,
-                "workers": sorted(set(table.column(WORKER).to_pylist()))}
+            counted = Counters()
+            for block in table.column(COUNTED).drop_null().to_pylist():
+                add_counts(counted, json.loads(block))
+            record.write(json.dumps(counted_fields(counted)).encode())
+        return {"workers": sorted(set(table.column(WORKER).to_pylist()))}
 
     def write_part(self, path: str, rows: pa.Table, errors: bool) -> None:
         """A part's rows (translated: their output; failed: their errors lines) into the file at `path`."""
@@ -493,11 +601,28 @@ class Sink(BlockBasedFileDatasink):
                 else:
                     pq.write_table(rows.drop_columns([c for c in INTERNAL if c in rows.column_names]), stream)
         except OSError as error:
-            raise NllbError(f"cannot write {path}: {plain(error).strerror or error}.") from None
+            raise write_error(path, error) from None
+
+    def open_output_stream(self, path: str):
+        """A file of the task's (a part, or the one Ray opens for the task), or the NllbError that names it."""
+        try:
+            return super().open_output_stream(path)
+        except OSError as error:
+            raise write_error(path, error) from None
 
     def on_write_complete(self, write_result) -> None:
-        self.returns = [r for r in write_result.write_returns if r]
+        self.workers = {w for r in write_result.write_returns if r for w in r["workers"]}
         super().on_write_complete(write_result)
+
+
+def write_error(path: str, error: OSError) -> NllbError:
+    return NllbError(f"cannot write {path}: {plain(error).strerror or error}.")
+
+
+def add_counts(counters: Counters, counted: dict) -> None:
+    """Add what a block or a task counted (counted_fields) to `counters`."""
+    for name, value in counted.items():
+        setattr(counters, name, getattr(counters, name) + value)
 
 
 @contextlib.contextmanager
@@ -590,6 +715,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         raise NllbError("--ray writes a row for each input row: several target languages go to columns there "
                         "(--targets-as columns), not rows.")
     check_fields(job)
+    check_internals()
     if adapter is not None:  # the actors load it: what the command checks before any work, checked here
         read_adapter_config(Path(adapter))
     compressions, schema = check_inputs(files, fmt, job)
@@ -600,6 +726,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     if resume and finished_job(output) == identity:
         remove_path(staging)
         return Outcomes(already=True)
+    started = time.monotonic()
     errors = open_errors(job)
     workers: tuple[str, ...] = ()
     try:
@@ -618,7 +745,22 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
             error.resumable = saved_any(staging)
         raise
     outcomes.workers = workers
+    outcomes.counters.seconds = time.monotonic() - started
     return outcomes
+
+
+def report(outcomes: Outcomes, output: str, summary: bool = True, stream: TextIO | None = None) -> None:
+    """A --ray job's summary on stderr (or `stream`), unless not `summary`: the command's line (progress.Reporter)
+    over the job's counts, then the actors that ran it; or that the job had finished before."""
+    reporter = Reporter("none", counters=outcomes.counters, stream=stream, summary=summary)
+    if outcomes.already:
+        if summary:
+            reporter.write(f"Already finished: {output} holds this job's rows, and its inputs and options are "
+                           "unchanged; nothing to do.")
+        return
+    reporter.close()
+    if summary:
+        reporter.write(f"Ray actors: {', '.join(outcomes.workers) or 'none this run (every row had been written)'}.")
 
 
 def open_errors(job: Job) -> PartialFile | StreamFile | None:
@@ -867,12 +1009,11 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
     context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
-    context.enable_progress_bars = progress
-    context.print_on_execution_start = False
-    context.actor_task_retry_on_errors = True  # with max_task_retries: a batch function that raised runs again
-    context.raise_original_map_exception = True  # what it raised reaches the job's error (ray_error), not a wrapper
-    context.checkpoint_config = CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
-                                                 delete_checkpoint_on_success=False)
+    configure(context, enable_progress_bars=progress, print_on_execution_start=False,
+              actor_task_retry_on_errors=True,  # with max_task_retries: a batch function that raised runs again
+              raise_original_map_exception=True,  # what it raised reaches the job's error (ray_error), not a wrapper
+              checkpoint_config=CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
+                                                 delete_checkpoint_on_success=False))
     gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device != "cpu" else 0
     if options.device == "cuda" and not gpus:
         raise NllbError("--device cuda: the Ray cluster has no GPU.")
@@ -891,14 +1032,17 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     # strict: every block chunk_rows rows but the last; else each read block leaves a small one of its own, which
     # an actor takes as one call with little for the GPU to do while its next block is prepared
     dataset = dataset.repartition(target_num_rows_per_block=chunk_rows, strict=True)
-    with warnings.catch_warnings():  # max_task_retries is not one of map_batches' named parameters yet (Ray 2.60)
+    # two blocks at once on an actor (one prepared while the other is on the engine): max_concurrency, the actor's
+    # option of ray.remote, which every Ray Data since 2.55 takes (its ActorPoolStrategy's own has changed name);
+    # max_task_retries is an option of ray.remote too, not one of map_batches' named parameters
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*")
         dataset = dataset.map_batches(
             Translating, fn_constructor_kwargs={"load": load, "names": names, "job": job, "decode": decode,
                                                 "max_batch_tokens": max_batch_tokens, "schema": schema,
                                                 "max_batch_sentences": max_batch_sentences},
             batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
-            compute=ActorPoolStrategy(size=actors, max_concurrent_calls_per_actor=2, enable_true_multi_threading=True),
+            compute=ActorPoolStrategy(size=actors, enable_true_multi_threading=True), max_concurrency=2,
             max_task_retries=TASK_RETRIES)
     sink = Sink(os.path.join(staging, "data"), job.input_format, job.on_error, file_digits(len(files)))
     failure = None
@@ -916,7 +1060,31 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
         wait_for_writes(staging)  # nothing of this job lands after it has ended: a resume may start at once
         raise NllbError(f"{failure.rstrip('.')} (the rows written so far are kept: run the same command with --resume "
                         "to continue)")
-    return tuple(sorted({w for r in getattr(sink, "returns", []) for w in r.get("workers", [])}))
+    return tuple(sorted(sink.workers))
+
+
+def configure(context: DataContext, **settings) -> None:
+    """Set Ray Data's settings, each one this Ray has: a setting it has renamed or dropped would be set in vain
+    (a dataclass takes any attribute), and the job would run otherwise than it says."""
+    for name, value in settings.items():
+        if not hasattr(context, name):
+            raise NllbError(f"--ray: Ray {ray.__version__}'s DataContext has no {name}, which the job sets: install a "
+                            "Ray that nllbcli supports (pip install 'nllbcli[ray]').")
+        setattr(context, name, value)
+
+
+def check_internals() -> None:
+    """Refuse, in one line and before any work, a Ray that lacks what the job needs of it beyond what it
+    publishes (INTERNALS)."""
+    for module, names in INTERNALS.items():
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            found, names = None, names[:1]
+        for name in names:
+            if not hasattr(found, name):
+                raise NllbError(f"--ray: Ray {ray.__version__} has no {module}.{name}, which the job needs (runners/"
+                                "ray.py's INTERNALS): install a Ray that nllbcli supports (pip install 'nllbcli[ray]').")
 
 
 def ray_error(error: BaseException) -> str:
@@ -950,6 +1118,9 @@ def promote(staging: str, output: str, files: list[str], job: Job, identity: dic
     else:
         plan = plan_promotion(staging, files)
         write_json(plan_path, plan)
+    for name in plan["tasks"]:  # the tasks' counts, in the plan now
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(data, name))
     for staged, final in plan["parts"]:
         move(os.path.join(data, staged), os.path.join(data, final))
     failed = os.path.join(staging, "errors")  # the errors parts, out of what becomes OUTPUT, until the end
@@ -968,7 +1139,7 @@ def promote(staging: str, output: str, files: list[str], job: Job, identity: dic
             with open(path, encoding="utf-8") as lines:
                 for line in lines:
                     warn(f"Skipped: {json.loads(line)['error']}")
-    counts = {key: plan[key] for key in ("rows", "translated", "failed")}
+    counts = plan["counts"]
     write_json(os.path.join(data, SUCCESS), {"nllb": 1, "job": identity, **counts})
     with critical():  # OUTPUT is never left gone by a stop signal: the old one replaced, then the new in place
         if os.path.isdir(output):
@@ -979,20 +1150,31 @@ def promote(staging: str, output: str, files: list[str], job: Job, identity: dic
         job_finished()
     sync_directory(output)  # the renames in OUTPUT's directory
     shutil.rmtree(staging)
-    return Outcomes(**counts)
+    return Outcomes(Counters(**counts))
 
 
 def plan_promotion(staging: str, files: list[str]) -> dict:
-    """The promotion's plan: each staged part's final name, in input order (the errors parts apart), and the
-    rows, translated and failed. The parts' rows, from their names, must be each input's, as its read task counted
+    """The promotion's plan: each staged part's final name, in input order (the errors parts apart), the files of
+    the write tasks' counts (Sink), and the job's counts (counted_fields): the rows, translated and failed from the
+    parts' names, the rest summed from the tasks'. The parts' rows must be each input's, as its read task counted
     them: a part lost, a row written twice or an input changed while the job read it is refused, nothing promoted."""
     counted = counted_rows(staging, files)
     digits, held, translated = file_digits(len(files)), [0] * len(files), 0
     parts: dict[str, str] = {}
     failed: dict[str, str] = {}
-    for name in os.listdir(os.path.join(staging, "data")):
+    tasks, counters = [], Counters()
+    data = os.path.join(staging, "data")
+    for name in os.listdir(data):
         found = parse_staged(name)
         if found is None:
+            if "." not in name:  # a write task's counts (TaskName)
+                tasks.append(name)
+                try:
+                    with open(os.path.join(data, name), encoding="utf-8") as f:
+                        add_counts(counters, json.load(f))
+                except (OSError, ValueError, TypeError, AttributeError) as error:
+                    raise NllbError(f"{staging}: the counts of the write task {name} cannot be read ({error}): "
+                                    "refusing to finish the job; run it again without --resume.") from None
             continue
         file, line, rows, suffix = found
         if file >= len(files):
@@ -1011,9 +1193,10 @@ def plan_promotion(staging: str, files: list[str]) -> dict:
             have = "were not counted" if number not in counted else f"are {counted[number]:,}"
             raise NllbError(f"{staging}: the parts hold {held[number]:,} rows of {name}, whose rows {have}: refusing "
                             "to finish the job; run it again without --resume.")
+    counters.rows, counters.translated, counters.failed = sum(held), translated, sum(held) - translated
     return {"parts": [[parts[final], final] for final in sorted(parts)],
-            "errors": [[failed[final], final] for final in sorted(failed)],
-            "rows": sum(held), "translated": translated, "failed": sum(held) - translated}
+            "errors": [[failed[final], final] for final in sorted(failed)], "tasks": sorted(tasks),
+            "counts": counted_fields(counters)}
 
 
 def counted_rows(staging: str, files: list[str]) -> dict[int, int]:
