@@ -23,13 +23,13 @@ def listing(directory) -> list[str]:
 
 @contextmanager
 def stopped_after_commits(commits: int):
-    """While the block runs, the pipeline's save_state raises KeyboardInterrupt at its commit number
+    """While the block runs, the job loop's save_state raises KeyboardInterrupt at its commit number
     `commits` + 1 (standing for a kill after the next chunk is written, before it is committed); yields the
     states saved before that."""
-    import nllbcli.job.loop as pipeline
+    import nllbcli.job.loop as loop
 
     saved = []
-    save_state = pipeline.save_state
+    save_state = loop.save_state
 
     def stop_after_commits(path, state):
         if len(saved) == commits:
@@ -37,8 +37,8 @@ def stopped_after_commits(commits: int):
         save_state(path, state)
         saved.append(state)
 
-    pipeline.save_state = stop_after_commits
+    loop.save_state = stop_after_commits
     try:
         yield saved
     finally:
-        pipeline.save_state = save_state
+        loop.save_state = save_state

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import types
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -338,6 +339,23 @@ def test_a_workers_rows_reach_the_progress_as_its_batches_end():
     assert events[-1] == "finish"
     assert sum(events[:-1]) == len(chunk)
     assert len(events) > 2 and events[0] > 0  # rows counted before the chunk ended, in more than one message
+
+
+def test_a_dead_workers_reported_progress_is_taken_back():
+    """The rows and tokens a worker reported for the chunks it dies with are taken off the progress: another
+    worker does them again, and they are counted once."""
+    def worker(chunks):
+        process = types.SimpleNamespace(exitcode=-9, join=lambda timeout=None: None, is_alive=lambda: False)
+        return types.SimpleNamespace(device="cpu", process=process, chunks=chunks,
+                                     connection=types.SimpleNamespace(close=lambda: None))
+
+    pool, advanced, todo = object.__new__(Pool), [], deque()
+    dead, alive = worker([3, 4]), worker([5])
+    pool.workers, pool.progressed = [dead, alive], {3: [5, 40], 5: [2, 9]}
+    pool.advance = lambda rows, tokens: advanced.append((rows, tokens))
+    pool.lose(dead, todo, lambda message: None)
+    assert advanced == [(-5, -40)] and list(todo) == [3, 4]
+    assert pool.progressed == {5: [2, 9]} and pool.workers == [alive]
 
 
 def test_a_job_that_ends_on_an_error_leaves_no_result_to_the_next():

@@ -384,17 +384,17 @@ def test_a_fresh_run_removes_the_old_jobs_errors_partial(fake, tmp_path, monkeyp
 
 @pytest.mark.parametrize("fmt", ["txt", "parquet"])
 def test_a_signal_while_the_output_is_put_in_place_ends_the_job_as_finished(fake, tmp_path, monkeypatch, fmt):
-    import nllbcli.job.loop as pipeline
+    import nllbcli.job.loop as loop
 
     monkeypatch.chdir(tmp_path)
     Path("in.txt").write_text("".join(t + "\n" for t in ROWS))
-    save_record = pipeline.save_record
+    save_record = loop.save_record
 
     def signalled(*args):  # SIGTERM arrives inside the last critical section, after the rename
         os.kill(os.getpid(), signal.SIGTERM)
         save_record(*args)
 
-    monkeypatch.setattr(pipeline, "save_record", signalled)
+    monkeypatch.setattr(loop, "save_record", signalled)
     result = invoke("--errors", "e.jsonl", "--chunk-rows", "5", "in.txt", f"out.{fmt}")
     assert result.exit_code == 0, result.output
     assert result.stderr.startswith("Done: 12 rows (12 translated")

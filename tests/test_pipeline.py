@@ -56,7 +56,7 @@ def test_cut_source_keeps_language_token_and_eos():
     assert cut_source(ids, 4) == [500, 10, 11, 2]
 
 
-def test_translate_records_restores_input_order(fake):
+def test_the_chunk_worker_restores_input_order(fake):
     translator = fake
     texts = ["a" * (i % 7) + str(i) for i in range(50)]
     records = [Record(i, t, {}) for i, t in enumerate(texts)]
@@ -64,7 +64,7 @@ def test_translate_records_restores_input_order(fake):
     assert [len(batch[0]) for batch in translator.batches] == sorted((len(b[0]) for b in translator.batches), reverse=True)
 
 
-def test_translate_records_leaves_empty_texts_to_itself(fake):
+def test_the_chunk_worker_leaves_empty_texts_to_itself(fake):
     translator = fake
     done = []
     records = [Record(0, "", {}), Record(1, "ab", {}), Record(2, " \t", {})]
@@ -74,7 +74,7 @@ def test_translate_records_leaves_empty_texts_to_itself(fake):
     assert done == [(2, 0), (1, 2)]
 
 
-def test_translate_records_cuts_long_sources_and_flags_the_row(fake):
+def test_the_chunk_worker_cuts_long_sources_and_flags_the_row(fake):
     translator = fake
     translator.config.max_position_embeddings = 4
     [outcome] = ChunkWorker(translator, JOB, DecodeOptions(), BatchOptions(max_batch_tokens=100))([Record(0, "abcdef", {})])
@@ -371,12 +371,12 @@ def test_a_failed_commit_leaves_the_chunks_before_it(fake, tmp_path, monkeypatch
     committed (for --resume), and neither chunk 2 nor any later chunk is written."""
     from click.testing import CliRunner
 
-    from nllbcli.job import loop as pipeline
+    from nllbcli.job import loop
     from nllbcli.cli import cli
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in.txt").write_text("".join(f"a{i}\n" for i in range(5000)))
-    real, calls = pipeline.write_chunk, []
+    real, calls = loop.write_chunk, []
 
     def write_chunk(chunk, *args):
         calls.append(chunk[0].index)
@@ -384,7 +384,7 @@ def test_a_failed_commit_leaves_the_chunks_before_it(fake, tmp_path, monkeypatch
             raise NllbError("out.txt: no space left on the device")
         return real(chunk, *args)
 
-    monkeypatch.setattr(pipeline, "write_chunk", write_chunk)
+    monkeypatch.setattr(loop, "write_chunk", write_chunk)
     result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "--chunk-rows", "2048",
                                       "in.txt", "out.txt"])
     assert result.exit_code == 1 and result.stderr.strip() == "Error: out.txt: no space left on the device"
@@ -398,15 +398,15 @@ def test_a_job_restores_the_cyclic_collector(tmp_path):
     its walks; after the job (done or failed) Python's settings are back."""
     import gc
 
-    from nllbcli.job import reader as overlap
+    from nllbcli.job import reader
 
     before = gc.get_threshold()
-    with overlap.fewer_collections():
-        assert gc.get_threshold() == overlap.GC_THRESHOLD
+    with reader.fewer_collections():
+        assert gc.get_threshold() == reader.GC_THRESHOLD
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with pytest.raises(RuntimeError):
-        with overlap.fewer_collections():
+        with reader.fewer_collections():
             raise RuntimeError("a job that fails")
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 

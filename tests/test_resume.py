@@ -180,7 +180,7 @@ def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fak
     """The last window: the output renamed into place, the errors file and the state not yet done."""
     from click.testing import CliRunner
 
-    import nllbcli.job.loop as pipeline
+    import nllbcli.job.loop as loop
     from nllbcli.cli import cli
 
     monkeypatch.chdir(tmp_path)
@@ -194,7 +194,7 @@ def test_a_job_killed_after_its_output_is_in_place_resumes_to_the_same_files(fak
         raise KeyboardInterrupt  # stands for kill -9 between putting the output in place and recording it
 
     with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "save_record", killed)
+        patch.setattr(loop, "save_record", killed)
         assert CliRunner().invoke(cli, args).exit_code == 130
     finished = Path(f"out.{fmt}").read_bytes()
     assert Path(f".out.{fmt}.nllb-state.json").exists() and not Path(f".out.{fmt}.nllb-partial").exists()

@@ -281,8 +281,9 @@ class Pool:
         worker.connection.close()
         redone = sorted(worker.chunks)
         for number in redone:  # counted again as another worker does them
-            rows, tokens = self.progressed.pop(number, (0, 0))
-            self.advance(-rows, -tokens)
+            if number in self.progressed:
+                rows, tokens = self.progressed.pop(number)
+                self.advance(-rows, -tokens)
         if not self.workers:
             raise NllbError(f"the worker on {worker.device} {ended(worker.process)}, and it was the last one: the "
                             "rows committed so far are saved; run the same command with --resume to continue.")

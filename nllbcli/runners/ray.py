@@ -881,7 +881,7 @@ def remove_path(path: str) -> None:
 
 def write_json(path: str, value: dict) -> None:
     """A small JSON file written beside its name, fsynced and renamed into place; ASCII, as the command's state
-    (resume.save_state): a name that is not UTF-8 (the model's directory) is kept as escapes."""
+    (state.save_state): a name that is not UTF-8 (the model's directory) is kept as escapes."""
     temp = f"{path}.tmp"
     remove_path(temp)
     with replaced_atomically(path, temp) as f:  # (its directory synced)
