@@ -2,7 +2,7 @@
 Python: `nllbcli.load`, `nllbcli.translate` and `nllbcli.translate_table` (nllbcli/api.py)."""
 
 API = ("Result", "load", "translate", "translate_table")
-OPTIONS = ("BatchOptions", "DecodeOptions")
+OPTIONS = ("BatchOptions", "DecodeOptions", "ModelOptions")
 __all__ = [*API, *OPTIONS]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import pyarrow as pa
 
@@ -29,15 +30,20 @@ from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import ON_ERROR, BatchOptions, DecodeOptions, Job, described
+from .options import ON_ERROR, BatchOptions, DecodeOptions, Job, ModelOptions, described
 from .job.reader import read_chunks
 from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
-from .job.rows import status_of, written_rows
+from .job.commit import TableSink, commit_rows
+from .job.rows import status_of
 from .model.translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
 TABLE = "the table"  # what messages call the rows translate_table was given
+API_NAMES = MappingProxyType({  # the arguments that messages of the job's checks (job.spec) name, as options there
+    "--field": "field", "--output-field": "output_field", "--status-field": "status_field",
+    "--score-field": "score_field", "--log-prob-field": "log_prob_field", "--tgt-lang-field": "tgt_field",
+    "--error-field": "error_field", "--overwrite-field": "overwrite_field=True", "--targets-as rows": "targets_as='rows'"})
 
 
 @dataclass(frozen=True)
@@ -52,11 +58,14 @@ class Result:
     log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
 
 
-def load(model: str | None = None, device: str = "auto", adapter: str | None = None,
+def load(model: str | ModelOptions | None = None, device: str = "auto", adapter: str | None = None,
          compute_type: str = "auto") -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
-    bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator)."""
+    bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator). `model` may be the command's
+    record of these, a ModelOptions, in place of the four."""
+    if isinstance(model, ModelOptions):
+        model, device, adapter, compute_type = model.model, model.device, model.adapter, model.compute_type
     for name, value in (("model", model), ("adapter", adapter)):
         check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
     for name, value in (("device", device), ("compute_type", compute_type)):
@@ -126,29 +135,13 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
                     targets_as=targets_as, on_error=on_error)
     check_text_column(schema, TABLE, field)
-    check_added_columns(schema, job)
-    added = job.added
+    check_added_columns(schema, job, API_NAMES)
     position = Position()
     records = [record for batch in batches for record in batch_records(batch, TABLE, field, position)]
-    done = run_records(translator, records, job, decode, batching, progress)
-    kept = done if error_field is not None else [(r, o) for r, o in done if o.error is None]
-    outcome_of = {id(r): o for r, o in kept}
-    records, rows = written_rows([r for r, _ in kept], [o for _, o in kept], added)  # each row once per target, as rows
-    names, columns = list(schema.names), rows_of(schema, records)
-    rows = [row or {} for row in rows]  # a failed row's added columns are null ...
-    if added.target is not None:  # ... but for its target language, as rows
-        for n, row in enumerate(rows):
-            row.setdefault(added.target, job.targets[n % len(job.targets)])
-    values = {name: ([row.get(name) for row in rows], kind) for name, kind in added.types.items()}
-    if error_field is not None:
-        values[error_field] = ([outcome_of[id(r)].error for r in records], pa.string())
-    for name, (column, kind) in values.items():  # in place where the input has the column (overwrite_field), else last
-        if name in names:
-            columns[names.index(name)] = pa.array(column, kind)
-        else:
-            names.append(name)
-            columns.append(pa.array(column, kind))
-    return pa.Table.from_arrays(columns, names=names)
+    sink = TableSink(schema, job)
+    run_records(translator, records, job, decode, batching, progress,
+                lambda chunk, outcomes, counters: commit_rows(chunk, outcomes, sink, job, counters))
+    return sink.table()
 
 
 def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], *, field: str, output_field: str,
@@ -175,7 +168,7 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               max_input_length=max_input_length, score_field=score_field if decode.scores else None,
               log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,
               prefix_field=prefix_field)
-    check_fields(job)
+    check_fields(job, API_NAMES)
     return job
 
 
@@ -224,15 +217,6 @@ def check_languages(src, tgt) -> None:
         raise TypeError(f"tgt must be a language code (a str), a list of them or None, not {described(tgt)}.")
 
 
-def rows_of(schema: pa.Schema, records: list[Record]) -> list[pa.ChunkedArray]:
-    """The input columns of these rows, from their batches."""
-    from .io.parquet import batch_groups, take_rows
-
-    parts = [take_rows(batch, [r.row for r in group]) for batch, group in batch_groups(records)]
-    taken = pa.Table.from_batches(parts, schema=schema) if parts else schema.empty_table()
-    return taken.columns
-
-
 def model_decode(translator: Translator) -> DecodeOptions:
     """The command's decoding options for the translator's model when none are given."""
     from pathlib import Path
@@ -243,15 +227,19 @@ def model_decode(translator: Translator) -> DecodeOptions:
 
 
 def run_records(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,
-                batching: BatchOptions | None, progress: bool) -> list[tuple[Record, object]]:
-    """Each record with its Outcome, in order: a chunk at a time, as the CLI's job translates them."""
+                batching: BatchOptions | None, progress: bool, commit=None) -> list[tuple[Record, object]]:
+    """Each record with its Outcome, in order: a chunk at a time, as the CLI's job translates them, each chunk
+    handed to `commit(chunk, outcomes, counters)` as it is done where given (the progress bar's Counters)."""
     batching = batching or BatchOptions.for_device(translator.device)
     reporter = Reporter("bar" if progress else "none", len(records), summary=False)
     done = []
     worker = ChunkWorker(translator, job, decode, batching)
     try:
         for chunk in read_chunks(records, batching.read_chunk_rows):
-            done += zip(chunk, worker(chunk, reporter.advance))
+            outcomes = worker(chunk, reporter.advance)
+            if commit is not None:
+                commit(chunk, outcomes, reporter.counters)
+            done += zip(chunk, outcomes)
     finally:
         reporter.close(summary=False)
     return done

@@ -422,11 +422,11 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
                                    "'nllbcli[ray]'.") from None
     job = replace(base, **resolved_languages(model.model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model.model).resolve())
-    options = ray.RayOptions(run.ray_address, run.ray_actors, model.device, run.threads, model.compute_type)
+    options = ray.RayOptions(run.ray_address, run.ray_actors, run.threads)
     try:
         with stop_on_signals():
             outcomes = ray.translate_with_ray(
-                inputs, output, job, decode, options, model=model_dir, adapter=model.adapter, batching=batching,
+                inputs, output, job, decode, replace(model, model=model_dir), options, batching=batching,
                 resume=run.resume, input_format=run.input_format, output_format=run.output_format,
                 progress=not run.quiet and progress_mode(run.progress, output) == "bar",
                 warn=lambda message: click.echo(message, err=True))

@@ -271,17 +271,13 @@ class Job:
                              f"{self.max_input_length}.")
 
     @property
-    def added_fields(self) -> tuple[tuple[str, str], ...]:
-        """(option, name) of each field the job adds to a row: those of `added`, and the error field where named."""
-        return self.added.options + ((("error_field", self.error_field),) if self.error_field is not None else ())
-
-    @property
     def added(self) -> Added:
         """The fields (columns) the job adds to each row: the translation, and the status and scores where asked
         for."""
         from .io import Added
 
-        added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses)
+        added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses,
+                      error=self.error_field)
         if not self.targets:
             return added
         if self.targets_as == "columns":

@@ -52,14 +52,14 @@ class PartitionTranslator:
         as translate_table would in every task."""
         from pyspark.sql.types import ArrayType, DoubleType, StringType, StructField, StructType
 
+        from .api import API_NAMES
         from .job.spec import check_added_columns
 
         job = self.job()
-        check_added_columns(schema, job)
+        check_added_columns(schema, job, API_NAMES)
         scalar = {"string": StringType(), "double": DoubleType()}
         kinds = {name: ArrayType(scalar[str(kind.value_type)]) if hasattr(kind, "value_type") else scalar[str(kind)]
                  for name, kind in job.added.types.items()}
-        kinds[job.error_field] = StringType()
         fields = list(schema.fields)
         for name, kind in kinds.items():
             names = [field.name for field in fields]

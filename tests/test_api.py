@@ -119,7 +119,7 @@ def test_a_row_that_fails_fails_the_table_as_it_fails_the_command(tmp_path):
 def test_translate_table_refuses_what_the_command_refuses():
     with pytest.raises(NllbError, match="no column 'body'"):
         nllbcli.translate_table(sample(), pa.table({"text": ["a"]}), "en", "fr", field="body")
-    with pytest.raises(NllbError, match="--overwrite-field"):
+    with pytest.raises(NllbError, match="or pass overwrite_field=True to replace it"):
         nllbcli.translate_table(sample(), pa.table({"text": ["a"], "translation": ["b"]}), "en", "fr")
     replaced = nllbcli.translate_table(sample(), pa.table({"text": ["Hello."], "translation": ["old"]}), "en", "fr",
                                        GREEDY, overwrite_field=True)
@@ -150,14 +150,14 @@ def test_an_added_column_never_replaces_an_input_one_unless_asked(given):
     table = pa.table({"id": ["a", "b"], "text": ["Hello.", None]})
     field = given.get("field", "text")
     option = next(name for name in given if name != "field")
-    named = {"error_field": "error_field", "status_field": "--status-field"}[option]  # as messages name them
+    named = option  # messages name the API's arguments, not the command's options
     with pytest.raises(NllbError) as caught:
         nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, **given)
     if field == "id":  # the error column over the text itself: not even with overwrite_field
-        assert str(caught.value) == "error_field id is --field's field too: name another."
+        assert str(caught.value) == "error_field id is field's field too: name another."
         return
     assert str(caught.value) == (f"the table: it has a column 'id' already, which {named} would replace: name another "
-                                 f"with {named}, or pass --overwrite-field to replace it.")
+                                 f"with {named}, or pass overwrite_field=True to replace it.")
     skip = {} if option == "error_field" else {"on_error": "skip"}  # row 2 has no text
     replaced = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, overwrite_field=True, **given, **skip)
     assert replaced.column_names == ["id", "text", "translation"]
@@ -166,7 +166,7 @@ def test_an_added_column_never_replaces_an_input_one_unless_asked(given):
 
 
 def test_error_field_is_checked_against_the_other_added_fields():
-    with pytest.raises(NllbError, match="^error_field translation is --output-field's field too: name another.$"):
+    with pytest.raises(NllbError, match="^error_field translation is output_field's field too: name another.$"):
         nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), "en", "fr", GREEDY, error_field="translation")
 
 
@@ -233,3 +233,29 @@ def test_numpy_numbers_are_taken_as_pythons():
     assert (type(options.beam_size), type(options.max_length), type(options.length_penalty)) == (int, int, float)
     assert json.dumps(shaping_values(options))  # a job's identity is JSON
     assert nllbcli.translate(sample(), ROWS[1:2], "en", "fr", options) == nllbcli.translate(sample(), ROWS[1:2], "en", "fr", GREEDY)
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"output_field": "text"}, "output_field text is the field being translated (field), and the translation would "
+                               "replace the source text: name another with output_field, or pass overwrite_field=True "
+                               "to replace it."),
+    ({"status_field": "translation"}, "status_field translation is output_field's field too: name another."),
+    ({"tgt": ["fr", "de"], "targets_as": "rows", "tgt_field": ""},
+     "targets_as='rows' names each row's target language in tgt_field: give it a name."),
+])
+def test_a_field_clash_is_told_in_the_apis_arguments(given, message):
+    """The API's checks are the command's (job.spec.check_fields), and name what the caller wrote: arguments, not
+    the command's options."""
+    with pytest.raises(NllbError) as caught:
+        nllbcli.translate_table(sample(), pa.table({"text": ["Hello."]}), **{"src": "en", "tgt": "fr", **given})
+    assert str(caught.value) == message
+
+
+def test_load_takes_the_commands_model_record():
+    """nllbcli.load takes a ModelOptions (the command's record of -m, --adapter, --compute-type and --device) in
+    place of its four arguments, and loads the same model."""
+    record = nllbcli.ModelOptions(str(SAMPLE), device="cpu")
+    loaded = nllbcli.load(record)
+    assert (loaded.model_dir, loaded.device, loaded.adapter) == (sample().model_dir, "cpu", None)
+    assert [r.text for r in nllbcli.translate(loaded, ROWS[:2], "en", "fr", GREEDY)] == \
+        [r.text for r in nllbcli.translate(sample(), ROWS[:2], "en", "fr", GREEDY)]

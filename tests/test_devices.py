@@ -12,12 +12,14 @@ import json
 import multiprocessing
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import types
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,8 @@ from click.testing import CliRunner
 
 from nllbcli.job.chunks import ChunkWorker
 from nllbcli.cli import cli
-from nllbcli.runners.devices import AHEAD, Pool, open_pool, parse_devices
+from nllbcli.job.loop import translate_file
+from nllbcli.runners.devices import AHEAD, Pool, host_translator, open_pool, parse_devices
 from nllbcli.errors import NllbError
 from nllbcli.options import BatchOptions, DecodeOptions, Job, usable_cores
 from nllbcli.io import Record
@@ -37,6 +40,8 @@ from nllbcli.model.translator import load_translator
 
 LONGER = ("--max-length", "30")  # a job of a few seconds, so that a kill lands mid-job
 BATCHING = BatchOptions(max_batch_tokens=4096)
+GREEDY = DecodeOptions(beam_size=1, max_length=8)
+SAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "samples" / "model")
 
 
 def on_workers(args: list[str], workers: int = 2) -> list[str]:
@@ -430,16 +435,40 @@ def test_workers_that_would_compute_differently_are_one_line():
     from nllbcli.runners.devices import Pool, Worker
     from nllbcli.errors import NllbError
 
+    def loaded(kind: str) -> tuple:
+        return "ready", {"model": None, "adapter": None, "compute_type": kind}
+
     pool = Pool.__new__(Pool)
-    pool.workers = [Worker(device, None, Answering(("ready", kind)), [])
+    pool.workers = [Worker(device, None, Answering(loaded(kind)), [])
                     for device, kind in (("cuda:0", "float8"), ("cuda:1", "bfloat16"), ("cuda:2", "float8"))]
     with pytest.raises(NllbError) as raised:
         pool.ready()
     assert str(raised.value) == ("the devices would compute differently (cuda:0 in float8, cuda:1 in bfloat16, cuda:2 "
                                  "in float8): give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs).")
-    pool.workers = [Worker(device, None, Answering(("ready", "float8")), []) for device in ("cuda:0", "cuda:1")]
+    pool.workers = [Worker(device, None, Answering(loaded("float8")), []) for device in ("cuda:0", "cuda:1")]
     pool.ready()
     assert pool.compute_type == "float8"  # the job's identity, which --resume compares, says what the workers took
+
+
+def test_a_job_whose_model_changed_after_the_workers_loaded_it_is_refused(tmp_path):
+    """The workers load the model once for every job of the command (-o DIR INPUT...): a job whose identity names
+    other files than they loaded (weights written anew meanwhile) stops in one line before any row is written,
+    instead of translating with the old weights under the new identity."""
+    model = tmp_path / "model"
+    shutil.copytree(SAMPLE, model)
+    job = Job(src="eng_Latn", tgt="fra_Latn", input=str(tmp_path / "in.txt"), output=str(tmp_path / "out.txt"),
+              input_format="text", output_format="text")
+    (tmp_path / "in.txt").write_text("Hello.\n")
+    with open_pool(["cpu"], str(model), None, 1) as pool:
+        host = host_translator(str(model), "cpu")
+        host.compute_type = pool.compute_type
+        translate_file(host, job, GREEDY, pool=pool)
+        assert (tmp_path / "out.txt").read_text().count("\n") == 1
+        os.utime(model / "model.safetensors", ns=(1, 1))
+        with pytest.raises(NllbError, match=r"^the worker on cpu has another model than the job: model\.safetensors "
+                                            r"in .+ changed: its files changed after it loaded them"):
+            translate_file(host, replace(job, output=str(tmp_path / "again.txt")), GREEDY, pool=pool)
+    assert not (tmp_path / "again.txt").exists()
 
 
 def test_cpu_workers_name_the_job_as_one_device_does(tmp_path):

@@ -222,5 +222,5 @@ def test_the_error_column_never_replaces_a_dataframes_own_unless_asked():
     with pytest.raises(TypeError, match=r"^decode must be a DecodeOptions \(nllbcli.DecodeOptions\(beam_size=...\)\) or "
                                         r"None, not dict \{'beam_size': 1\}.$"):
         partition_translator("m", decode={"beam_size": 1})
-    with pytest.raises(NllbError, match="^error_field text is --field's field too: name another.$"):
+    with pytest.raises(NllbError, match="^error_field text is field's field too: name another.$"):
         partition_translator("m", error_field="text")

@@ -15,7 +15,7 @@ import nllbcli
 from nllbcli.job.chunks import ChunkWorker, plan_batches
 from nllbcli.cli import cli
 from nllbcli.errors import NllbError
-from nllbcli.options import BatchOptions, DecodeOptions, Job
+from nllbcli.options import BatchOptions, DecodeOptions, Job, ModelOptions
 from nllbcli.model.translator import load_translator
 
 from counting import CountingEngine
@@ -248,7 +248,7 @@ def test_ray_takes_several_targets_as_columns_only(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", ["Yes."])
     job = Job(src="eng_Latn", tgt=None, targets=("fra_Latn", "deu_Latn"), targets_as="rows")
     with pytest.raises(NllbError, match="several target languages go to columns there"):
-        raydata.translate_with_ray([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), job, model=SAMPLE)
+        raydata.translate_with_ray([str(tmp_path / "in.jsonl")], str(tmp_path / "out"), job, DecodeOptions(), ModelOptions(SAMPLE))
 
 
 @pytest.mark.parametrize("how, extension", [("rows", "parquet")])  # a row per target: more rows out than in

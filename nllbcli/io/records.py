@@ -89,7 +89,8 @@ class Added:
     place. With `hypotheses` above 1 (--num-hypotheses) the translation, score and log-probability are lists
     of that many, best first. With several target languages, either each of these fields comes once per
     target, named target_column(name, code), field by field (`targets`), or each row comes once per target
-    with its target language in the field `target` (--targets-as rows)."""
+    with its target language in the field `target` (--targets-as rows). With `error` named (the API's
+    error_field), a failed row is kept, its reason in that field and the others null (null for the other rows)."""
 
     translation: str
     status: str | None = None
@@ -98,6 +99,7 @@ class Added:
     hypotheses: int = 1
     targets: tuple[str, ...] = ()  # the target languages, as columns
     target: str | None = None  # the field naming each row's target language, as rows
+    error: str | None = None  # the field that gets a failed row's reason, every row kept
 
     @property
     def single(self) -> Added:
@@ -110,9 +112,10 @@ class Added:
         named = (("--output-field", self.translation), ("--status-field", self.status), ("--score-field", self.score),
                  ("--log-prob-field", self.log_prob))
         named = tuple((option, name) for option, name in named if name is not None)
+        error = (("--error-field", self.error),) if self.error is not None else ()  # the API's alone
         if self.targets:
-            return tuple((option, target_column(name, code)) for option, name in named for code in self.targets)
-        return ((("--tgt-lang-field", self.target),) if self.target is not None else ()) + named
+            return tuple((option, target_column(name, code)) for option, name in named for code in self.targets) + error
+        return ((("--tgt-lang-field", self.target),) if self.target is not None else ()) + named + error
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -125,9 +128,11 @@ class Added:
 
         many = self.hypotheses > 1
         text, number = (pa.list_(pa.string()), pa.list_(pa.float64())) if many else (pa.string(), pa.float64())
-        kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number}
+        kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number,
+                 self.error: pa.string()}
         if self.targets:
-            return {target_column(name, code): kinds[name] for name in self.single.names for code in self.targets}
+            return {**{target_column(name, code): kinds[name] for name in self.single.names for code in self.targets},
+                    **({self.error: kinds[self.error]} if self.error is not None else {})}
         if self.target is not None:
             kinds = {self.target: pa.string(), **kinds}
         return {name: kinds[name] for name in self.names}

@@ -7,13 +7,38 @@ from __future__ import annotations
 import json
 import shutil
 
+import pyarrow as pa
+
 from ..errors import NllbError
 from ..io import Input, Record, open_sink
+from ..io.parquet import TableMaker, output_schema
 from ..io.streams import compressing
 from ..options import Job
 from .progress import Counters, Reporter
 from .rows import Outcome, written_rows
 from .state import NamedStream, PartialFile, Saved, converting_path, replaced_atomically
+
+class TableSink:
+    """The written rows as one Arrow table of the output's schema (io.parquet.TableMaker, a chunk at a time): the
+    sink of a job whose output is a table in memory (the API's translate_table, a --ray block of Parquet)."""
+
+    def __init__(self, schema: pa.Schema, job: Job):
+        self.maker = TableMaker(schema, job.added, job.field)
+        self.schema = output_schema(schema, job.added)
+        self.tables: list[pa.Table] = []
+
+    def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
+        table, failed = self.maker.table(records, values)
+        if table is not None:
+            self.tables.append(table)
+        return failed
+
+    def table(self) -> pa.Table:
+        """Every row written, in order."""
+        if not self.tables:
+            return self.schema.empty_table()
+        return pa.concat_tables(self.tables).select(self.schema.names).cast(self.schema)
+
 
 def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: PartialFile | None, job: Job,
                 reporter: Reporter) -> None:
@@ -23,7 +48,12 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
         errors.stream.write(b"".join(error_lines(failed, job)))
     else:
         for record, error in failed:
-            reporter.warn(f"Skipped: {error}")
+            reporter.warn(skipped(error))
+
+
+def skipped(error: str) -> str:
+    """The line on stderr of a row left out without an errors file (--on-error skip)."""
+    return f"Skipped: {error}"
 
 
 def commit_rows(chunk: list[Record], outcomes: list[Outcome], sink, job: Job, counters: Counters) -> list[tuple[Record, str]]:

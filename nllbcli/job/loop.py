@@ -48,6 +48,9 @@ class Pool(Protocol):
                   finish: Callable[..., None], advance: Callable[[int, int], None],
                   warn: Callable[[str], None]) -> None: ...
 
+    def check(self, identity: dict) -> None:
+        """Refuse a job whose identity names another model than the workers loaded."""
+
 
 def translate_file(
     translator: Translator,
@@ -76,6 +79,8 @@ def translate_file(
     with ExitStack() as stack:
         try:
             identity = job_identity(translator, job, decode, batching)
+            if pool is not None:
+                pool.check(identity)
             warn = lambda message: print(message, file=reporter_stream or sys.stderr, flush=True)  # noqa: E731
             files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
                                    resume, warn)

@@ -63,20 +63,24 @@ def status_of(outcome: Outcome) -> str:
 
 
 def added_values(added: Added, outcome: Outcome) -> dict | None:
-    """A row's added fields (Added) by name, as its writer takes them; None where the row failed."""
+    """A row's added fields (Added) by name, as its writer takes them. A failed row's: None (it is left out),
+    or where failed rows are kept (Added.error) its reason, the other fields null."""
     if outcome.translation is None:
-        return None
+        return None if added.error is None else {**dict.fromkeys(added.names), added.error: outcome.error}
     if added.targets:
         single = added.single  # field by field, each the targets' (Added.options' order)
         each = [(copy.tgt, added_values(single, copy)) for copy in outcome.targets]
-        return {target_column(name, code): values[name] for name in single.names for code, values in each}
-    values = {added.translation: outcome.hypotheses if added.hypotheses > 1 else outcome.translation}
-    if added.status is not None:
-        values[added.status] = status_of(outcome)
-    if added.score is not None:
-        values[added.score] = outcome.score
-    if added.log_prob is not None:
-        values[added.log_prob] = outcome.log_prob
+        values = {target_column(name, code): values[name] for name in single.names for code, values in each}
+    else:
+        values = {added.translation: outcome.hypotheses if added.hypotheses > 1 else outcome.translation}
+        if added.status is not None:
+            values[added.status] = status_of(outcome)
+        if added.score is not None:
+            values[added.score] = outcome.score
+        if added.log_prob is not None:
+            values[added.log_prob] = outcome.log_prob
+    if added.error is not None:
+        values[added.error] = None
     return values
 
 
@@ -106,15 +110,16 @@ def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
 
 def written_rows(records: list[Record], outcomes: list[Outcome], added: Added) -> tuple[list[Record], list[dict | None]]:
     """The rows a writer gets (each row, or with several targets as rows each row once per target) and their
-    added fields (added_values; None for a failed row)."""
+    added fields (added_values; None for a failed row, unless failed rows are kept)."""
     if added.target is None:
         return records, [added_values(added, o) for o in outcomes]
     rows, values = [], []
-    single = added.single
+    one = replace(added, target=None)  # a copy's fields: the translation's, and the error's where kept
     for record, outcome in zip(records, outcomes):
         for copy in outcome.targets:
             rows.append(record)
-            values.append(None if outcome.error is not None else {added.target: copy.tgt, **added_values(single, copy)})
+            copy_values = added_values(one, outcome if outcome.error is not None else copy)
+            values.append(None if copy_values is None else {added.target: copy.tgt, **copy_values})
     return rows, values
 
 
@@ -184,7 +189,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     tokenizer = translator.tokenizer
     limit = min(translator.config.max_position_embeddings, job.max_input_length or sys.maxsize)
     known = tuple(tokenizer.lang_codes)
-    outcomes = [Outcome() for _ in records]
+    outcomes = [Outcome(tgt=record.tgt or "") for record in records]  # a copy's target, failed or not (each_target)
     texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
     numbers: list[int] = []  # each sentence's number in its row
     prefixes: dict[int, list[int]] = {}  # a row's prefix's pieces (--prefix-field), where it has one

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import MappingProxyType
 
 from ..errors import NllbError
 from ..io import STDIN_NAME, file_identity
-from ..model.checkpoint import model_identity
+from ..model.checkpoint import MODEL_PARTS, model_identity, worker_disagreement
 from ..options import BatchOptions, DecodeOptions, Job, ModelOptions, loaded_model, shaping_fields
 from .state import converting_path, file_stamp, is_stream, partial_paths, written_by_nllb
 
@@ -86,6 +87,30 @@ def identity_of(job: Job, decode: DecodeOptions, batching: BatchOptions | Mappin
     return {**identity, **model_identity(model.model, model.adapter, model.compute_type), "device": model.device}
 
 
+def model_part(identity: dict) -> dict:
+    """The model part of a job's identity (checkpoint.model_identity's): what every worker must compute with."""
+    return {key: identity[key] for key in (*MODEL_PARTS, "compute_type")}
+
+
+def loaded_identity(translator) -> dict:
+    """The model part of the identity of a job run with `translator`: what a worker computes with, once loaded."""
+    model = loaded_model(translator)
+    return model_identity(model.model, model.adapter, model.compute_type)
+
+
+def check_worker(identity: dict, loaded: dict, worker: str, same_host: bool = True) -> None:
+    """Refuse a job whose worker (a --devices process, a Ray actor: `worker` names it) computes with another
+    model than the job's identity names (`loaded`: loaded_identity there): a job's bytes must not depend on which
+    worker took a chunk."""
+    why = worker_disagreement(model_part(identity), loaded, same_host)
+    if why is None:
+        return
+    hint = ("give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs)" if why.startswith("computes")
+            else "its files changed after it loaded them, or it sees other files: run the command again once they are "
+                 "the same")
+    raise NllbError(f"{worker} {why}: {hint}.")
+
+
 def shaping_values(record, record_type: type | None = None) -> dict:
     """The output-shaping fields of a record (or a mapping of its fields' values) as JSON holds them."""
     get = record.get if isinstance(record, Mapping) else lambda name: getattr(record, name)
@@ -105,18 +130,21 @@ def job_label(job: Job) -> str:
     return f"{name}: {src} → {tgt}"
 
 
-def check_fields(job: Job) -> None:
+def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> None:
     """Refuse, before any work, fields that clash: the translation written over the source text (unless
     --overwrite-field), the status or a score over either or each other, or a status or scores where the output
-    (text) has no fields."""
+    (text) has no fields. Messages name the options as `names` spells them (the API's arguments), else as the
+    command's."""
+    say = lambda option: names.get(option, option)  # noqa: E731
     if job.prefix_field is not None and job.input_format == "text":
         raise NllbError("--prefix-field needs JSONL or Parquet input: a text input has no fields.")
     if job.targets and job.output_format == "text" and job.targets_as != "rows":
         raise NllbError("Several target languages as columns need JSONL or Parquet output: a text output has no "
                         "columns. Pass --targets-as rows for a line per target language.")
     if job.targets and job.targets_as == "rows" and job.output_format != "text" and not job.tgt_field:
-        raise NllbError("--targets-as rows names each row's target language in --tgt-lang-field: give it a name.")
-    named = [("--field", job.field), *((o, n) for o, n in job.added_fields
+        raise NllbError(f"{say('--targets-as rows')} names each row's target language in {say('--tgt-lang-field')}: "
+                        "give it a name.")
+    named = [("--field", job.field), *((o, n) for o, n in job.added.options
                                        if not (o == "--tgt-lang-field" and job.output_format == "text"))]
     for n, (option, name) in enumerate(named[1:], 1):
         if job.output_format == "text" and option != "--output-field":
@@ -127,22 +155,24 @@ def check_fields(job: Job) -> None:
         clash = next((other for other, taken in named[:n]
                       if taken == name and (option, other) != ("--output-field", "--field")), None)
         if clash is not None:
-            raise NllbError(f"{option} {name} is {clash}'s field too: name another.")
+            raise NllbError(f"{say(option)} {name} is {say(clash)}'s field too: name another.")
     translations = [name for option, name in named if option == "--output-field"]
     if job.field in translations and job.output_format != "text" and not job.overwrite_field:
         what = job.output_field if job.output_field == job.field else f"{job.output_field} writes {job.field}, which"
-        raise NllbError(f"--output-field {what} is the field being translated (--field), and the "
-                        "translation would replace the source text: name another with --output-field, or pass "
-                        "--overwrite-field to replace it.")
+        raise NllbError(f"{say('--output-field')} {what} is the field being translated ({say('--field')}), and the "
+                        f"translation would replace the source text: name another with {say('--output-field')}, or "
+                        f"pass {say('--overwrite-field')} to replace it.")
 
 
-def check_added_columns(schema, job: Job) -> None:
+def check_added_columns(schema, job: Job, names: Mapping[str, str] = MappingProxyType({})) -> None:
     """Refuse, before any work, an input schema with a column of the name the translation (or the status) would
-    be written to, unless --overwrite-field."""
+    be written to, unless --overwrite-field (messages name options as check_fields' do)."""
     if schema is None or job.overwrite_field or job.output_format == "text" or job.input_format == "text":
         return
     name = STDIN_NAME if job.input == "-" else job.input
-    for option, column in job.added_fields:
+    for option, column in job.added.options:
         if column in schema.names:
+            option = names.get(option, option)
             raise NllbError(f"{name}: it has a column {column!r} already, which {option} would replace: name "
-                            f"another with {option}, or pass --overwrite-field to replace it.")
+                            f"another with {option}, or pass {names.get('--overwrite-field', '--overwrite-field')} "
+                            "to replace it.")

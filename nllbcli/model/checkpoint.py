@@ -705,3 +705,27 @@ def changed_files(was, now) -> str:
     files, before = now["files"], was.get("files") or {}
     names = sorted(name for name in set(files) | set(before) if files.get(name) != before.get(name))
     return f"{', '.join(names)} in {now['path']} changed"
+
+
+def worker_disagreement(expected: dict, loaded: dict, same_host: bool = True) -> str | None:
+    """How a worker's model (model_identity of what it loaded) differs from the job's (`expected`, the model part
+    of its identity), in words; None where it computes as the job does. A worker on another host (a Ray actor)
+    has its own copy of the weights, whose modification times are its own: there its files are compared by size
+    and hash, not by time."""
+    if loaded["compute_type"] != expected["compute_type"]:
+        return f"computes in {loaded['compute_type']}, and the job in {expected['compute_type']}"
+    for part in MODEL_PARTS:
+        was, now = expected.get(part), loaded.get(part)
+        if not same_host:
+            was, now = without_times(was), without_times(now)
+        if was != now:
+            return f"has another {part} than the job: {changed_files(was, now)}"
+    return None
+
+
+def without_times(part):
+    """A model_identity part without its files' modification times."""
+    if not isinstance(part, dict):
+        return part
+    files = {name: {key: value for key, value in known.items() if key != "mtime_ns"} for name, known in part["files"].items()}
+    return {**part, "files": files}

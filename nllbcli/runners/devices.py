@@ -34,6 +34,7 @@ from typing import Callable, Iterable, Iterator
 from ..errors import NllbError
 from ..options import BatchOptions, DecodeOptions, Job
 from ..job.reader import SWITCH_INTERVAL, ChunkReader, fewer_collections
+from ..job.spec import check_worker, loaded_identity
 
 AHEAD = 2  # chunks given to a worker at once: the one it runs, and the next
 POLL = 0.05  # seconds between looks at a quiet pipe while chunks are out, their results taken meanwhile
@@ -111,6 +112,7 @@ class Worker:
     process: multiprocessing.process.BaseProcess
     connection: Connection
     chunks: list[int]  # the numbers of the chunks it was given and has not sent back
+    loaded: dict | None = None  # the model it loaded, as a job's identity names it (job.spec.loaded_identity)
 
 
 @contextmanager
@@ -160,11 +162,17 @@ class Pool:
                                 f"({ended(worker.process)}).") from None
             if kind != "ready":
                 raise NllbError(f"the worker on {worker.device} could not load the model: {message}")
-            types[worker.device] = message
+            worker.loaded = message
+            types[worker.device] = message["compute_type"]
         if len(set(types.values())) > 1:
             raise NllbError("the devices would compute differently (" + ", ".join(f"{device} in {kind}" for device, kind in types.items())
                             + "): give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs).")
         self.compute_type = next(iter(types.values()), "bfloat16")
+
+    def check(self, identity: dict) -> None:
+        """Refuse a job whose identity names another model than every worker loaded (job.spec.check_worker)."""
+        for worker in self.workers:
+            check_worker(identity, worker.loaded, f"the worker on {worker.device}")
 
     def close(self) -> None:
         for worker in self.workers:
@@ -350,7 +358,7 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     except Exception as error:  # noqa: BLE001 - the main process says it in one line
         loaded = ("error", str(error))
     else:
-        loaded = ("ready", translator.compute_type)
+        loaded = ("ready", loaded_identity(translator))
     try:
         connection.send(loaded)
     except OSError:  # the main process has gone (another worker's error ended it)

@@ -72,14 +72,14 @@ from ..job.chunks import ChunkWorker
 from ..errors import NllbError
 from ..io import LineSink, Position, Record, extension_format, file_identity, input_compression, name_read_errors
 from ..io.jsonl import is_blank_line, line_record
-from ..io.parquet import TableMaker, batch_records, open_parquet, output_schema
+from ..io.parquet import batch_records, open_parquet
 from ..io.streams import Lines, Replay, decompressing, read_error
 from ..model.lora import read_adapter_config
 from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job, ModelOptions
 from ..job.reader import SWITCH_INTERVAL, fewer_collections
-from ..job.commit import commit_rows, error_lines
+from ..job.commit import TableSink, commit_rows, error_lines, skipped
 from ..job.progress import Counters, Reporter
-from ..job.spec import check_added_columns, check_fields, check_paths, identity_of
+from ..job.spec import check_added_columns, check_fields, check_paths, check_worker, identity_of, loaded_identity
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from ..job.rows import Outcome
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
@@ -163,9 +163,7 @@ class RayOptions:
 
     address: str | None = None  # ray.init's; None: $RAY_ADDRESS's, else the one `ray start` ran here, else a new one
     actors: int | None = None  # translating actors; None: one per GPU of the cluster, else one
-    device: str = "auto"  # auto: the actors on GPUs where the cluster has them, else the CPU; cpu; cuda
     threads: int | None = None  # each CPU actor's BLAS threads
-    compute_type: str = "auto"  # the actors' matrix products (translator.load_translator)
 
 
 @dataclass
@@ -503,29 +501,25 @@ class Translating:
 
 class BlockRows:
     """A block's written rows as the job's writers make them (the sink that commit.commit_rows writes through):
-    JSONL lines by io's LineSink, one a row (JSON escapes a line break), or a Parquet table by io.parquet's
-    TableMaker, in the input's schema."""
+    JSONL lines by io's LineSink, one a row (JSON escapes a line break), or a Parquet table (commit.TableSink), in
+    the input's schema."""
 
     def __init__(self, job: Job, schema: pa.Schema | None):
-        self.schema, self.added = schema, job.added
+        self.added = job.added
         self.lines = io.BytesIO() if job.output_format == "jsonl" else None
-        self.maker = TableMaker(schema, job.added, job.field) if self.lines is None else None
-        self.written: pa.Table | None = None
+        self.tables = TableSink(schema, job) if self.lines is None else None
 
     def write(self, records: list[Record], values: list[dict | None]) -> list[tuple[Record, str]]:
-        if self.maker is None:
+        if self.tables is None:
             return LineSink(self.lines, "jsonl", self.added).write(records, values)
-        self.written, failed = self.maker.table(records, values)
-        return failed
+        return self.tables.write(records, values)
 
     def table(self) -> pa.Table:
         """The written rows: a JSONL line each (LINE), or the output's Parquet columns."""
-        if self.maker is None:
+        if self.tables is None:
             lines = self.lines.getvalue().split(b"\n")[:-1]
             return pa.table({LINE: pa.array([line + b"\n" for line in lines], pa.binary())})
-        schema = output_schema(self.schema, self.added)
-        written = self.written if self.written is not None else schema.empty_table()
-        return written.select(schema.names).cast(schema)
+        return self.tables.table()
 
 
 def counted_fields(counters: Counters) -> dict:
@@ -693,16 +687,17 @@ def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
             start = n
 
 
-def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions = DecodeOptions(),
-                       options: RayOptions = RayOptions(), *, model: str, adapter: str | None = None,
+def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions, model: ModelOptions,
+                       options: RayOptions = RayOptions(), *,
                        batching: Mapping[str, int | None] = MappingProxyType({}), resume: bool = False,
                        input_format: str | None = None, output_format: str | None = None, progress: bool = False,
                        warn: Callable[[str], None] = print, load: Callable[[], object] | None = None) -> Outcomes:
     """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
-    `job` holds the fields, languages, --on-error and --force (its paths and formats are not read); `batching`
-    BatchOptions' fields as given, each left out (or None) the device's (the CLI's), max_batch_sentences none;
-    `load` makes an actor's Translator, in the actor (default: `model` with `adapter`, loaded on the actor's GPU,
-    or on the CPU with `options.threads`)."""
+    `job` holds the fields, languages, --on-error and --force (its paths and formats are not read); `model` the
+    model directory, adapter, compute type and device (auto, cpu or cuda: Ray gives each actor its GPU);
+    `batching` BatchOptions' fields as given, each left out (or None) the device's (the CLI's),
+    max_batch_sentences none; `load` makes an actor's Translator, in the actor (default: load_on_actor, the model
+    loaded on the actor's GPU, or on the CPU with `options.threads`)."""
     chunk_rows, max_batch_tokens, max_batch_sentences = (
         batching.get(name) for name in ("read_chunk_rows", "max_batch_tokens", "max_batch_sentences"))
     files = expand_inputs(paths)
@@ -716,12 +711,12 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
                         "(--targets-as columns), not rows.")
     check_fields(job)
     check_internals()
-    if adapter is not None:  # the actors load it: what the command checks before any work, checked here
-        read_adapter_config(Path(adapter))
+    if model.adapter is not None:  # the actors load it: what the command checks before any work, checked here
+        read_adapter_config(Path(model.adapter))
     compressions, schema = check_inputs(files, fmt, job)
     check_output(output, files, job, job.force)
-    compute_type = expected_compute_type(options.compute_type, options.device != "cpu", model)
-    identity = ray_identity(files, job, decode, batching, ModelOptions(model, adapter, compute_type, options.device))
+    computes = replace(model, compute_type=expected_compute_type(model.compute_type, model.device != "cpu", model.model))
+    identity = ray_identity(files, job, decode, batching, computes)
     staging = staging_path(output)
     if resume and finished_job(output) == identity:
         remove_path(staging)
@@ -732,10 +727,9 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     try:
         prepare_staging(staging, identity, resume, warn)
         if not os.path.exists(os.path.join(staging, PLAN)):  # a promotion under way: every row is written
-            load = load or functools.partial(load_on_actor, model, options.device, adapter, options.threads,
-                                             options.compute_type, compute_type)
+            load = load or functools.partial(load_on_actor, model, options.threads, identity, socket.gethostname())
             with local_ray(options.address):
-                workers = run_dataset(files, compressions, staging, job, decode, options, schema, load, chunk_rows,
+                workers = run_dataset(files, compressions, staging, job, decode, model.device, options, schema, load, chunk_rows,
                                       max_batch_tokens, max_batch_sentences, progress)
         outcomes = promote(staging, output, files, job, identity, errors, warn)
     except BaseException as error:
@@ -779,18 +773,19 @@ def saved_any(staging: str) -> bool:
         return False
 
 
-def load_on_actor(model: str, device: str, adapter: str | None, threads: int | None, compute_type: str,
-                  job_compute_type: str):
-    """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. On a GPU,
-    it computes as the job says (job_compute_type, in the job's identity), or an NllbError: a job's bytes must not
-    depend on which actor took a block."""
+def load_on_actor(model: ModelOptions, threads: int | None, identity: dict, host: str):
+    """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. It
+    computes with the model the job's identity names (job.spec.check_worker: its files, and on a GPU its compute
+    type; the driver's `host` tells whether the files are the driver's own), or an NllbError: a job's bytes must
+    not depend on which actor took a block."""
     from ..model.translator import load_translator
 
-    translator = load_translator(model, device, adapter, compute_type)
-    if translator.device != "cpu" and translator.compute_type != job_compute_type:
-        raise NllbError(f"the job computes in {job_compute_type} (--compute-type {compute_type}), and the Ray actor on "
-                        f"{translator.device} of {socket.gethostname()} in {translator.compute_type}: give --compute-type "
-                        "bfloat16, or only GPUs with FP8 (Hopper).")
+    translator = load_translator(model.model, model.device, model.adapter, model.compute_type)
+    loaded = loaded_identity(translator)
+    if translator.device == "cpu":  # the CPU computes in float32 whatever the job's GPUs would
+        loaded["compute_type"] = identity["compute_type"]
+    check_worker(identity, loaded, f"the Ray actor on {translator.device} of {socket.gethostname()}",
+                 same_host=socket.gethostname() == host)
     if threads is not None and translator.device == "cpu":
         from threadpoolctl import threadpool_limits
 
@@ -1004,7 +999,7 @@ def running_here() -> str | None:
 
 
 def run_dataset(files: list[str], compressions: list[str | None], staging: str, job: Job, decode: DecodeOptions,
-                options: RayOptions, schema: pa.Schema | None, load: Callable, chunk_rows: int | None,
+                device: str, options: RayOptions, schema: pa.Schema | None, load: Callable, chunk_rows: int | None,
                 max_batch_tokens: int | None, max_batch_sentences: int | None, progress: bool) -> tuple[str, ...]:
     """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
     context = DataContext.get_current()
@@ -1014,8 +1009,8 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
               raise_original_map_exception=True,  # what it raised reaches the job's error (ray_error), not a wrapper
               checkpoint_config=CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
                                                  delete_checkpoint_on_success=False))
-    gpus = int(ray.cluster_resources().get("GPU", 0)) if options.device != "cpu" else 0
-    if options.device == "cuda" and not gpus:
+    gpus = int(ray.cluster_resources().get("GPU", 0)) if device != "cpu" else 0
+    if device == "cuda" and not gpus:
         raise NllbError("--device cuda: the Ray cluster has no GPU.")
     actors = options.actors or max(1, gpus)
     if gpus and actors > gpus:
@@ -1138,7 +1133,7 @@ def promote(staging: str, output: str, files: list[str], job: Job, identity: dic
         for path in failed_parts:
             with open(path, encoding="utf-8") as lines:
                 for line in lines:
-                    warn(f"Skipped: {json.loads(line)['error']}")
+                    warn(skipped(json.loads(line)["error"]))
     counts = plan["counts"]
     write_json(os.path.join(data, SUCCESS), {"nllb": 1, "job": identity, **counts})
     with critical():  # OUTPUT is never left gone by a stop signal: the old one replaced, then the new in place
