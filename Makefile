@@ -1,9 +1,16 @@
-# Set-up and everyday commands. `make install` then `make test` on a fresh machine.
+# Set-up and everyday commands. `make install` then `make test` on a fresh machine; `make test` and `make demo` also
+# set up the project's virtual environment themselves where it is missing (the demo the package alone, the tests
+# the test extra), unless PYTHON names the Python to use.
 VENV ?= .venv
-# Use the project's virtual environment when there is one (make install makes it), else the system Python
-# (the GPU machine's image already has every dependency).
-PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 SAMPLE_MODEL ?= data/samples/model
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(VENV)/bin/python
+BASE_READY := $(VENV)/.nllb-base
+TEST_READY := $(VENV)/.nllb-test
+endif
+# The GPU targets: the project's virtual environment where there is one, else the system Python (the GPU machine's
+# image already has every dependency, and no package index to install from).
+GPU_PYTHON ?= $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/python,python3)
 
 .PHONY: install test gpu-test gpu-bench demo clean
 
@@ -11,12 +18,22 @@ install:
 	python3 -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $(VENV)/.nllb-base $(VENV)/.nllb-test
 
-test:
+$(VENV)/.nllb-test:
+	$(MAKE) install
+
+$(VENV)/.nllb-base:
+	python3 -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e .
+	touch $@
+
+test: $(TEST_READY)
 	$(PYTHON) -m pytest -q
 
 gpu-test:
-	$(PYTHON) -m pytest -q -m gpu tests/gpu
+	$(GPU_PYTHON) -m pytest -q -m gpu tests/gpu
 
 # The measurements of docs/PERFORMANCE.md on a GPU with transformers beside nllbcli (about 10 minutes on an H200;
 # bench/README.md says what each answers): the harness's table (greedy and beam 4 at each engine's best batch),
@@ -25,11 +42,11 @@ gpu-test:
 BENCH_OUT ?= bench-results
 gpu-bench:
 	mkdir -p $(BENCH_OUT)
-	$(PYTHON) -m bench.harness --ours 4096x1,2048x4 --transformers 4096x1,1024x4 --out $(BENCH_OUT)/harness.json
-	$(PYTHON) -m bench.e2e --measure A,B --tf-batch 1000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
-	$(PYTHON) -m bench.e2e --measure C --sentences 100000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
+	$(GPU_PYTHON) -m bench.harness --ours 4096x1,2048x4 --transformers 4096x1,1024x4 --out $(BENCH_OUT)/harness.json
+	$(GPU_PYTHON) -m bench.e2e --measure A,B --tf-batch 1000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
+	$(GPU_PYTHON) -m bench.e2e --measure C --sentences 100000 --model-dir $(BENCH_OUT)/model --cache-dir $(BENCH_OUT)/kernels --out $(BENCH_OUT)/e2e.jsonl
 
-demo:
+demo: $(BASE_READY)
 	@$(PYTHON) -m nllbcli.demo $(SAMPLE_MODEL)
 
 clean:
