@@ -151,6 +151,57 @@ class RecordOption(click.Option):
         self.record, self.field, self.convert = record, field or self.name, convert
 
 
+HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
+    "Input and output": ("output_option", "input_format", "output_format", "field", "output_field", "status_field",
+                         "overwrite_field", "force"),
+    "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field"),
+    "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
+                 "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
+                 "sampling_temperature", "seed", "prefix_field", "scores", "score_field", "log_prob_field",
+                 "max_input_length", "no_split"),
+    "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
+                                    "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
+    "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
+    "Job control": ("on_error", "errors", "resume", "progress", "quiet", "help"),
+}
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help shows its options in sections (HELP_GROUPS), and under its usage line what its
+    arguments default to (`defaults`)."""
+
+    def __init__(self, *args, defaults: str = "", **attrs):
+        super().__init__(*args, **attrs)
+        self.defaults = defaults
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_usage(ctx, formatter)
+        if self.defaults:
+            formatter.write(f"{'':>{formatter.current_indent + 2}}{self.defaults}\n")
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = help_records(self, ctx)
+        for title, names in help_sections(records):
+            with formatter.section(title):
+                formatter.write_dl([records[name] for name in names])
+
+
+def help_records(command: click.Command, ctx: click.Context) -> dict:
+    """Each option's (option, help text) as --help shows it, by parameter name ("help" for -h/--help), or None
+    for an option without help."""
+    return {"help" if param is command.get_help_option(ctx) else param.name: param.get_help_record(ctx)
+            for param in command.get_params(ctx) if isinstance(param, click.Option)}
+
+
+def help_sections(records: dict) -> list[tuple[str, tuple[str, ...]]]:
+    """HELP_GROUPS' sections of the options that have help (`records`: each option's, or None), then any option
+    in none of them under "Other options" (a test keeps that empty)."""
+    grouped = {name for names in HELP_GROUPS.values() for name in names}
+    sections = [(title, tuple(n for n in names if records.get(n))) for title, names in HELP_GROUPS.items()]
+    sections.append(("Other options", tuple(n for n, record in records.items() if record and n not in grouped)))
+    return [(title, names) for title, names in sections if names]
+
+
 def into(record: str, *decls: str, **attrs):
     """A click option that fills a field of `record` (RecordOption)."""
     return click.option(*decls, cls=RecordOption, record=record, **attrs)
@@ -204,8 +255,8 @@ def cli():
     """
 
 
-@cli.command()
-@click.argument("paths", metavar="INPUT [OUTPUT]", nargs=-1, type=click.Path(allow_dash=True))
+@cli.command(cls=GroupedCommand, defaults="INPUT and OUTPUT default to -: stdin and stdout.")
+@click.argument("paths", metavar="[INPUT [OUTPUT]]", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
 @into("job", "--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
 @into("job", "--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")

@@ -1,7 +1,9 @@
 import json
 import re
 import os
+from pathlib import Path
 
+import click
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -733,3 +735,30 @@ def test_a_bad_thread_count_is_refused(fake, how):
     assert result.exit_code == 2
     assert "Invalid value for '--threads'" in result.stderr
     assert fake.batches == []
+
+
+def test_help_shows_every_option_in_a_section_and_what_the_paths_default_to():
+    """`nllb translate --help` in the sections of cli.HELP_GROUPS, every option in one of them (a new option left
+    out would be listed under "Other options"), and a usage line that says INPUT and OUTPUT may be left out."""
+    from nllbcli.cli import HELP_GROUPS
+
+    result = CliRunner().invoke(cli, ["translate", "--help"], prog_name="nllb")
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    assert lines[:2] == ["Usage: nllb translate [OPTIONS] [INPUT [OUTPUT]]",
+                         "  INPUT and OUTPUT default to -: stdin and stdout."]
+    assert [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")] == list(HELP_GROUPS)
+    grouped = [name for names in HELP_GROUPS.values() for name in names]
+    assert len(grouped) == len(set(grouped))
+    options = {param.name for param in cli.commands["translate"].params if isinstance(param, click.Option)}
+    assert options | {"help"} == set(grouped)
+
+
+def test_the_options_reference_is_the_commands_help():
+    """docs/OPTIONS.md is made from the command (tools/make_options_reference.py): an option added, changed or
+    regrouped without the page made again fails here."""
+    import runpy
+
+    tools = runpy.run_path(str(Path(__file__).resolve().parent.parent / "tools" / "make_options_reference.py"))
+    assert tools["PAGE"].read_text(encoding="utf-8") == tools["options_reference"](), \
+        "docs/OPTIONS.md differs from the command: run python tools/make_options_reference.py"
