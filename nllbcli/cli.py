@@ -369,7 +369,8 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
         for job in jobs:
             mode = "none" if run.quiet else progress_mode(run.progress, job.output)
             try:
-                codes.append(run_job(translator, job, decoding, batch, mode, run.resume, run.quiet, run.threads, pool))
+                codes.append(run_job(translator, job, decoding, batch, mode, run.resume, run.quiet, run.threads, pool,
+                                     where_it_runs(translator, model, pool)))
             except (*USER_ERRORS, click.ClickException) as error:
                 if len(jobs) == 1 or isinstance(error, BrokenPipeError):
                     raise
@@ -487,6 +488,23 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
     command_done(3 if outcomes.counters.failed else 0)
 
 
+def where_it_runs(translator, model: ModelOptions, pool) -> str:
+    """Where a job runs, as its summary says it: the device, the CPU (with why, where --device auto found no GPU),
+    or --devices' workers."""
+    if pool is not None:
+        devices = [worker.device for worker in pool.workers]
+        gpus = [device.split(":")[1] for device in devices if device != "cpu"]
+        return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(gpus)}" if gpus else f"{len(devices)} CPU workers"
+    device = getattr(translator, "device", "cpu")
+    if device != "cpu":
+        return device
+    if model.device == "auto":
+        from .model.translator import no_gpu_reason
+
+        return f"the CPU (--device auto: {no_gpu_reason()})"
+    return "the CPU"
+
+
 def start_workers(stack: ExitStack, devices: str, model: ModelOptions, threads: int):
     """--devices: the main process's model (tokenizer and config, devices.host_translator) and the workers'
     pool, which `stack` ends."""
@@ -588,7 +606,7 @@ def checked_job(job, input_format: str | None, output_format: str | None, resume
 
 
 def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode: str, resume: bool, quiet: bool,
-            threads: int | None = None, pool=None) -> int:
+            threads: int | None = None, pool=None, where: str = "") -> int:
     """One job through the pipeline; its exit code (0, or 3 with failed rows). A stop signal or a gone reader
     of stdout ends the command."""
     from .job.loop import translate_file
@@ -598,7 +616,7 @@ def run_job(translator, job, decode: DecodeOptions, batching: BatchOptions, mode
     try:
         with stop_on_signals():
             counters = translate_file(translator, job, decode, batching, progress=mode, resume=resume, summary=not quiet,
-                                      threads=threads, pool=pool)
+                                      threads=threads, pool=pool, where=where)
         return 3 if counters.failed else 0
     except Stopped as stop:
         exit_on_stop(stop, is_stream(job.output))

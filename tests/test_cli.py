@@ -633,8 +633,8 @@ def test_summary_line_on_stderr(fake):
     assert result.exit_code == 0
     assert result.stdout == ".bA .dC\n\nfe\n"
     assert re.fullmatch(
-        r"Done: 3 rows \(3 translated, 0 failed, 0 flagged: 0 cut to fit the model, 0 stopped at --max-length\), "
-        r"3 sentences, 8 tokens in \d+\.\d s, [\d,]+ tokens/s\.\n", result.stderr)
+        r"Done: 3 rows into stdout \(3 translated, 0 failed, 0 flagged: 0 cut to fit the model, 0 stopped at "
+        r"--max-length\), 3 sentences, 8 tokens in \d+\.\d s on the CPU( \(--device auto: [^)]+\))?: [\d,.]+ rows/s, [\d,]+ tokens/s\.\n", result.stderr)
 
 
 def test_progress_json_ends_with_a_summary_object(fake):
@@ -648,7 +648,7 @@ def test_flags_are_counted_in_the_summary(fake):
     fake.config.max_position_embeddings = 5
     result = CliRunner().invoke(cli, TRANSLATE[:1] + TRANSLATE[2:] + ["--progress", "json", "--max-length", "4"], input="abcdef\nab\nabc\n")
     summary = json.loads(result.stderr.splitlines()[-1])
-    assert (summary["cut"], summary["max_length"], summary["flagged"]) == (1, 2, 3)
+    assert (summary["cut"], summary["max_length"], summary["flagged"]) == (1, 2, 2)  # a row cut and stopped: once
 
 
 def test_decoding_options_reach_the_translator(fake):
@@ -672,7 +672,8 @@ def test_closed_stdout_ends_quietly(tmp_path):
 
 def test_json_progress_comes_on_a_timer_and_counts_rows_before_their_commit(fake, monkeypatch):
     """A line every JSON_INTERVAL seconds while a batch takes longer than that, and each row counted when the
-    model has finished it, before its chunk is committed ("committed" says how many are)."""
+    model has finished it ("done"), before its chunk is committed: the counters are the committed rows', and agree
+    with each other in every line."""
     import time
 
     monkeypatch.setattr("nllbcli.job.progress.JSON_INTERVAL", 0.05)
@@ -689,8 +690,9 @@ def test_json_progress_comes_on_a_timer_and_counts_rows_before_their_commit(fake
     lines = [json.loads(line) for line in result.stderr.splitlines()]
     progress = [line for line in lines if line["event"] == "progress"]
     assert lines[-1]["event"] == "summary" and lines[-1]["rows"] == 2
-    assert len([p for p in progress if p["rows"] == 0 and p["tokens"] == 0]) >= 3  # while the first batch runs
-    assert len([p for p in progress if (p["rows"], p["committed"]) == (1, 0)]) >= 3  # while the second runs
+    assert len([p for p in progress if p["done"] == 0 and p["tokens"] == 0]) >= 3  # while the first batch runs
+    assert len([p for p in progress if (p["done"], p["rows"], p["tokens"]) == (1, 0, 0)]) >= 3  # the second runs
+    assert all(p["rows"] == p["translated"] + p["failed"] and p["done"] >= p["rows"] for p in lines[:-1])
     assert all(a["seconds"] < b["seconds"] for a, b in zip(progress, progress[1:]))
 
 

@@ -180,7 +180,8 @@ def test_a_worker_killed_mid_job_has_its_chunks_redone_by_the_other(tmp_path, pl
     lines = stderr.splitlines()
     assert lines[0].startswith("nllb: the worker on cpu was killed by SIGKILL; its ")
     assert lines[0].endswith(" chunk(s) go to the 1 left.")
-    assert lines[1].startswith("Done: 900 rows") and len(lines) == 2
+    assert lines[1].startswith("Done: 900 rows into out.jsonl") and len(lines) == 2
+    assert " on 2 CPU workers: " in lines[1]
     assert target.read_bytes() == plain["jsonl"][0]
     assert (tmp_path / "errors.jsonl").read_bytes() == plain["jsonl"][1]
 

@@ -1,6 +1,7 @@
 import io
 import json
 import re
+import sys
 import time
 
 import pytest
@@ -181,27 +182,30 @@ def test_progress_none_writes_only_the_summary():
     reporter.advance(3, 50)  # rows and tokens as the model finishes them: the bar's
     reporter.close()
     assert stream.getvalue().startswith("Done: 3 rows (2 translated, 1 failed, 0 flagged: 0 cut to fit the model, 0 stopped at --max-length), 0 sentences, 40 tokens in ")
+    assert stream.getvalue().endswith(" rows/s, 0 tokens/s.\n") or "tokens/s." in stream.getvalue()
     assert stream.getvalue().count("\n") == 1
 
 
 def test_progress_json_lines(monkeypatch):
-    """A progress line: rows done (committed or not), how many are committed, the counters, and this run's rows/s
-    and time left."""
+    """A progress line: rows done (committed or not), the committed rows' counters (which agree with each other:
+    rows = translated + failed), and this run's rows/s and time left."""
     clock = [100.0]
     monkeypatch.setattr("nllbcli.job.progress.time.monotonic", lambda: clock[0])
     monkeypatch.setattr("nllbcli.job.progress.JSON_INTERVAL", 3600)  # the timer's lines: test_cli's
     stream = io.StringIO()
-    reporter = Reporter("json", 20, Counters(rows=5, tokens=10, seconds=2.0), stream=stream)
+    reporter = Reporter("json", 20, Counters(rows=5, translated=4, failed=1, tokens=10, seconds=2.0), stream=stream,
+                        output="out.jsonl", where="the CPU")
     clock[0] += 4
     reporter.advance(2, 10)  # two more rows translated, not yet committed
     reporter.emit("progress")
     reporter.close()
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["event"] for line in lines] == ["progress", "summary"]
-    assert lines[0] == {"event": "progress", "rows": 7, "committed": 5, "translated": 0, "failed": 0, "cut": 0,
-                        "max_length": 0, "sentences": 0, "tokens": 10, "seconds": 6.0, "flagged": 0,
-                        "tokens_per_s": 1.7, "rows_per_s": 0.5, "eta_s": 26.0, "total": 20}  # the counters: committed
-    assert lines[1]["rows"] == 5 and "committed" not in lines[1]
+    assert lines[0] == {"event": "progress", "done": 7, "rows": 5, "translated": 4, "failed": 1, "cut": 0,
+                        "max_length": 0, "flagged": 0, "sentences": 0, "tokens": 10, "seconds": 6.0,
+                        "rows_per_s": 0.5, "tokens_per_s": 1.7, "eta_s": 26.0, "total": 20}  # the counters: committed
+    assert lines[1]["rows"] == 5 and "done" not in lines[1]
+    assert (lines[1]["output"], lines[1]["where"]) == ("out.jsonl", "the CPU")
 
 
 def rendered_lines(stream: io.StringIO) -> list[str]:
@@ -420,3 +424,33 @@ def test_a_job_refuses_error_options_that_do_not_go_together():
     with pytest.raises(ValueError, match="--on-error is one of fail, skip, record"):
         Job("eng_Latn", "fra_Latn", on_error="ignore")
     assert Job("eng_Latn", "fra_Latn", on_error="record", errors="bad.jsonl").errors == "bad.jsonl"
+
+
+def test_the_rate_and_time_left_leave_out_the_first_batch_and_follow_the_recent_ones(monkeypatch):
+    """A job whose first batch takes 30 s (a GPU compiling its kernels, a model warming up) and whose batches then
+    take 1 s for 10 rows: once a second batch is done the rate is 10 rows/s, not 20 rows over 31 s, and the time
+    left follows it; a job that slows down shows its recent rate within RATE_WINDOW seconds."""
+    from nllbcli.job.progress import RATE_WINDOW
+
+    clock = [100.0]
+    monkeypatch.setattr("nllbcli.job.progress.time.monotonic", lambda: clock[0])
+    reporter = Reporter("none", 1000, stream=io.StringIO())
+    clock[0] += 30
+    reporter.advance(10, 100)
+    assert reporter.rates() == (10 / 30, 100 / 30)  # one batch: this run's average
+    clock[0] += 1
+    reporter.advance(10, 100)
+    assert reporter.rates() == (10.0, 100.0)
+    assert reporter.finish() == clock[0] + 980 / 10
+    for _ in range(int(RATE_WINDOW) + 5):  # then a row a second
+        clock[0] += 1
+        reporter.advance(1, 10)
+    assert reporter.rates() == (1.0, 10.0)
+    assert reporter.finish() == clock[0] + (1000 - reporter.done) / 1.0
+
+
+def test_no_gpu_reason_says_why_auto_took_the_cpu(monkeypatch):
+    from nllbcli.model.translator import no_gpu_reason
+
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert no_gpu_reason() == "CuPy is not installed"

@@ -430,13 +430,13 @@ def test_the_jobs_counts_are_the_commands_every_run_included(tmp_path):
     assert json.loads((tmp_path / "out" / "_SUCCESS").read_text())["tokens"] == expected["tokens"]
 
 
-def test_the_summary_is_the_commands_line_then_the_actors():
+def test_the_summary_is_the_commands_line_naming_the_actors():
     said = io.StringIO()
-    counters = Counters(rows=70, translated=67, failed=3, max_length=2, sentences=80, tokens=1200, seconds=4.0)
+    counters = Counters(rows=70, translated=67, failed=3, max_length=2, flagged=2, sentences=80, tokens=1200, seconds=4.0)
     raydata.report(raydata.Outcomes(counters, ("GPU 0", "GPU 1")), "out", stream=said)
-    assert said.getvalue() == ("Done: 70 rows (67 translated, 3 failed, 2 flagged: 0 cut to fit the model, 2 stopped at "
-                               "--max-length), 80 sentences, 1,200 tokens in 4.0 s, 300 tokens/s.\n"
-                               "Ray actors: GPU 0, GPU 1.\n")
+    assert said.getvalue() == ("Done: 70 rows into out (67 translated, 3 failed, 2 flagged: 0 cut to fit the model, 2 "
+                               "stopped at --max-length), 80 sentences, 1,200 tokens in 4.0 s on Ray actors GPU 0, GPU 1: "
+                               "17.5 rows/s, 300 tokens/s.\n")
     said = io.StringIO()
     raydata.report(raydata.Outcomes(already=True), "out", stream=said)
     assert said.getvalue() == ("Already finished: out holds this job's rows, and its inputs and options are unchanged; "

@@ -77,6 +77,7 @@ def commit_rows(chunk: list[Record], outcomes: list[Outcome], sink, job: Job, co
             counters.sentences += len(outcome.parts)
             counters.cut += outcome.cut
             counters.max_length += outcome.max_length
+            counters.flagged += outcome.cut or outcome.max_length
     return failed
 
 

@@ -52,6 +52,11 @@ class Pool(Protocol):
         """Refuse a job whose identity names another model than the workers loaded."""
 
 
+def output_name(job: Job) -> str:
+    """The output as the summary names it."""
+    return "stdout" if job.output == "-" else job.output
+
+
 def translate_file(
     translator: Translator,
     job: Job,
@@ -63,12 +68,14 @@ def translate_file(
     reporter_stream=None,
     threads: int | None = None,
     pool: Pool | None = None,
+    where: str = "",
 ) -> Counters:
     """Translate every row of the job's input into its output; returns the job's counters.
 
     `progress` is a mode of job/progress.py (True is "bar"); `summary` prints the summary line at the end; `resume`
     continues an interrupted job's partial output (job/state.py); `threads` holds the BLAS library's thread pool, the
-    CPU engine's matrix products, to that many threads while the job runs (None: the library's own count). A `Stopped` that ends the job carries
+    CPU engine's matrix products, to that many threads while the job runs (None: the library's own count); `where`
+    says in the summary where the job ran (progress.Reporter). A `Stopped` that ends the job carries
     `resumable`: whether a commit is saved for --resume to continue from, and `rows`: the rows written (or failed)
     before it."""
     mode = {True: "bar", False: "none"}.get(progress, progress)
@@ -94,7 +101,8 @@ def translate_file(
             if files.finished:
                 job_finished()
                 counters = Counters(**files.saved.counters)
-                Reporter(mode, None, counters, stream=reporter_stream, summary=summary).close()
+                Reporter(mode, None, counters, stream=reporter_stream, summary=summary, output=output_name(job),
+                         where=where).close()
                 return counters
             saved = files.saved
             source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
@@ -104,7 +112,8 @@ def translate_file(
                            "--tgt-lang-field": job.tgt_field, "--status-field": job.status_field})
             check_added_columns(source.schema, job)
             counters = Counters(**saved.counters) if saved else Counters()
-            reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job))
+            reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job),
+                                output=output_name(job), where=where)
             stack.enter_context(fewer_collections())
             if threads is not None:
                 from threadpoolctl import threadpool_limits

@@ -187,6 +187,17 @@ def inherited_gpus() -> list[str] | None:
     return [entry.strip() for entry in value.split(",")] if value.strip() else []
 
 
+def no_gpu_reason() -> str:
+    """Why --device auto took the CPU, in words."""
+    try:
+        import cupy  # noqa: F401
+    except ModuleNotFoundError:
+        return "CuPy is not installed"
+    except ImportError as error:
+        return f"CuPy does not import: {error}"
+    return visible_gpus(gpu_count(None))
+
+
 def visible_gpus(count: int) -> str:
     """`count` GPUs visible, in words, with the CUDA_VISIBLE_DEVICES that chose them."""
     value = os.environ.get("CUDA_VISIBLE_DEVICES")

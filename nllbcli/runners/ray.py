@@ -745,16 +745,16 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
 
 def report(outcomes: Outcomes, output: str, summary: bool = True, stream: TextIO | None = None) -> None:
     """A --ray job's summary on stderr (or `stream`), unless not `summary`: the command's line (progress.Reporter)
-    over the job's counts, then the actors that ran it; or that the job had finished before."""
-    reporter = Reporter("none", counters=outcomes.counters, stream=stream, summary=summary)
+    over the job's counts, naming the actors that ran it; or that the job had finished before."""
+    where = (f"Ray actors {', '.join(outcomes.workers)}" if outcomes.workers else
+             "no Ray actor this run (every row had been written)")
+    reporter = Reporter("none", counters=outcomes.counters, stream=stream, summary=summary, output=output, where=where)
     if outcomes.already:
         if summary:
             reporter.write(f"Already finished: {output} holds this job's rows, and its inputs and options are "
                            "unchanged; nothing to do.")
         return
     reporter.close()
-    if summary:
-        reporter.write(f"Ray actors: {', '.join(outcomes.workers) or 'none this run (every row had been written)'}.")
 
 
 def open_errors(job: Job) -> PartialFile | StreamFile | None:
