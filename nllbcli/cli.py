@@ -458,8 +458,6 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
         raise InvalidUsage("--devices and --ray cannot be used together: --ray runs an actor per GPU of the cluster.")
     if model.device not in ("auto", "cpu", "cuda"):
         raise InvalidUsage(f"--device {model.device} with --ray: the actors take auto, cpu or cuda (Ray gives each its GPU).")
-    if run.progress == "json":
-        raise InvalidUsage("--progress json does not go with --ray: Ray reports its own progress (bar or none).")
     paths = run.paths
     inputs, output = ((list(paths), run.output_option) if run.output_option is not None
                       else (list(paths[:-1]), paths[-1] if paths else None))
@@ -480,11 +478,11 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
             outcomes = ray.translate_with_ray(
                 inputs, output, job, decode, replace(model, model=model_dir), options, batching=batching,
                 resume=run.resume, input_format=run.input_format, output_format=run.output_format,
-                progress=not run.quiet and progress_mode(run.progress, output) == "bar",
+                progress="none" if run.quiet else progress_mode(run.progress, output),
                 warn=lambda message: click.echo(message, err=True))
     except Stopped as stop:
         exit_on_stop(stop, streamed=False)
-    ray.report(outcomes, output, summary=not run.quiet)
+    ray.report(outcomes, output, summary=not run.quiet, mode=progress_mode(run.progress, output))
     command_done(3 if outcomes.counters.failed else 0)
 
 

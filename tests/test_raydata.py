@@ -99,7 +99,10 @@ def run(tmp_path: Path, inputs: list[str], output: Path, *args: str) -> tuple[in
     return result.exit_code, result.output
 
 
-def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_path):
+def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_path, monkeypatch):
+    """The parts are the command's output, file after file; the progress counts rows as the actors translate them,
+    and the summary is the command's (JSON lines here)."""
+    monkeypatch.setattr("nllbcli.job.progress.JSON_INTERVAL", 0.1)
     inputs = tmp_path / "in"
     inputs.mkdir()
     write_jsonl(inputs / "a.jsonl", 40, bad_every=13)
@@ -110,14 +113,18 @@ def test_jsonl_parts_in_name_order_are_the_commands_output_file_after_file(tmp_p
     (inputs / "c.jsonl").write_bytes(gzip.compress((inputs / "c.jsonl").read_bytes()))  # gzip, as its bytes say
     (inputs / "_SUCCESS").write_text("")  # a marker of another tool's, not an input
     code, said = run(tmp_path, [str(inputs)], tmp_path / "out", "--chunk-rows", "8", "--max-batch-sentences", "3",
-                     "--errors", str(tmp_path / "errors.jsonl"))
+                     "--errors", str(tmp_path / "errors.jsonl"), "--progress", "json")
     assert code == 3, said
     expected = [cli_output(tmp_path, inputs / name) for name in ("a.jsonl", "b.jsonl.gz", "c.jsonl")]
     assert b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl")) == b"".join(out for out, _ in expected)
     assert (tmp_path / "errors.jsonl").read_bytes() == b"".join(errors for _, errors in expected)
-    done, actors = said.splitlines()[-2:]  # the command's summary, then the actors that ran the job
-    assert done.startswith("Done: 70 rows (67 translated, 3 failed, 0 flagged: ")
-    assert actors == "Ray actors: GPU 0, GPU 1."  # each actor was given its own GPU by Ray
+    lines = [json.loads(line) for line in said.splitlines() if line.startswith("{")]
+    summary, progress = lines[-1], [line for line in lines if line["event"] == "progress"]
+    assert (summary["event"], summary["rows"], summary["translated"], summary["failed"]) == ("summary", 70, 67, 3)
+    assert summary["where"] == "2 Ray actors (GPU 0, GPU 1)"  # each actor was given its own GPU by Ray
+    assert summary["output"] == str(tmp_path / "out")
+    done = [line["done"] for line in progress]
+    assert done == sorted(done) and 0 < done[-1] <= 70  # counted as the actors translate them
     assert "_SUCCESS" in os.listdir(tmp_path / "out")
     assert not list(tmp_path.glob(".out.nllb-staging"))
 
@@ -435,7 +442,7 @@ def test_the_summary_is_the_commands_line_naming_the_actors():
     counters = Counters(rows=70, translated=67, failed=3, max_length=2, flagged=2, sentences=80, tokens=1200, seconds=4.0)
     raydata.report(raydata.Outcomes(counters, ("GPU 0", "GPU 1")), "out", stream=said)
     assert said.getvalue() == ("Done: 70 rows into out (67 translated, 3 failed, 2 flagged: 0 cut to fit the model, 2 "
-                               "stopped at --max-length), 80 sentences, 1,200 tokens in 4.0 s on Ray actors GPU 0, GPU 1: "
+                               "stopped at --max-length), 80 sentences, 1,200 tokens in 4.0 s on 2 Ray actors (GPU 0, GPU 1): "
                                "17.5 rows/s, 300 tokens/s.\n")
     said = io.StringIO()
     raydata.report(raydata.Outcomes(already=True), "out", stream=said)
@@ -643,7 +650,6 @@ def test_a_promotion_stopped_at_any_step_is_finished_by_resume_to_the_same_bytes
 @pytest.mark.parametrize("args, message", [
     (["--devices", "cpu:2"], "--devices and --ray cannot be used together"),
     (["-"], "--ray reads files and writes a directory"),
-    (["--progress", "json"], "--progress json does not go with --ray"),
     (["--device", "cuda:1"], "the actors take auto, cpu or cuda"),
 ])
 def test_usage_errors_are_one_line_before_ray_starts(tmp_path, args, message):
@@ -843,9 +849,9 @@ def test_a_job_joins_the_ray_that_ray_start_runs_here(tmp_path, ray_tmpdir):
         time.sleep(0.1)
     assert not session_processes(head.pid)
     assert result.returncode == 0, result.stderr
-    done, actors = result.stderr.splitlines()  # the summary, and no line of Ray's
-    assert done.startswith("Done: 3 rows (3 translated, 0 failed, ")
-    assert actors.startswith("Ray actors: GPU ")  # that Ray's: one the job starts has none
+    [done] = result.stderr.splitlines()  # the summary, and no line of Ray's
+    assert done.startswith("Done: 3 rows into ") and " (3 translated, 0 failed, " in done
+    assert " on 1 Ray actor (GPU " in done  # that Ray's: one the job starts has none
 
 
 def test_the_record_of_a_ray_that_has_stopped_is_not_followed(tmp_path, ray_tmpdir):

@@ -81,7 +81,7 @@ class Reporter:
 
     def __init__(self, mode: str = "none", total: int | None = None, counters: Counters | None = None,
                  stream: TextIO | None = None, summary: bool = True, console=None, label: str = "",
-                 output: str = "", where: str = ""):
+                 output: str = "", where: str = "", live: bool = True):
         self.mode, self.total, self.summary = mode, total, summary
         self.output, self.where = output, where  # what the summary names: the output, where the job ran
         self.counters = counters or Counters()
@@ -94,14 +94,14 @@ class Reporter:
         self.lock = threading.Lock()  # one line at a time on the stream, from the timer and the job's threads
         self.bar = self.task = self.console = self.timer = None
         self.stopped = threading.Event()
-        if mode == "bar":
+        if mode == "bar" and live:  # (not live: the summary alone, of a job that ran elsewhere)
             from rich.console import Console
 
             self.console = console or Console(file=self.out, stderr=stream is None)
             self.bar = job_progress(self.console, label, total)
             self.bar.start()
             self.task = self.bar.add_task("translate", total=total, completed=self.done, rates=None, finish=None)
-        elif mode == "json":
+        elif mode == "json" and live:
             self.timer = threading.Thread(target=self.emit_every, name="nllb-progress", daemon=True)
             self.timer.start()
 

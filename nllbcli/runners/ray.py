@@ -51,6 +51,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -79,7 +80,8 @@ from ..options import GPU_BATCHING, BatchOptions, DecodeOptions, Job, ModelOptio
 from ..job.reader import SWITCH_INTERVAL, fewer_collections
 from ..job.commit import TableSink, commit_rows, error_lines, skipped
 from ..job.progress import Counters, Reporter
-from ..job.spec import check_added_columns, check_fields, check_paths, check_worker, identity_of, loaded_identity
+from ..job.spec import (check_added_columns, check_fields, check_paths, check_worker, identity_of, job_label,
+                        loaded_identity)
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from ..job.rows import Outcome
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
@@ -432,7 +434,9 @@ class Translating:
     line, and an actor's constructor's as text only (ray_error)."""
 
     def __init__(self, load: Callable, names: list[str], job: Job, decode: DecodeOptions,
-                 max_batch_tokens: int | None, schema: pa.Schema | None, max_batch_sentences: int | None = None):
+                 max_batch_tokens: int | None, schema: pa.Schema | None, max_batch_sentences: int | None = None,
+                 progress=None):
+        self.progress = progress  # the job's ProgressCounter actor, told of each batch's rows and tokens (or None)
         self.engine = ThreadPoolExecutor(1, thread_name_prefix="nllb-engine")  # every call of the model on one thread
         try:
             self.translator, self.failure = self.engine.submit(load).result(), None
@@ -458,8 +462,13 @@ class Translating:
             raise self.failure
         ids = block.column(ID).to_pylist()
         records = self.records(block, ids)
-        outcomes = self.chunks(records)
+        outcomes = self.chunks(records, self.advance)
         return self.output(records, outcomes, ids)
+
+    def advance(self, rows: int, tokens: int) -> None:
+        """A batch's rows and tokens to the driver's progress, without waiting for it."""
+        if self.progress is not None and (rows or tokens):
+            self.progress.add.remote(rows, tokens)
 
     def records(self, block: pa.Table, ids: list[int]) -> list[Record]:
         if self.job.input_format == "jsonl":
@@ -520,6 +529,56 @@ class BlockRows:
             lines = self.lines.getvalue().split(b"\n")[:-1]
             return pa.table({LINE: pa.array([line + b"\n" for line in lines], pa.binary())})
         return self.tables.table()
+
+
+class ProgressCounter:
+    """A Ray actor that adds up the rows and tokens the translating actors finish, for the driver's progress
+    (follow_progress): rows as they are translated, before their block is written."""
+
+    def __init__(self):
+        self.rows = self.tokens = 0
+
+    def add(self, rows: int, tokens: int) -> None:
+        self.rows += rows
+        self.tokens += tokens
+
+    def read(self) -> tuple[int, int]:
+        return self.rows, self.tokens
+
+
+@contextlib.contextmanager
+def follow_progress(reporter: Reporter | None, every: float = 0.5) -> Iterator[object]:
+    """While the block runs: a ProgressCounter actor for the translating actors (its handle; None without a
+    reporter), and a thread that hands what it has counted to `reporter` every `every` seconds, and once more at
+    the end."""
+    if reporter is None:
+        yield None
+        return
+    counter = ray.remote(num_cpus=0)(ProgressCounter).remote()
+    stop, seen = threading.Event(), [0, 0]
+
+    def take() -> None:
+        try:
+            rows, tokens = ray.get(counter.read.remote(), timeout=10)
+        except Exception:  # noqa: BLE001 - a late answer is taken on the next turn; the job does not wait on it
+            return
+        if (rows, tokens) != tuple(seen):
+            reporter.advance(rows - seen[0], tokens - seen[1])
+            seen[:] = rows, tokens
+
+    def follow() -> None:
+        while not stop.wait(every):
+            take()
+
+    thread = threading.Thread(target=follow, name="nllb-ray-progress", daemon=True)
+    thread.start()
+    try:
+        yield counter
+    finally:
+        stop.set()
+        thread.join()
+        take()
+        ray.kill(counter)
 
 
 def counted_fields(counters: Counters) -> dict:
@@ -690,14 +749,15 @@ def runs(ids: list[int], rows: list[int]) -> Iterator[tuple[int, int]]:
 def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOptions, model: ModelOptions,
                        options: RayOptions = RayOptions(), *,
                        batching: Mapping[str, int | None] = MappingProxyType({}), resume: bool = False,
-                       input_format: str | None = None, output_format: str | None = None, progress: bool = False,
+                       input_format: str | None = None, output_format: str | None = None, progress: str = "none",
                        warn: Callable[[str], None] = print, load: Callable[[], object] | None = None) -> Outcomes:
     """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
     `job` holds the fields, languages, --on-error and --force (its paths and formats are not read); `model` the
     model directory, adapter, compute type and device (auto, cpu or cuda: Ray gives each actor its GPU);
     `batching` BatchOptions' fields as given, each left out (or None) the device's (the CLI's),
     max_batch_sentences none; `load` makes an actor's Translator, in the actor (default: load_on_actor, the model
-    loaded on the actor's GPU, or on the CPU with `options.threads`)."""
+    loaded on the actor's GPU, or on the CPU with `options.threads`); `progress` a mode of job/progress.py (bar,
+    json or none: the rows as the actors translate them)."""
     chunk_rows, max_batch_tokens, max_batch_sentences = (
         batching.get(name) for name in ("read_chunk_rows", "max_batch_tokens", "max_batch_sentences"))
     files = expand_inputs(paths)
@@ -728,9 +788,18 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         prepare_staging(staging, identity, resume, warn)
         if not os.path.exists(os.path.join(staging, PLAN)):  # a promotion under way: every row is written
             load = load or functools.partial(load_on_actor, model, options.threads, identity, socket.gethostname())
-            with local_ray(options.address):
-                workers = run_dataset(files, compressions, staging, job, decode, model.device, options, schema, load, chunk_rows,
-                                      max_batch_tokens, max_batch_sentences, progress)
+            reporter = None
+            if progress != "none":
+                total = None if saved_any(staging) else input_rows(files, compressions, fmt)
+                label = job_label(replace(job, input=files[0] if len(files) == 1 else f"{len(files):,} files"))
+                reporter = Reporter(progress, total, summary=False, label=label)
+            try:
+                with local_ray(options.address):
+                    workers = run_dataset(files, compressions, staging, job, decode, model.device, options, schema,
+                                          load, chunk_rows, max_batch_tokens, max_batch_sentences, reporter)
+            finally:
+                if reporter is not None:
+                    reporter.close(summary=False)
         outcomes = promote(staging, output, files, job, identity, errors, warn)
     except BaseException as error:
         if errors is not None:
@@ -743,12 +812,23 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
     return outcomes
 
 
-def report(outcomes: Outcomes, output: str, summary: bool = True, stream: TextIO | None = None) -> None:
-    """A --ray job's summary on stderr (or `stream`), unless not `summary`: the command's line (progress.Reporter)
-    over the job's counts, naming the actors that ran it; or that the job had finished before."""
-    where = (f"Ray actors {', '.join(outcomes.workers)}" if outcomes.workers else
+def input_rows(files: list[str], compressions: list[str | None], fmt: str) -> int | None:
+    """The rows of the inputs where their files say it without being read (Parquet's footers), else None."""
+    if fmt != "parquet" or any(compressions):
+        return None
+    return sum(pq.ParquetFile(path).metadata.num_rows for path in files)
+
+
+def report(outcomes: Outcomes, output: str, summary: bool = True, stream: TextIO | None = None,
+           mode: str = "none") -> None:
+    """A --ray job's summary on stderr (or `stream`), unless not `summary`: the command's line (progress.Reporter;
+    a JSON object in `mode` json) over the job's counts, naming the actors that ran it; or that the job had
+    finished before."""
+    count = len(outcomes.workers)
+    where = (f"{count} Ray actor{'s' if count > 1 else ''} ({', '.join(outcomes.workers)})" if count else
              "no Ray actor this run (every row had been written)")
-    reporter = Reporter("none", counters=outcomes.counters, stream=stream, summary=summary, output=output, where=where)
+    reporter = Reporter(mode, counters=outcomes.counters, stream=stream, summary=summary, output=output, where=where,
+                        live=False)
     if outcomes.already:
         if summary:
             reporter.write(f"Already finished: {output} holds this job's rows, and its inputs and options are "
@@ -1000,11 +1080,13 @@ def running_here() -> str | None:
 
 def run_dataset(files: list[str], compressions: list[str | None], staging: str, job: Job, decode: DecodeOptions,
                 device: str, options: RayOptions, schema: pa.Schema | None, load: Callable, chunk_rows: int | None,
-                max_batch_tokens: int | None, max_batch_sentences: int | None, progress: bool) -> tuple[str, ...]:
-    """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names."""
+                max_batch_tokens: int | None, max_batch_sentences: int | None,
+                reporter: Reporter | None = None) -> tuple[str, ...]:
+    """The pipeline: read, blocks of chunk_rows rows, the actors, the staged parts; the actors' names. `reporter`
+    shows the rows as the actors translate them (follow_progress); Ray Data's own progress bars stay off."""
     context = DataContext.get_current()
     context.execution_options.preserve_order = False  # the parts' names keep the order (Sink)
-    configure(context, enable_progress_bars=progress, print_on_execution_start=False,
+    configure(context, enable_progress_bars=False, print_on_execution_start=False,
               actor_task_retry_on_errors=True,  # with max_task_retries: a batch function that raised runs again
               raise_original_map_exception=True,  # what it raised reaches the job's error (ray_error), not a wrapper
               checkpoint_config=CheckpointConfig(id_column=ID, checkpoint_path=os.path.join(staging, "checkpoint"),
@@ -1027,6 +1109,15 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
     # strict: every block chunk_rows rows but the last; else each read block leaves a small one of its own, which
     # an actor takes as one call with little for the GPU to do while its next block is prepared
     dataset = dataset.repartition(target_num_rows_per_block=chunk_rows, strict=True)
+    with follow_progress(reporter) as counter:
+        return translate_dataset(dataset, files, staging, job, decode, load, names, schema, gpus, actors, chunk_rows,
+                                 max_batch_tokens, max_batch_sentences, counter)
+
+
+def translate_dataset(dataset, files: list[str], staging: str, job: Job, decode: DecodeOptions, load: Callable,
+                      names: list[str], schema: pa.Schema | None, gpus: int, actors: int, chunk_rows: int,
+                      max_batch_tokens: int | None, max_batch_sentences: int | None, counter) -> tuple[str, ...]:
+    """The blocks through the actors (Translating) into the staged parts (Sink); the actors' names."""
     # two blocks at once on an actor (one prepared while the other is on the engine): max_concurrency, the actor's
     # option of ray.remote, which every Ray Data since 2.55 takes (its ActorPoolStrategy's own has changed name);
     # max_task_retries is an option of ray.remote too, not one of map_batches' named parameters
@@ -1035,7 +1126,7 @@ def run_dataset(files: list[str], compressions: list[str | None], staging: str, 
         dataset = dataset.map_batches(
             Translating, fn_constructor_kwargs={"load": load, "names": names, "job": job, "decode": decode,
                                                 "max_batch_tokens": max_batch_tokens, "schema": schema,
-                                                "max_batch_sentences": max_batch_sentences},
+                                                "max_batch_sentences": max_batch_sentences, "progress": counter},
             batch_size=chunk_rows, batch_format="pyarrow", num_gpus=1 if gpus else 0, num_cpus=1,
             compute=ActorPoolStrategy(size=actors, enable_true_multi_threading=True), max_concurrency=2,
             max_task_retries=TASK_RETRIES)
