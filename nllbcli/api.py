@@ -19,7 +19,8 @@ option records') or NllbError (a language, a table's columns).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -30,7 +31,7 @@ from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import ON_ERROR, BatchOptions, DecodeOptions, Job, ModelOptions, described
+from .options import MAX_THREADS, ON_ERROR, BatchOptions, DecodeOptions, Job, ModelOptions, cpu_threads, described
 from .job.reader import read_chunks
 from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
@@ -46,6 +47,13 @@ API_NAMES = MappingProxyType({  # the arguments that messages of the job's check
     "--error-field": "error_field", "--overwrite-field": "overwrite_field=True", "--targets-as rows": "targets_as='rows'"})
 
 
+class Default(str):
+    """A default argument a caller can be told from one who gave the same value (compared by identity)."""
+
+
+ERROR_FIELD = Default("error")  # translate_table's error column, unless on_error says otherwise
+
+
 @dataclass(frozen=True)
 class Result:
     """One row's translation, or why it has none."""
@@ -59,18 +67,24 @@ class Result:
 
 
 def load(model: str | ModelOptions | None = None, device: str = "auto", adapter: str | None = None,
-         compute_type: str = "auto") -> Translator:
+         compute_type: str = "auto", threads: int | None = None) -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
     bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator). `model` may be the command's
-    record of these, a ModelOptions, in place of the four."""
+    record of these, a ModelOptions, in place of the four. `threads`: the BLAS threads the CPU engine computes
+    with during each call, as --threads (None: $NLLB_THREADS, else half the cores, the command's default)."""
     if isinstance(model, ModelOptions):
         model, device, adapter, compute_type = model.model, model.device, model.adapter, model.compute_type
     for name, value in (("model", model), ("adapter", adapter)):
         check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
     for name, value in (("device", device), ("compute_type", compute_type)):
         check_type(name, value, str, "a str")
-    return load_translator(str(model or ENV.model or DEFAULT_MODEL), device, adapter and str(adapter), compute_type)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or not 1 <= threads <= MAX_THREADS):
+        raise TypeError(f"threads must be a number of threads, 1 to {MAX_THREADS:,}, or None, not {described(threads)}.")
+    translator = load_translator(str(model or ENV.model or DEFAULT_MODEL), device, adapter and str(adapter), compute_type)
+    translator.threads = threads or ENV.threads or cpu_threads()
+    return translator
 
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
@@ -79,42 +93,73 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
     device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
-    from .model.langs import resolve_lang
-
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
     if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a list of strings, not {described(texts)}"
                         + (": put one text in a list, [text]." if isinstance(texts, str) else "."))
+    job = text_job(translator, src, tgt, split, max_input_length)
+    records = list(text_records(texts, job))
+    return [result_of(o) for _, o in run_records(translator, records, job, model_decode(translator, decode), batching,
+                                                 progress)]
+
+
+def translate_iterable(translator: Translator, texts: Iterable[str], src: str, tgt: str,
+                       decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
+                       max_input_length: int | None = None) -> Iterator[Result]:
+    """translate's Results for a stream of texts (any iterable: a file's lines, a generator), yielded in order as
+    each chunk of `batching.read_chunk_rows` texts is translated: memory holds a chunk at a time, whatever the
+    stream's length. The texts are taken as the results are asked for; the arguments are checked at the call."""
+    check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
+    check_options(decode, batching, False)
+    if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be an iterable of strings, not {described(texts)}.")
+    job, decode = text_job(translator, src, tgt, split, max_input_length), model_decode(translator, decode)
+    chunks = chunk_outcomes(translator, text_records(texts, job), job, decode, batching, False)
+    return (result_of(outcome) for _, outcomes in chunks for outcome in outcomes)
+
+
+def text_job(translator: Translator, src, tgt, split: bool, max_input_length: int | None) -> Job:
+    """The job of translate's texts: one row each, its text in the record's field, every failure a value."""
+    from .model.langs import resolve_lang
+
     check_type("src", src, str, "a language code (a str), such as eng_Latn or en")
     if isinstance(tgt, (list, tuple)) or isinstance(tgt, str) and "," in tgt:
         raise NllbError(f"translate takes one target language, not {tgt!r}: translate_table takes several.")
     check_type("tgt", tgt, str, "a language code (a str), such as fra_Latn or fr")
     known = translator.tokenizer.lang_codes
-    job = Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
-              output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
-    records = [Record(n, text if isinstance(text, str) else "", {job.field: text},
-                      None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
-                      f"row {n + 1}") for n, text in enumerate(texts)]
-    return [Result(o.translation, o.error, "failed" if o.error else status_of(o), o.hypotheses, o.score, o.log_prob)
-            for _, o in run_records(translator, records, job, decode or model_decode(translator), batching, progress)]
+    return Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
+               output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
+
+
+def text_records(texts: Iterable, job: Job) -> Iterator[Record]:
+    """Each text as a row (a non-string fails its row, as the command's reader fails a row of another type)."""
+    for n, text in enumerate(texts):
+        yield Record(n, text if isinstance(text, str) else "", {job.field: text},
+                     None if isinstance(text, str) else f"row {n + 1}: {type(text).__name__}, not a string.",
+                     f"row {n + 1}")
+
+
+def result_of(outcome) -> Result:
+    return Result(outcome.translation, outcome.error, "failed" if outcome.error else status_of(outcome),
+                  outcome.hypotheses, outcome.score, outcome.log_prob)
 
 
 def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
                     src: str | None = None, tgt: str | Sequence[str] | None = None,
                     decode: DecodeOptions | None = None, *,
                     field: str = "text", output_field: str = "translation", status_field: str | None = None,
-                    error_field: str | None = None, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
+                    error_field: str | None = ERROR_FIELD, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
                     prefix_field: str | None = None, targets_as: str = "columns", on_error: str | None = None,
                     progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
-    `decode.num_hypotheses` above 1). A row that cannot be translated does what --on-error says: `on_error`
-    "fail" (without `error_field`, as the command) raises NllbError naming the row; "skip" leaves it out;
-    "record" (with `error_field`, its default) keeps every row, a failed one with a null translation and its
-    reason in that column (null for the others). A table whose schema the CLI refuses
+    `decode.num_hypotheses` above 1). A row that cannot be translated keeps its place by default: `on_error`
+    "record" (the default) keeps every row, a failed one with a null translation and its reason in the column
+    `error_field` ("error"; null for the other rows); "fail" raises NllbError naming the row, as the command does;
+    "skip" leaves it out. error_field=None without on_error is "fail". A table whose schema the CLI refuses
     (no text column, one named twice, a column the translation would replace without `overwrite_field`) raises
     NllbError. `prefix_field`: --prefix-field's column. `tgt` may be several languages (a list, or codes with
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
@@ -127,7 +172,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     schema, batches = table_batches(table)
     check_languages(src, tgt)
     known = translator.tokenizer.lang_codes
-    decode = decode or model_decode(translator)
+    decode = model_decode(translator, decode)
     targets = () if tgt is None else resolve_targets(tgt, known)
     job = table_job(decode, src and resolve_lang(src, known), targets, field=field, output_field=output_field,
                     status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
@@ -152,6 +197,9 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
     the command checks its options' (job.spec.check_fields): a field named twice, or the translation over the
     text without `overwrite_field`, raises NllbError. `error_field` takes the errors file's place: a failed row
     is kept (and skipped by the chunk worker)."""
+    if error_field is ERROR_FIELD and on_error in ("fail", "skip"):
+        error_field = None  # the default column goes with the default, record
+    error_field = None if error_field is None else str(error_field)
     on_error = on_error or ("record" if error_field is not None else "fail")
     check_type("on_error", on_error, str, f"one of {', '.join(ON_ERROR)}, or None")
     if on_error not in ON_ERROR:
@@ -217,29 +265,47 @@ def check_languages(src, tgt) -> None:
         raise TypeError(f"tgt must be a language code (a str), a list of them or None, not {described(tgt)}.")
 
 
-def model_decode(translator: Translator) -> DecodeOptions:
-    """The command's decoding options for the translator's model when none are given."""
+def model_decode(translator: Translator, decode: DecodeOptions | None = None) -> DecodeOptions:
+    """The decoding options as the command takes its options: the fields `decode` was given
+    (DecodeOptions.given), over the model's generation_config.json, over nllb's defaults; sampling takes beam
+    size 1 unless one is given, as --sampling-topk does."""
     from pathlib import Path
 
     from .model.checkpoint import decode_options
 
-    return decode_options(Path(translator.model_dir) if translator.model_dir else None)
+    given = {} if decode is None else {name: getattr(decode, name) for name in decode.given}
+    if given.get("sampling_topk", 1) != 1:
+        given.setdefault("beam_size", 1)
+    return decode_options(Path(translator.model_dir) if translator.model_dir else None, **given)
 
 
 def run_records(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,
                 batching: BatchOptions | None, progress: bool, commit=None) -> list[tuple[Record, object]]:
     """Each record with its Outcome, in order: a chunk at a time, as the CLI's job translates them, each chunk
     handed to `commit(chunk, outcomes, counters)` as it is done where given (the progress bar's Counters)."""
-    batching = batching or BatchOptions.for_device(translator.device)
-    reporter = Reporter("bar" if progress else "none", len(records), summary=False)
     done = []
+    for chunk, outcomes in chunk_outcomes(translator, records, job, decode, batching, progress, len(records), commit):
+        done += zip(chunk, outcomes)
+    return done
+
+
+def chunk_outcomes(translator: Translator, records: Iterable[Record], job: Job, decode: DecodeOptions,
+                   batching: BatchOptions | None, progress: bool, total: int | None = None,
+                   commit=None) -> Iterator[tuple[list[Record], list]]:
+    """Each chunk of the records (batching.read_chunk_rows, read as they come) with its Outcomes, in order, the
+    chunk handed to `commit(chunk, outcomes, counters)` first where given; the CPU engine on the translator's BLAS
+    threads (nllbcli.load's) meanwhile."""
+    batching = batching or BatchOptions.for_device(translator.device)
+    reporter = Reporter("bar" if progress else "none", total, summary=False)
     worker = ChunkWorker(translator, job, decode, batching)
-    try:
+    with ExitStack() as stack:
+        stack.callback(reporter.close, summary=False)
+        if translator.device == "cpu" and translator.threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            stack.enter_context(threadpool_limits(limits=translator.threads, user_api="blas"))
         for chunk in read_chunks(records, batching.read_chunk_rows):
             outcomes = worker(chunk, reporter.advance)
             if commit is not None:
                 commit(chunk, outcomes, reporter.counters)
-            done += zip(chunk, outcomes)
-    finally:
-        reporter.close(summary=False)
-    return done
+            yield chunk, outcomes

@@ -1,8 +1,8 @@
 """Every NLLB_* environment variable the package reads, read here, once, when the package first needs one:
 docs/ENVIRONMENT.md says what each does. The modules keep what they read as their own switches
 (`kernels.TMA_STORE = ENV.tma_store`), which a test may set. The two that name a command's options
-(NLLB_MODEL for -m/--model, NLLB_THREADS for --threads) are read by click with the command line; NLLB_MODEL is
-read here too, for nllbcli.load.
+(NLLB_MODEL for -m/--model, NLLB_THREADS for --threads) are read by click with the command line; both are read
+here too, for nllbcli.load.
 
 All but NLLB_MODEL and NLLB_THREADS are for measuring the GPU engine and the job: they change speed, never a
 translation.
@@ -18,6 +18,7 @@ from typing import Mapping
 @dataclass(frozen=True)
 class Environment:
     model: str | None = None  # NLLB_MODEL: the model nllbcli.load takes when it is given none
+    threads: int | None = None  # NLLB_THREADS: the CPU engine's BLAS threads nllbcli.load takes when given none
     cuda_graphs: bool = True  # NLLB_CUDA_GRAPHS=0: the decoder step's kernels launched one by one, not as a graph
     pdl: bool = True  # NLLB_PDL=0: CuPy's plain launches instead of programmatic dependent launches
     tma_store: bool = True  # NLLB_TMA_STORE=0: Hopper GEMM results stored from the registers, not through TMA
@@ -33,9 +34,10 @@ def read(environ: Mapping[str, str] = os.environ) -> Environment:
     """The variables as set in `environ`; each unset one at its default."""
     defaults = Environment()
     on = lambda name, default: environ.get(name, "1" if default else "0") == "1"  # noqa: E731 - only "1" is on
-    ahead = environ.get("NLLB_AHEAD", "")
+    ahead, threads = environ.get("NLLB_AHEAD", ""), environ.get("NLLB_THREADS", "").strip()
     return Environment(
         model=environ.get("NLLB_MODEL") or None,
+        threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
         cuda_graphs=on("NLLB_CUDA_GRAPHS", defaults.cuda_graphs),
         pdl=on("NLLB_PDL", defaults.pdl),
         tma_store=on("NLLB_TMA_STORE", defaults.tma_store),

@@ -11,6 +11,25 @@ if TYPE_CHECKING:
     from .io import Added
 
 
+def recording_given(cls: type) -> type:
+    """A dataclass whose instances know which fields their maker gave (`given`): the library merges those over a
+    model's generation_config.json, as the command merges the options given on its command line. A copy made by
+    dataclasses.replace gives every field."""
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        names = [f.name for f in fields(cls)]
+        object.__setattr__(self, "_given", frozenset(names[:len(args)]) | frozenset(kwargs))
+
+    __init__.__doc__, __init__.__wrapped__ = init.__doc__, init
+    cls.__init__ = __init__
+    cls.given = property(lambda self: getattr(self, "_given", frozenset(f.name for f in fields(cls))),
+                         doc="The fields given where the record was made.")
+    return cls
+
+
+@recording_given
 @dataclass(frozen=True)
 class DecodeOptions:
     """How each sentence is decoded: the semantics of transformers' `generate` with early_stopping=False."""

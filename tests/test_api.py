@@ -97,20 +97,27 @@ def test_translate_table_gives_the_parquet_output_of_the_command(tmp_path):
         expected.drop_columns(["status"]).to_pylist()
 
 
-def test_a_row_that_fails_fails_the_table_as_it_fails_the_command(tmp_path):
-    """Without error_field a failed row is not left out silently: the call fails on it, naming it, as the command
-    does under its default --on-error fail; on_error="skip" leaves it out, error_field keeps it with its reason."""
+def test_a_row_that_fails_keeps_its_place_or_fails_the_table_as_it_fails_the_command(tmp_path):
+    """A failed row is never left out silently: by default it keeps its place with a null translation and its
+    reason in the error column; on_error="fail" fails the call on it, naming it, as the command does under its
+    default --on-error fail; on_error="skip" leaves it out."""
     table = pa.table({"id": [1, 2, 3], "text": [ROWS[0], None, ROWS[1]]})
     pq.write_table(table, tmp_path / "in.parquet")
     result = CliRunner().invoke(cli, ["translate", "-q", "-m", str(SAMPLE), "--device", "cpu", "--src", "en", "--tgt",
                                       "fr", str(tmp_path / "in.parquet"), str(tmp_path / "out.parquet")])
     assert result.exit_code == 1
     assert result.output == f"Error: {tmp_path / 'in.parquet'}: row 2: field 'text' is null, not a string.\n"
-    with pytest.raises(NllbError, match=r"^the table: row 2: field 'text' is null, not a string\.$"):
-        nllbcli.translate_table(sample(), table, "en", "fr", GREEDY)
+    kept = nllbcli.translate_table(sample(), table, "en", "fr", GREEDY)
+    assert kept.column_names == ["id", "text", "translation", "error"]
+    assert kept.column("error").to_pylist() == [None, "the table: row 2: field 'text' is null, not a string.", None]
+    assert kept.column("translation").null_count == 1
+    for given in ({"on_error": "fail"}, {"error_field": None}):
+        with pytest.raises(NllbError, match=r"^the table: row 2: field 'text' is null, not a string\.$"):
+            nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, **given)
     assert nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, on_error="skip").column("id").to_pylist() == [1, 3]
-    assert nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, error_field="error").num_rows == 3
-    for given, message in (({"on_error": "record"}, "give both, or neither"), ({"on_error": "ignore"}, "not 'ignore'"),
+    assert nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, error_field="why").column_names[-1] == "why"
+    for given, message in (({"on_error": "record", "error_field": None}, "give both, or neither"),
+                           ({"on_error": "ignore"}, "not 'ignore'"),
                            ({"on_error": "skip", "error_field": "error"}, "on_error is 'skip'")):
         with pytest.raises(ValueError, match=message):
             nllbcli.translate_table(sample(), table, "en", "fr", GREEDY, **given)
@@ -123,7 +130,7 @@ def test_translate_table_refuses_what_the_command_refuses():
         nllbcli.translate_table(sample(), pa.table({"text": ["a"], "translation": ["b"]}), "en", "fr")
     replaced = nllbcli.translate_table(sample(), pa.table({"text": ["Hello."], "translation": ["old"]}), "en", "fr",
                                        GREEDY, overwrite_field=True)
-    assert replaced.column_names == ["text", "translation"] and replaced.column("translation")[0].as_py() != "old"
+    assert replaced.column_names == ["text", "translation", "error"] and replaced.column("translation")[0].as_py() != "old"
 
 
 def test_the_readmes_example_runs_as_written(monkeypatch):
@@ -259,3 +266,62 @@ def test_load_takes_the_commands_model_record():
     assert (loaded.model_dir, loaded.device, loaded.adapter) == (sample().model_dir, "cpu", None)
     assert [r.text for r in nllbcli.translate(loaded, ROWS[:2], "en", "fr", GREEDY)] == \
         [r.text for r in nllbcli.translate(sample(), ROWS[:2], "en", "fr", GREEDY)]
+
+
+def test_load_takes_the_commands_thread_limit_and_each_call_keeps_to_it(monkeypatch):
+    """threads= at load is --threads: the BLAS library's threads while a call computes on the CPU (None: the
+    command's default, $NLLB_THREADS else half the cores), so that a library call beside other work does not
+    spin on every core."""
+    from threadpoolctl import threadpool_info
+
+    from nllbcli.options import cpu_threads
+
+    assert nllbcli.load(str(SAMPLE), "cpu").threads == cpu_threads()
+    translator = nllbcli.load(str(SAMPLE), "cpu", threads=1)
+    seen = []
+    generate = translator.generate_hypotheses
+
+    def watched(*args, **kwargs):
+        seen.append({pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"})
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(translator, "generate_hypotheses", watched)
+    nllbcli.translate(translator, ROWS[:2], "en", "fr", GREEDY)
+    list(nllbcli.translate_iterable(translator, ROWS[:2], "en", "fr", GREEDY))
+    assert seen and all(threads == {1} for threads in seen)
+    for wrong in (0, 2.5, True):
+        with pytest.raises(TypeError, match="^threads must be a number of threads"):
+            nllbcli.load(str(SAMPLE), "cpu", threads=wrong)
+
+
+def test_translate_iterable_streams_in_order_with_bounded_memory():
+    """A stream's results come in order as each chunk is done, the texts taken only as far as the chunk being
+    translated: a stream of any length (a generator here, which would never end) in bounded memory."""
+    taken = []
+
+    def endless():
+        n = 0
+        while True:
+            taken.append(n)
+            yield ROWS[n % len(ROWS)]
+            n += 1
+
+    batching = nllbcli.BatchOptions(read_chunk_rows=4)
+    results = nllbcli.translate_iterable(sample(), endless(), "en", "fr", GREEDY, batching=batching)
+    first = [next(results) for _ in range(6)]
+    assert len(taken) <= 2 * 4 + 1  # two chunks at most, whatever is left of the stream
+    assert [r.text for r in first] == [r.text for r in nllbcli.translate(sample(), (ROWS * 2)[:6], "en", "fr", GREEDY)]
+    with pytest.raises(TypeError, match="^texts must be an iterable of strings"):
+        nllbcli.translate_iterable(sample(), "one text", "en", "fr")
+
+
+def test_decoding_options_given_are_merged_over_the_models_generation_config():
+    """As transformers merges what generate is given into the model's generation config, and the command its
+    options: DecodeOptions(beam_size=2) keeps the model's max_length (NLLB's 199 new tokens), not nllb's 200."""
+    from nllbcli.api import model_decode
+
+    merged = model_decode(sample(), nllbcli.DecodeOptions(beam_size=2))
+    assert (merged.beam_size, merged.max_length) == (2, 199)
+    assert model_decode(sample(), nllbcli.DecodeOptions(beam_size=2, max_length=200)).max_length == 200
+    assert model_decode(sample(), nllbcli.DecodeOptions(sampling_topk=0, beam_size=1)).beam_size == 1
+    assert model_decode(sample()) == model_decode(sample(), nllbcli.DecodeOptions())

@@ -963,3 +963,21 @@ def test_an_actor_whose_model_files_differ_from_the_drivers_is_one_line(tmp_path
         f.write(" ")
     with pytest.raises(NllbError, match=r"generation_config\.json in .+ changed"):
         raydata.load_on_actor(cpu, 1, identity, elsewhere)
+
+
+def test_a_users_own_dataset_goes_through_map_batches_as_translate_table_gives_it():
+    """nllbcli.ray_data.BatchTranslator over a Dataset of the user's: every row once, each as translate_table gives
+    it (a row that fails keeps its place with its reason); a misspelt option is one line."""
+    from nllbcli import api
+    from nllbcli.ray_data import BatchTranslator
+
+    table = pa.table({"id": list(range(30)), "text": [f"My sister bought {n} red cars." for n in range(29)] + [None]})
+    options = {"model": SAMPLE, "device": "cpu", "src": "en", "tgt": "fr", "decode": GREEDY, "status_field": "status"}
+    dataset = ray.data.from_arrow(table).map_batches(BatchTranslator, fn_constructor_kwargs=options, batch_size=10,
+                                                     batch_format="pyarrow", concurrency=1)
+    out = pa.concat_tables(list(dataset.iter_batches(batch_format="pyarrow", batch_size=None))).sort_by("id")
+    expected = api.translate_table(load_translator(SAMPLE, "cpu"), table, "en", "fr", GREEDY, status_field="status")
+    assert out.drop_columns(["error"]).equals(expected.drop_columns(["error"]))
+    assert out.column("error").to_pylist()[-1] == "the table: row 10: field 'text' is null, not a string."  # its batch's
+    with pytest.raises(ValueError, match="^BatchTranslator takes translate_table's keyword arguments, and .*'colour'"):
+        BatchTranslator(SAMPLE, colour="red")

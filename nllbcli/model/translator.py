@@ -54,6 +54,7 @@ class Translator:
     model_dir: str = ""  # where the model was loaded from
     compute_type: str = "bfloat16"  # the GPU's matrix products: bfloat16 or float8 (load_translator)
     adapter: str | None = None  # the PEFT LoRA adapter directory merged into the weights, if any
+    threads: int | None = None  # the BLAS threads the library's calls run the CPU engine with (nllbcli.load)
 
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
