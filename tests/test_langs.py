@@ -60,3 +60,15 @@ def test_only_the_models_own_codes():
     assert resolve_lang("de", ["deu_Latn", "eng_Latn"]) == "deu_Latn"
     with pytest.raises(NllbError, match="unknown language code 'fr'"):
         resolve_lang("fr", ["deu_Latn", "eng_Latn"])
+
+
+@pytest.mark.parametrize("typed, code", [("english", "eng_Latn"), ("French", "fra_Latn"), (" German ", "deu_Latn"),
+                                         ("chinese (traditional)", "zho_Hant"), ("Serbian", "srp_Cyrl")])
+def test_a_language_name_that_names_one_language_is_taken_as_its_code(typed, code):
+    """What `nllb langs english` finds, --src english takes: the English name `nllb langs` shows, in any case."""
+    assert resolve_lang(typed, FLORES_200_CODES) == code
+
+
+def test_a_name_of_several_languages_names_them():
+    with pytest.raises(NllbError, match=r"^'chinese' names 2 of the model's languages: zho_Hans, zho_Hant: give one code\.$"):
+        resolve_lang("chinese", FLORES_200_CODES)

@@ -92,6 +92,23 @@ def matching_codes(known: list[str] | tuple[str, ...], filters: tuple[str, ...] 
     return found
 
 
+def by_name(name: str, known: list[str] | tuple[str, ...]) -> list[str]:
+    """The codes whose language's English name (language_name: "French", "Chinese (Traditional)") is `name`, in
+    any case, with or without its part in parentheses."""
+    wanted = " ".join(name.split()).lower()
+    if len(wanted) < 3:
+        return []
+    found = []
+    for code in known:
+        try:
+            full = language_name(code).lower()
+        except (LookupError, ValueError):
+            continue
+        if wanted in (full, full.split(" (")[0]):
+            found.append(code)
+    return found
+
+
 def is_flores(known) -> bool:
     """Whether a model names its languages FLORES-200 style (NLLB: eng_Latn) rather than M2M-100 style (en)."""
     return not known or "_" in next(iter(known))
@@ -110,9 +127,15 @@ def closest_codes(code: str, known: list[str] | tuple[str, ...], n: int = 3) -> 
 
 
 def check_lang(code: str, known: list[str] | tuple[str, ...]) -> str:
-    """Return `code` if the model knows it, else raise with the closest codes it does know."""
+    """Return `code` if the model knows it, or the one code whose language it names (english, Chinese
+    (Traditional): what `nllb langs` shows); else raise with the closest codes it does know."""
     if code in known:
         return code
+    named = by_name(code, known)
+    if len(named) == 1:
+        return named[0]
+    if named:
+        raise NllbError(f"{code!r} names {len(named)} of the model's languages: {', '.join(named)}: give one code.")
     near = closest_codes(code, known)
     hint = f" Did you mean {' or '.join(near)}?" if near else " Run `nllb langs` to list them."
     family, example = ("FLORES-200", "eng_Latn") if is_flores(known) else ("M2M-100", "en")
