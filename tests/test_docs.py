@@ -192,13 +192,3 @@ def test_the_shell_example_runs_as_written(block, ran):
     result = ran[block.name]
     assert result.returncode == 0, f"{block.name}:\n{block.code}\nstderr:\n{result.stderr}"
 
-
-def test_every_option_of_translate_is_in_the_options_page():
-    from nllbcli.cli import cli
-
-    table = (ROOT / "docs" / "OPTIONS.md").read_text(encoding="utf-8").split("\n## nllb translate\n", 1)[1]
-    rows = [line.split("|")[1] for line in table.split("\n## ", 1)[0].splitlines() if line.startswith("| `")]
-    named = {option for row in rows for option in re.findall(r"`(-[-\w]+)`", row)} - {"-h", "--help"}  # click's
-    options = {option for param in cli.commands["translate"].params for option in param.opts if option.startswith("-")}
-    assert options - named == set(), "docs/OPTIONS.md lacks these options of nllb translate"
-    assert named - options == set(), "docs/OPTIONS.md names options nllb translate does not have"
