@@ -1,5 +1,5 @@
 """How long translations run against their sources, on the sample model's held-out sentences: the figures
-behind the README's advice for --max-length-a/b (its Length section).
+behind docs/DECODING.md's advice for --max-length-a/b (its Length section).
 
     python -m bench.length_ratio [--beam-size 4]        # the CPU engine, about a minute
 

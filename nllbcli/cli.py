@@ -265,11 +265,11 @@ def cli():
 @into("model", *MODEL_DECLS, **MODEL_ATTRS)
 @into("model", "--device", type=Device(), default="auto", show_default=True, help="Where to run: auto picks a GPU when CuPy sees one, else the CPU.")
 @click.option("--devices", metavar="LIST", help="One worker process per device, each with the model loaded: GPU numbers (0,1,3, as CuPy numbers them under CUDA_VISIBLE_DEVICES), all (every GPU CuPy sees), or cpu:N (N workers on the CPU, at most one a core, sharing --threads). Rows stay in input order and --resume works as in a one-device job.")
-@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (pip install 'nllbcli[ray]'): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else the one `ray start` runs on this machine, else a Ray started for the job. See the README's Ray section.")
+@click.option("--ray", "on_ray", is_flag=True, help="Run on a Ray cluster through Ray Data (nllbcli's ray extra: pip install '.[ray]' in nllbcli's checkout): INPUTs are files, directories or globs of JSONL or Parquet, OUTPUT a directory of parts. The cluster is --ray-address's, else $RAY_ADDRESS's, else the one `ray start` runs on this machine, else a Ray started for the job. See docs/SCALE.md.")
 @click.option("--ray-address", metavar="ADDRESS", help="With --ray: the cluster to join, as ray.init takes it (auto, HOST:6379, ray://HOST:10001).")
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @into("model", "--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
-@into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: README, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
+@into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: docs/GPU.md, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @into("job", "--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
@@ -292,7 +292,7 @@ def cli():
 @into("decode", "--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
 @into("decode", "--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")
 @into("job", "--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
-@into("decode", "--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (README, Scores).")
+@into("decode", "--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (docs/DECODING.md, Scores).")
 @into("job", "--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
 @into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
 @into("job", "--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
@@ -300,7 +300,7 @@ def cli():
 @into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
 @into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
-@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (the BLAS library's; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (its own, each BLAS call on one thread, so the output does not depend on their number; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
 @into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
@@ -468,8 +468,8 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
     try:
         from .runners import ray
     except ImportError as error:
-        raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): pip install "
-                                   "'nllbcli[ray]'.") from None
+        raise click.ClickException(f"--ray needs Ray Data, which is not installed here ({error}): install nllbcli "
+                                   "with its ray extra (pip install '.[ray]' in nllbcli's checkout).") from None
     job = replace(base, **resolved_languages(model.model, base.src, base.tgt, base.targets))
     model_dir = str(resolve_model_dir(model.model).resolve())
     options = ray.RayOptions(run.ray_address, run.ray_actors, run.threads)

@@ -215,7 +215,7 @@ def cpu_threads() -> int:
     """The CPU engine's BLAS threads by default: half the cores this process may run on, at least one. The BLAS
     threads wait for each other by spinning, so a core taken by another process (or by the job's own reader and
     writer threads) stalls them all: with a thread on every core, a job beside other work took up to 80 times as
-    long as with half as many (README, Options)."""
+    long as with half as many (docs/SCALE.md, CPU threads)."""
     return max(1, usable_cores() // 2)
 
 

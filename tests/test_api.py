@@ -1,5 +1,5 @@
 """The Python API: the command's semantics from a list of strings or an Arrow table, failures as values, and the
-README's example as it is written."""
+example of docs/API.md as it is written."""
 
 from __future__ import annotations
 
@@ -133,13 +133,13 @@ def test_translate_table_refuses_what_the_command_refuses():
     assert replaced.column_names == ["text", "translation", "error"] and replaced.column("translation")[0].as_py() != "old"
 
 
-def test_the_readmes_example_runs_as_written(monkeypatch):
+def test_the_docs_example_runs_as_written(monkeypatch):
     monkeypatch.chdir(ROOT)
-    section = (ROOT / "README.md").read_text().split("## Python API", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S)[1]
+    page = (ROOT / "docs" / "API.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S)[1]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/API.md", "exec"), {})
     said = [line.split("#", 1)[1].strip() for line in code.splitlines() if line.startswith("print(") and "#" in line]
     assert printed.getvalue().splitlines() == said
 

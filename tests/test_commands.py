@@ -254,9 +254,9 @@ def test_shell_completion_as_the_readme_says(shell, marker):
 
 
 def try_it_now_block() -> list[str]:
-    """The commands of the README's first shell block, after `make install`."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"```sh\n(.*?)```", readme, re.S).group(1)
+    """The commands of the shell block of the README's "Try it now", after `make install`."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("\n## Try it now\n", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     lines = block.splitlines()
     assert lines[0] == "make install"
     return lines[1:]

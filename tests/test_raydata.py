@@ -481,7 +481,7 @@ def test_a_ray_without_what_the_job_needs_of_it_is_refused_in_one_line(tmp_path,
     code, said = run(tmp_path, [str(tmp_path / "in.jsonl")], tmp_path / "out")
     assert code == 1 and said == (f"Error: --ray: Ray {ray.__version__} has no ray.data._internal.planner.checkpoint."
                                   "plan_write_op.gone, which the job needs (runners/ray.py's INTERNALS): install a Ray "
-                                  "that nllbcli supports (pip install 'nllbcli[ray]').\n")
+                                  "that nllbcli supports (its ray extra: pip install '.[ray]' in nllbcli's checkout).\n")
     assert not (tmp_path / ".out.nllb-staging").exists()
     with pytest.raises(NllbError, match=rf"^--ray: Ray {re.escape(ray.__version__)}'s DataContext has no "
                                         r"a_setting_renamed, which the job sets: install a Ray"):

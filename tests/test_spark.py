@@ -1,4 +1,4 @@
-"""The README's Spark recipe, run as it is written on a local Spark (CPU, the sample model): every row once, with
+"""docs/SCALE.md's Spark recipe, run as it is written on a local Spark (CPU, the sample model): every row once, with
 translate_table's output and the command's translations; a task that dies is redone without doubling a row; and
 the GPU block, as far as a local Spark goes."""
 
@@ -41,8 +41,9 @@ FILES = [  # a file a partition, and an Arrow batch: each file's rows are number
 ]
 
 
-def readme_blocks() -> list[str]:
-    section = (ROOT / "README.md").read_text().split("### Spark", 1)[1].split("\n## ", 1)[0]
+def spark_blocks() -> list[str]:
+    """The Python blocks of docs/SCALE.md's Spark section: the recipe, then the GPU block."""
+    section = (ROOT / "docs" / "SCALE.md").read_text().split("\n## Spark\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, re.S)
 
 
@@ -52,7 +53,7 @@ def read_rows(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory):
-    """The README's first block run in a directory with its input and the sample model at the path it names; the
+    """The section's first block run in a directory with its input and the sample model at the path it names; the
     session (started here, where the JVM keeps its working directory, and found by the block's getOrCreate)
     allows a task two attempts."""
     from pyspark.sql import SparkSession
@@ -77,7 +78,7 @@ def recipe(tmp_path_factory):
         spark.sparkContext.setLogLevel("ERROR")
         try:
             namespace: dict = {}
-            exec(compile(readme_blocks()[0], "README.md", "exec"), namespace)
+            exec(compile(spark_blocks()[0], "docs/SCALE.md", "exec"), namespace)
             yield where, namespace
         finally:
             spark.stop()
@@ -123,7 +124,7 @@ def test_a_worker_keeps_its_model_for_later_tasks(recipe):
             yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "models": [repr(sorted(nllbcli.spark.LOADED))]})
 
     rows = namespace["spark"].range(0, 4, numPartitions=4).mapInArrow(loaded_models, "pid long, models string").collect()
-    # the workers that translated, reused: the README's model still loaded in each
+    # the workers that translated, reused: the recipe's model still loaded in each
     assert all("('data/samples/model', 'cpu', None, 'auto')" in row.models for row in rows), rows
 
 
@@ -159,7 +160,7 @@ def test_the_gpu_block_reaches_sparks_scheduler(recipe):
     from py4j.protocol import Py4JJavaError
 
     namespace = dict(recipe[1])
-    exec(compile(readme_blocks()[1], "README.md", "exec"), namespace)
+    exec(compile(spark_blocks()[1], "docs/SCALE.md", "exec"), namespace)
     assert [field.name for field in namespace["out"].schema.fields] == ["id", "text", "tgt_lang", "translation", "error"]
     with pytest.raises(Py4JJavaError, match="ResourceProfiles are only supported on YARN and Kubernetes and Standalone"):
         namespace["out"].collect()

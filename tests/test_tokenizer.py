@@ -162,7 +162,7 @@ def test_decode_many_is_decode_of_each(name):
 
 def test_special_token_strings_in_text_are_text():
     """`</s>`, `<unk>`, `<pad>` and language codes inside a text are spelled out as pieces, never the special
-    ids (README: transformers differs here, on purpose)."""
+    ids (docs/FORMATS.md: transformers differs here, on purpose)."""
     from nllbcli.model.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, tokenizer_from_model_dir
 
     tok = tokenizer_from_model_dir(HERE.parent / "data" / "samples" / "model")

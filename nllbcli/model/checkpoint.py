@@ -219,7 +219,7 @@ def resolve_model_dir(model: str) -> Path:
         snapshot = find_in_hf_cache(model)
         if snapshot is not None:
             return snapshot
-        # one short line: the README's Models section says where the cache is and how to fetch into it
+        # one short line: docs/CHECKPOINTS.md says where the cache is and how to fetch into it
         raise NllbError(f"no model {model} in the Hugging Face cache: pass -m DIR or set NLLB_MODEL, or run "
                         f"`{download_command(model)}`")
     raise NllbError(f"model directory {path} does not exist: pass -m DIR, a directory with config.json, the weights "

@@ -1155,7 +1155,7 @@ def configure(context: DataContext, **settings) -> None:
     for name, value in settings.items():
         if not hasattr(context, name):
             raise NllbError(f"--ray: Ray {ray.__version__}'s DataContext has no {name}, which the job sets: install a "
-                            "Ray that nllbcli supports (pip install 'nllbcli[ray]').")
+                            "Ray that nllbcli supports (its ray extra: pip install '.[ray]' in nllbcli's checkout).")
         setattr(context, name, value)
 
 
@@ -1170,7 +1170,8 @@ def check_internals() -> None:
         for name in names:
             if not hasattr(found, name):
                 raise NllbError(f"--ray: Ray {ray.__version__} has no {module}.{name}, which the job needs (runners/"
-                                "ray.py's INTERNALS): install a Ray that nllbcli supports (pip install 'nllbcli[ray]').")
+                                "ray.py's INTERNALS): install a Ray that nllbcli supports (its ray extra: pip install "
+                                "'.[ray]' in nllbcli's checkout).")
 
 
 def ray_error(error: BaseException) -> str:

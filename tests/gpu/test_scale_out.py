@@ -1,5 +1,5 @@
 """--devices and --ray on the GPUs Ray and CUDA see: the plain command's bytes on the sample model, and each GPU
-handed to its own worker or actor. Ray tests skip where Ray is not installed (pip install 'nllbcli[ray]')."""
+handed to its own worker or actor. Ray tests skip where Ray is not installed (pip install '.[ray]' in the checkout)."""
 
 from __future__ import annotations
 
