@@ -324,10 +324,10 @@ def test_failure_keeps_the_old_output(fake, tmp_path, monkeypatch):
 @pytest.mark.parametrize("option", ["--src", "--tgt"])
 def test_unknown_language(fake, tmp_path, option):
     args = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", str(tmp_path / "in.txt"), str(tmp_path / "out.txt")]
-    args[args.index(option) + 1] = "english"
+    args[args.index(option) + 1] = "englsh"
     (tmp_path / "in.txt").write_text("ab\n")
     result = CliRunner().invoke(cli, args)
-    message = f"Invalid value for '{option}': unknown language code 'english': the model knows 3 FLORES-200 codes such as eng_Latn. Did you mean eng_Latn?"
+    message = f"Invalid value for '{option}': unknown language code 'englsh': the model knows 3 FLORES-200 codes such as eng_Latn. Did you mean eng_Latn?"
     assert_one_line_error(result, 2, message)
     assert fake.batches == [] and fake.loaded == []
     assert listing(tmp_path) == ["in.txt"]
@@ -488,7 +488,7 @@ def test_tiny_model_langs():
 
 @pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
 def test_tiny_model_unknown_language():
-    result = CliRunner().invoke(cli, TRANSLATE[:3] + ["english", "--tgt", "fra_Latn", "--model", TINY], input="Hello\n")
+    result = CliRunner().invoke(cli, TRANSLATE[:3] + ["englsh", "--tgt", "fra_Latn", "--model", TINY], input="Hello\n")
     assert result.exit_code == 2
     assert result.stderr.startswith("Error: Invalid value for '--src': ") and "eng_Latn" in result.stderr
     assert result.stderr.count("\n") == 1
