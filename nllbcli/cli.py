@@ -162,7 +162,7 @@ HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options
     "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
                                     "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
     "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
-    "Job control": ("on_error", "errors", "resume", "progress", "quiet", "help"),
+    "Job control": ("on_error", "errors", "resume", "no_record", "progress", "quiet", "help"),
 }
 
 
@@ -303,6 +303,7 @@ def cli():
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (its own, each BLAS call on one thread, so the output does not depend on their number; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
 @into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
 @into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
+@into("job", "--no-record", field="record", convert=operator.not_, is_flag=True, help="Leave no record of the job beside OUTPUT once it has finished (.NAME.nllb-state.json, kept otherwise): a --resume then translates it again, and another job replaces OUTPUT only with --force.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
 @click.option("--progress", type=click.Choice(PROGRESS_MODES), default="auto", show_default=True, help="Progress on stderr: a bar, JSON lines every few seconds, none; auto is the bar on a terminal.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary on stderr.")
@@ -465,6 +466,9 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
         raise InvalidUsage("--ray needs INPUTs and an OUTPUT directory: nllb translate --ray INPUT... OUTPUT, or -o OUTPUT INPUT...")
     if "-" in inputs or output == "-":
         raise InvalidUsage("--ray reads files and writes a directory: - (stdin or stdout) is neither.")
+    if not base.record:
+        raise InvalidUsage("--no-record does not go with --ray: a --ray job's record is OUTPUT/_SUCCESS, Ray Data's "
+                           "mark of a finished output.")
     try:
         from .runners import ray
     except ImportError as error:

@@ -246,6 +246,7 @@ class Job:
     on_error: str = "fail"  # fail, skip or record: what a bad row does
     errors: str | None = None  # the JSONL file bad rows go to under record
     force: bool = False  # replace an OUTPUT file nllb did not write
+    record: bool = True  # keep the finished job's record (its state file) beside OUTPUT: --resume finds it done
     status_field: str | None = None  # the JSONL field or Parquet column that gets each row's status (status_of)
     overwrite_field: bool = False  # the added fields may replace a row's own fields of their names
     output_compression: str | None = None  # gzip or zstd: OUTPUT is written compressed (from its extension)
@@ -269,8 +270,9 @@ class Job:
         "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "error_field"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
-    # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced
-    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset({"output", "on_error", "errors", "force"})
+    # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
+    # whether the finished job's record stays
+    OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset({"output", "on_error", "errors", "force", "record"})
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -252,3 +252,20 @@ def test_a_second_stop_signal_ends_a_stop_that_cannot_finish(tmp_path):
         os.close(reader)
     assert process.returncode == 143
     assert stderr == "Stopped by SIGTERM again: exiting at once; the last commit is kept for --resume.\n"
+
+
+def test_no_record_leaves_nothing_beside_the_output(tmp_path):
+    """--no-record: the finished job leaves OUTPUT alone beside its input, no hidden state; a --resume then
+    translates it again (nothing says it finished), and another job replaces OUTPUT only with --force."""
+    source, target = tmp_path / "in.txt", tmp_path / "out.txt"
+    make_input(source, "text")
+    done = subprocess.run(command(source, target, "--no-record"), cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode in (0, 3), done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["errors.jsonl", "in.txt", "out.txt"]
+    first = target.read_bytes()
+    again = subprocess.run(command(source, target, "--resume"), cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 2 and "nllb did not write it" in again.stderr
+    forced = subprocess.run(command(source, target, "--resume", "--force"), cwd=tmp_path, capture_output=True, text=True)
+    assert forced.returncode in (0, 3) and forced.stderr.startswith("Done: ")  # translated again, not "Already finished"
+    assert target.read_bytes() == first
+    assert ".out.txt.nllb-state.json" in {p.name for p in tmp_path.iterdir()}  # without --no-record, the record stays

@@ -33,7 +33,7 @@ from .reader import FINISHER, ChunkReader, Finisher, Inline, fewer_collections, 
 from .rows import Outcome
 from .signals import Stopped, critical, job_finished
 from .spec import check_added_columns, check_fields, check_paths, follow_link, job_identity, job_label
-from .state import JobFiles, Saved, open_job_files, save_record, save_state
+from .state import JobFiles, Saved, open_job_files, remove_state, save_record, save_state
 
 if TYPE_CHECKING:
     from ..model.translator import Translator
@@ -190,8 +190,10 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
             output.finish(finish_converter(job, source) if state else None)
             if errors is not None:
                 errors.finish()
-            if state is not None:
+            if state is not None and job.record:
                 save_record(state, done, job.output)
+            elif state is not None:
+                remove_state(state)
             job_finished()
     except BaseException:
         sink.abort()
