@@ -247,7 +247,7 @@ def with_records(command: Callable) -> Callable:
 @click.version_option(None, "-V", "--version", package_name="nllbcli", prog_name="nllb")
 def cli():
     """
-    Translate text files, JSONL and Parquet with Meta's NLLB-200 models.
+    Translate text files, JSONL, Parquet and CSV with Meta's NLLB-200 models.
 
     \b
     Example:
@@ -270,11 +270,11 @@ def cli():
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @into("model", "--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: docs/GPU.md, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
-@click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too).")
+@click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too: name csv and tsv).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
-@into("job", "--field", default="text", show_default=True, help="The JSONL field or Parquet column to translate.")
-@into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet column the translation goes to.")
-@into("job", "--status-field", help="A JSONL field or Parquet column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
+@into("job", "--field", default="text", show_default=True, help="The JSONL field, or Parquet, CSV or TSV column, to translate.")
+@into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet or CSV column the translation goes to.")
+@into("job", "--status-field", help="A JSONL field or Parquet or CSV column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
 @into("job", "--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
 @into("job", "--src-lang-field", field="src_field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
 @into("job", "--tgt-lang-field", field="tgt_field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
@@ -291,10 +291,10 @@ def cli():
 @into("decode", "--sampling-topp", type=Between(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
 @into("decode", "--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
 @into("decode", "--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")
-@into("job", "--prefix-field", help="A JSONL field or Parquet column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
+@into("job", "--prefix-field", help="A JSONL field or Parquet or CSV column with text each row's translation must start with (CTranslate2's target_prefix), for glossary-constrained or interactive work: forced, then the model goes on. Rows without it (or with it empty or null) translate freely. [default: none]")
 @into("decode", "--scores", is_flag=True, help="Add each translation's score (beam search's sum(log p) / length ** --length-penalty, greedy search's sum(log p)) and sum of log-probabilities to the row, in --score-field and --log-prob-field: low scores flag translations worth a look (docs/DECODING.md, Scores).")
-@into("job", "--score-field", help="With --scores: the JSONL field or Parquet column of the score. [default: score]")
-@into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet column of the sum of log-probabilities. [default: log_prob]")
+@into("job", "--score-field", help="With --scores: the JSONL field or Parquet or CSV column of the score. [default: score]")
+@into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet or CSV column of the sum of log-probabilities. [default: log_prob]")
 @into("job", "--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @into("job", "--no-split", field="split", convert=operator.not_, is_flag=True, help="Translate each row whole instead of sentence by sentence.")
 @into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
@@ -313,11 +313,12 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
     The format comes from each file's extension (.jsonl, .ndjson, .json,
-    .parquet, .txt, each optionally .gz or .zst) or --input-format and
-    --output-format; stdin and other inputs are sniffed from their bytes,
-    gzip and zstd decompressed. JSONL and Parquet rows keep every field and
-    gain the translation. Rows stay in input order. Each row is translated
-    sentence by sentence and joined back.
+    .parquet, .txt, .csv, .tsv, each optionally .gz or .zst) or
+    --input-format and --output-format; stdin and other inputs are sniffed
+    from their bytes (CSV and TSV are named), gzip and zstd decompressed.
+    JSONL, Parquet, CSV and TSV rows keep every field and gain the
+    translation. Rows stay in input order. Each row is translated sentence
+    by sentence and joined back.
 
     An OUTPUT file that nllb did not write is not replaced without --force.
     Several inputs go to a directory: nllb translate -o DIR INPUT...
@@ -560,7 +561,7 @@ def output_name(path: str, output_format: str | None) -> str:
     if output_format is None:
         return name
     compressed = os.path.splitext(name)[1] if compression_of(name) else ""  # in.jsonl.gz: in.txt.gz
-    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt"}[output_format]
+    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt", "csv": ".csv", "tsv": ".tsv"}[output_format]
     return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 

@@ -111,7 +111,7 @@ def test_a_failed_row_keeps_its_lines_in_n_best_text(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--scores", "--output-format", "text"], "--scores needs JSONL or Parquet output"),
+    (["--scores", "--output-format", "text"], "--scores needs JSONL, Parquet or CSV output"),
     (["--score-field", "s"], "--score-field goes with --scores."),
     (["--num-hypotheses", "5", "--beam-size", "4"], "1 to the beam size (4), not 5"),
     (["--scores", "--score-field", "translation"], "--score-field translation is --output-field's field too"),
@@ -217,4 +217,4 @@ def test_a_prefix_with_a_lone_surrogate_fails_its_row_naming_it(tmp_path):
 def test_a_prefix_field_needs_fields(tmp_path):
     (tmp_path / "in.txt").write_text("Yes.\n")
     result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p", str(tmp_path / "in.txt"), "-"])
-    assert result.exit_code == 2 and "--prefix-field needs JSONL or Parquet input" in result.output
+    assert result.exit_code == 2 and "--prefix-field needs JSONL, Parquet or CSV input" in result.output

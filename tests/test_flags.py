@@ -101,7 +101,7 @@ def test_status_column_survives_a_resume(fake, here):
 def test_status_field_is_refused_for_text_output_and_over_the_other_fields(fake, here):
     Path("in.txt").write_text("ab\n")
     result = invoke("--status-field", "status", "in.txt", "out.txt")
-    assert result.exit_code == 2 and "--status-field needs JSONL or Parquet output" in result.stderr
+    assert result.exit_code == 2 and "--status-field needs JSONL, Parquet or CSV output" in result.stderr
     for option in (["--status-field", "text"], ["--status-field", "translation"],
                    ["--status-field", "tr", "--output-field", "tr"]):
         result = invoke(*option, "in.txt", "out.jsonl")

@@ -184,7 +184,7 @@ def test_devices_give_one_devices_rows(tmp_path):
     (["--tgt", "fr,xx_Yyyy"], "Invalid value for '--tgt': "),
     (["--tgt", "fr", "--targets-as", "rows"], "--targets-as goes with several target languages: --tgt fra_Latn,deu_Latn."),
     (["--tgt", "fr,de", "--targets-as", "columns", "--output-format", "text"],
-     "Several target languages as columns need JSONL or Parquet output: a text output has no columns. Pass "
+     "Several target languages as columns need JSONL, Parquet or CSV output: a text output has no columns. Pass "
      "--targets-as rows for a line per target language."),
     (["--tgt", "fr,de", "--targets-as", "rows", "--tgt-lang-field", ""],
      "--targets-as rows names each row's target language in --tgt-lang-field: give it a name."),

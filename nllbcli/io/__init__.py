@@ -1,5 +1,5 @@
-"""Streaming readers and writers of Records: JSONL, Parquet and text lines, on files or stdin/stdout, plain or
-gzip and zstd compressed (streams.py).
+"""Streaming readers and writers of Records: JSONL, Parquet, CSV and TSV, and text lines, on files or
+stdin/stdout, plain or gzip and zstd compressed (streams.py).
 
 A reader yields one Record per input row, in input order; a writer takes a chunk of Records with their
 translations and writes them in that order. Output files are written beside their destination and renamed
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import stat
 import sys
 import tempfile
@@ -23,8 +24,9 @@ from .records import STDIN_NAME, Added, Input, Position, Record  # noqa: F401 - 
 from .streams import (READ_ERRORS, Lines, Replay, compression_in, compression_of, decompressing, describe_head,
                       is_terminal, read_error, read_magic, sniff, without_compression)
 
-FORMATS = ("jsonl", "parquet", "text")
-EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text"}
+FORMATS = ("jsonl", "parquet", "text", "csv", "tsv")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text",
+              ".csv": "csv", ".tsv": "tsv"}
 KNOWN = ", ".join(EXTENSIONS) + ", each optionally + .gz or .zst"  # the extensions, as messages list them
 SIDES = {"input": "INPUT", "output": "OUTPUT"}
 
@@ -54,11 +56,15 @@ def known_extension(path: str) -> bool:
 
 def input_format_of(path: str, given: str | None, stdin: BinaryIO | None = None) -> str:
     """The input's format: --input-format, else its extension, else found from its first bytes (streams.py);
-    a terminal is text. The bytes a stream gave to be sniffed are kept for open_input."""
-    if given:
-        return given
-    if path != "-" and (found := extension_format(path)) is not None:
-        return found
+    a terminal is text. The bytes a stream gave to be sniffed are kept for open_input. A file of JSON Lines that
+    is one JSON array is refused here, before any model loads (a stream's, by its reader)."""
+    named = given or (extension_format(path) if path != "-" else None)
+    if named == "jsonl" and is_regular_file(path):
+        with open(path, "rb") as stream:
+            if sniff(Replay(stream))[0] == "array":
+                raise NllbError(json_array_refusal(path))
+    if named:
+        return named
     if path == "-" and is_terminal(stdin or sys.stdin.buffer):
         return "text"
     name = STDIN_NAME if path == "-" else path
@@ -71,7 +77,24 @@ def input_format_of(path: str, given: str | None, stdin: BinaryIO | None = None)
         inside = f" ({compression}-compressed)" if compression else ""
         raise NllbError(f"cannot tell the format of INPUT {name}{inside}: it is not Parquet, JSON Lines or text "
                         f"({describe_head(head)}, and it holds a NUL byte): name it with --input-format.")
+    if found == "array":
+        raise NllbError(json_array_refusal(path))
     return found
+
+
+def json_array_refusal(path: str) -> str:
+    """Why an input that is one JSON array is not read as JSON Lines, with the jq command that makes it JSON
+    Lines (a file of that name beside it)."""
+    what = "is one JSON array, not JSON Lines (a JSON object a line)"
+    if path == "-":
+        return f"{STDIN_NAME} {what}: pipe it through `jq -c '.[]'` to make it JSON Lines."
+    stem = os.path.splitext(without_compression(path))[0]
+    target = stem + ".jsonl" if stem + ".jsonl" != without_compression(path) else stem + ".lines.jsonl"
+    compression = compression_of(path)
+    command = f"jq -c '.[]' {shlex.quote(path)} > {shlex.quote(target)}"
+    if compression is not None:
+        command = f"{'gzip' if compression == 'gzip' else 'zstd'} -dc {shlex.quote(path)} | jq -c '.[]' > {shlex.quote(target)}"
+    return f"{path} {what}: `{command}` turns it into JSON Lines."
 
 
 PEEKED: dict[str, tuple[object, Replay]] = {}  # the streams sniffed, by path: their bytes are read once
@@ -107,7 +130,7 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
     """Open a file (or stdin for `-`) as an Input, gzip or zstd decompressed (found from its first bytes);
     `count` asks for the row total when it is cheap to get; `start` continues after the rows an earlier run
     read (--resume)."""
-    from . import jsonl, parquet, text
+    from . import delimited, jsonl, parquet, text
 
     name = STDIN_NAME if path == "-" else path
     start = Position(**vars(start)) if start else Position()
@@ -134,23 +157,35 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             return
         arrived = None
         if not regular and compression is None:
-            stream = Lines(raw, blank_rows=fmt != "jsonl")
+            stream = Lines(raw, rows={"jsonl": "json", "csv": "csv", "tsv": "csv"}.get(fmt, "lines"))
             arrived = stream.arrived
         total = None  # a stream cannot be counted without consuming it: only a regular file is read twice
         if count and regular:
             with open(path, "rb") as again, decompressing(again, compression) as counted:
                 try:
-                    total = jsonl.count_rows(counted) if fmt == "jsonl" else text.count_lines(counted)
+                    if fmt in delimited.FORMATS:
+                        total = delimited.count_rows(counted, fmt)
+                    else:
+                        total = jsonl.count_rows(counted) if fmt == "jsonl" else text.count_lines(counted)
                 except READ_ERRORS as error:
                     raise read_error(name, error) from None
-        skip_bytes(stream, start.offset, name, seek=compression is None)
-        if fmt == "jsonl":
-            records = jsonl.read_jsonl(stream, name, field, start)
-            schema = None
+        seek = compression is None
+        bom = False
+        if fmt in delimited.FORMATS:
+            skip = lambda offset, read: skip_bytes(stream, offset, name, seek, read)  # noqa: E731
+            try:
+                records, schema, bom = delimited.open_delimited(stream, name, field, fmt, start, skip)
+            except READ_ERRORS as error:
+                raise read_error(name, error) from None
         else:
-            records = text.read_text(stream, name, field, start)
-            schema = pa.schema([(field, pa.string())])
-        yield Input(name_read_errors(records, name), total, schema, start, identity, arrived)
+            skip_bytes(stream, start.offset, name, seek)
+            if fmt == "jsonl":
+                records = jsonl.read_jsonl(stream, name, field, start, json_array_refusal(path))
+                schema = None
+            else:
+                records = text.read_text(stream, name, field, start)
+                schema = pa.schema([(field, pa.string())])
+        yield Input(name_read_errors(records, name), total, schema, start, identity, arrived, bom)
 
 
 def name_read_errors(records: Iterator[Record], name: str) -> Iterator[Record]:
@@ -182,10 +217,10 @@ def file_identity(path: str) -> dict:
     return {"path": os.path.abspath(path), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
 
 
-def skip_bytes(stream: BinaryIO, count: int, name: str, seek: bool) -> None:
-    """Move past the first `count` bytes: a seek on a file, reading them on a pipe or a decompressed stream
-    (`seek` False)."""
-    if not count:
+def skip_bytes(stream: BinaryIO, count: int, name: str, seek: bool, read: int = 0) -> None:
+    """Move past the first `count` bytes, `read` of them read already: a seek on a file, reading them on a pipe
+    or a decompressed stream (`seek` False)."""
+    if count <= read:
         return
     if seek:
         try:
@@ -193,6 +228,7 @@ def skip_bytes(stream: BinaryIO, count: int, name: str, seek: bool) -> None:
             return
         except (OSError, ValueError, AttributeError):
             pass
+    count -= read
     while count:
         block = read_block(stream, name, min(count, 1 << 20))
         if not block:
@@ -268,13 +304,16 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
-def open_sink(stream: BinaryIO, fmt: str, added: Added, schema: pa.Schema | None, field: str):
+def open_sink(stream: BinaryIO, fmt: str, added: Added, schema: pa.Schema | None, field: str, bom: bool = False):
     """The writer of one format on a stream: `write(records, values) -> failed rows`, `close`, `abort`; values
-    holds each row's added fields (Added) by name, None for a failed row."""
-    from . import parquet
+    holds each row's added fields (Added) by name, None for a failed row. `bom`: a CSV or TSV output begins with
+    a byte-order mark (its input did)."""
+    from . import delimited, parquet
 
     if fmt == "parquet":
         return parquet.ParquetSink(stream, schema, added, field)
+    if fmt in delimited.FORMATS:
+        return delimited.DelimitedSink(stream, fmt, added, schema, field, bom)
     return LineSink(stream, fmt, added)
 
 

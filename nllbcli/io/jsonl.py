@@ -15,6 +15,7 @@ import json
 import math
 from typing import BinaryIO, Iterator, Mapping
 
+from ..errors import NllbError
 from .records import Position, RawNumber, Record, Unreadable, raw_text, record_of
 
 
@@ -76,16 +77,76 @@ def parse_json(text: str) -> object:
         return LONG_INT_DECODER.decode(text)
 
 
-def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position) -> Iterator[Record]:
+def read_jsonl(stream: BinaryIO, name: str, field: str, position: Position, refusal: str | None = None) -> Iterator[Record]:
     """One Record per non-blank line, from `position` on (which it keeps up to date); a line that is not a JSON
-    object with a string field is a Record with an error naming the file and line."""
-    for raw in stream:
+    object with a string field is a Record with an error naming the file and line. An input that begins as one
+    JSON array of objects is refused with NllbError(`refusal`) before its first row, where `refusal` is given."""
+    lines = iter(stream)
+    if refusal is not None and position.offset == 0:
+        lines = refusing_an_array(lines, refusal)
+    for raw in lines:
         position.lines += 1
         position.offset += len(raw)
         record = line_record(raw, position.lines, position.rows, name, field)
         if record is not None:
             position.rows += 1
             yield record
+
+
+ARRAY_LOOKAHEAD = 1 << 16  # characters read past an input's opening `[` to tell a JSON array of objects
+
+
+def json_array_start(text: str, complete: bool) -> bool | None:
+    """Whether an input's first characters begin one JSON array of objects (`[`, an object, then `,` or `]`),
+    as a file that is one JSON array does, not JSON Lines; None when they end before it is known, unless
+    `complete` (they are the whole input). A JSON Lines row that is a list (`[1, 2]`, `[]`) is not one: a bad
+    row as before."""
+    body = text.removeprefix("\ufeff").lstrip(JSON_SPACE)
+    if not body.startswith("["):
+        return False
+    start = len(body) - len(body[1:].lstrip(JSON_SPACE))
+    if start == len(body):
+        return None if not complete else False
+    if body[start] != "{":
+        return False
+    try:
+        _, end = PLAIN_DECODER.raw_decode(body, start)
+    except json.JSONDecodeError as error:
+        # the object may go on in lines not read yet when it breaks off on the last line (a JSON string holds no
+        # line break, so one begun on an earlier line has broken off for good)
+        last_line = body.rstrip("\r\n").rfind("\n") + 1
+        return None if not complete and error.pos >= last_line else False
+    except (ValueError, RecursionError):  # an integer longer than int() takes, nesting too deep: a bad row
+        return False
+    after = body[end:].lstrip(JSON_SPACE)
+    if not after:
+        return None if not complete else False
+    return after[0] in ",]"
+
+
+PLAIN_DECODER = json.JSONDecoder()
+
+
+def refusing_an_array(lines: Iterator[bytes], refusal: str) -> Iterator[bytes]:
+    """The lines, unless the first ones begin one JSON array of objects (json_array_start): NllbError(refusal)."""
+    held: list[bytes] = []
+    text = ""
+    for raw in lines:
+        held.append(raw)
+        if not text and is_blank_line(raw, len(held)):
+            continue
+        text += raw.decode("utf-8", "replace")
+        found = json_array_start(text, complete=False)
+        if found is None and len(text) < ARRAY_LOOKAHEAD:
+            continue
+        if found:
+            raise NllbError(refusal)
+        break
+    else:
+        if text and json_array_start(text, complete=True):
+            raise NllbError(refusal)
+    yield from held
+    yield from lines
 
 
 def line_record(raw: bytes, line: int, index: int, name: str, field: str) -> Record | None:

@@ -43,8 +43,8 @@ LIST_ITEM = None  # a path's step into a list's items (field names are strings)
 
 def check_columns(schema: pa.Schema | None, input: str, output_format: str, fields: dict[str, str]) -> None:
     """Refuse, before any work, column names that make the job ambiguous: a column the job names (`fields`:
-    option -> name) that several columns have, and for JSONL output, whose objects hold a name once, any name
-    that several columns (or several fields of one struct) have."""
+    option -> name) that several columns have, and for JSONL, CSV or TSV output, whose rows hold a name once, any
+    name that several columns (or several fields of one struct) have."""
     if schema is None:
         return
     name = STDIN_NAME if input == "-" else input
@@ -53,11 +53,12 @@ def check_columns(schema: pa.Schema | None, input: str, output_format: str, fiel
         if count > 1:
             raise NllbError(f"{name}: {count} columns are named {column!r}, so which one {option} means is ambiguous: "
                             f"rename them, or name another column with {option}.")
-    if output_format == "jsonl":
+    if output_format in ("jsonl", "csv", "tsv"):
         repeated = repeated_names(pa.struct(list(schema)), "")
         if repeated:
             names = ", ".join(repr(path) for path in repeated)
-            raise NllbError(f"{name}: more than one column (or struct field) is named {names}, and a JSON object holds "
+            holder = "a JSON object holds" if output_format == "jsonl" else f"a {output_format.upper()} row (its objects JSON text) holds"
+            raise NllbError(f"{name}: more than one column (or struct field) is named {names}, and {holder} "
                             "each name once: rename them, or write Parquet, which keeps them.")
 
 

@@ -24,7 +24,8 @@ class Record:
     fields: Mapping  # the row's fields by name, the text field included, in input order: a JSONL or text row's
     #                  own dict; a Parquet row's columns as Python values, converted from `batch` when asked for
     error: str | None = None  # why the row cannot be translated, naming it ("in.jsonl:3: not valid JSON ..."), else None
-    where: str = ""  # how messages name the row: "in.jsonl:3" (file and line) or "in.parquet: row 3"
+    where: str = ""  # how messages name the row: "in.jsonl:3" (file and line), "in.parquet: row 3" or
+    #                  "in.csv: row 3 (line 4)"
     # a Parquet row's Arrow data and its place there: the writers take the row from it, whatever its types
     batch: pa.RecordBatch | None = field(default=None, repr=False, compare=False)
     row: int = 0
@@ -37,8 +38,8 @@ class Position:
     """How far a reader has got: enough to continue after the last row it gave (for --resume)."""
 
     rows: int = 0  # rows read, bad ones included
-    lines: int = 0  # lines read, blank ones included (text and JSONL)
-    offset: int = 0  # bytes read (text and JSONL)
+    lines: int = 0  # lines read, blank ones included (text, JSONL, CSV and TSV)
+    offset: int = 0  # bytes read (text, JSONL, CSV and TSV: the end of the last record given, header included)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Input:
     identity: dict  # what --resume checks to know it is the same input: path, size and modification time
     # for a pipe or terminal, whether its next line is there or comes within a timeout (seconds); else None
     arrived: Callable[[float], bool] | None = None
+    bom: bool = False  # it began with a UTF-8 byte-order mark, which a CSV or TSV output keeps (Excel's files have one)
 
 
 def record_of(index: int, fields: dict, field: str, where: str) -> Record:

@@ -1,10 +1,12 @@
 """The bytes under the readers and writers: an input's format found from its first bytes, gzip and zstd read and
 written transparently, and the lines of a pipe or terminal read as they come.
 
-An input named by an extension nllb knows (`.jsonl`, `.ndjson`, `.json`, `.parquet`, `.txt`, each optionally
-`.gz` or `.zst`) is read as it says; stdin and any other name are sniffed: Parquet's magic `PAR1`, gzip's
+An input named by an extension nllb knows (`.jsonl`, `.ndjson`, `.json`, `.parquet`, `.txt`, `.csv`, `.tsv`, each
+optionally `.gz` or `.zst`) is read as it says; stdin and any other name are sniffed: Parquet's magic `PAR1`, gzip's
 `1f 8b`, zstd's `28 b5 2f fd` or a skippable frame's (as pzstd writes first), then the decompressed bytes are
-sniffed again; a first non-blank character `{` for JSON Lines, else text; a NUL byte in the first bytes read is not text (as grep and git tell binary files).
+sniffed again; a first non-blank character `{` for JSON Lines, a JSON array of objects for one JSON array (which
+is refused, naming the jq command that makes it JSON Lines), else text; a NUL byte in the first bytes read is not
+text (as grep and git tell binary files). CSV is never sniffed: a text line may hold commas.
 A stream's bytes are read once: those read to sniff it are kept (Replay) and given to the reader first, so
 nothing is lost. A terminal is text, without sniffing: sniffing would wait for the first line typed.
 """
@@ -25,6 +27,7 @@ from typing import BinaryIO, Iterator
 import zstandard
 
 from ..errors import NllbError
+from .jsonl import json_array_start
 
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 MAGIC = ((b"PAR1", "parquet"), (b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"))
@@ -89,10 +92,13 @@ class Replay(io.RawIOBase):
 
 class Lines:
     """The lines of a Replay, each as soon as its newline has come; `arrived(timeout)` says whether the next row
-    is there or came within `timeout` seconds (a pipe that went quiet: the chunk so far is translated)."""
+    is there or came within `timeout` seconds (a pipe that went quiet: the chunk so far is translated). What a
+    row is depends on `rows`: "lines", each line (text); "json", each line that is not blank (JSON Lines);
+    "csv", the lines up to one that ends outside double quotes, a blank line holding none (CSV and TSV, whose
+    quoted fields may hold line breaks)."""
 
-    def __init__(self, source: Replay, blank_rows: bool = True):
-        self.source, self.blank_rows = source, blank_rows
+    def __init__(self, source: Replay, rows: str = "lines"):
+        self.source, self.rows = source, rows
         self.lines: list[bytes] = []  # whole lines read, given from `next` on
         self.next = 0
         self.partial: list[bytes] = []  # the pieces of a line whose newline has not come
@@ -161,12 +167,20 @@ class Lines:
         return True
 
     def next_row(self) -> bool:
-        """Whether a whole line that holds a row is read already: with `blank_rows` False (JSON Lines), a blank
-        line holds none, and one that came alone does not keep the rows before it waiting."""
-        if self.blank_rows:
+        """Whether the whole lines read already hold a row: a blank JSON Lines line holds none, and one that came
+        alone does not keep the rows before it waiting; nor does a CSV record's first line whose quoted field
+        goes on in lines still to come."""
+        if self.rows == "lines":
             return self.next < len(self.lines)
+        quoted = False  # (a quote inside an unquoted field, `5" screen`, may end a chunk early: never a row's bytes)
         for n in range(self.next, len(self.lines)):
-            if self.lines[n].strip(BLANK):
+            line = self.lines[n]
+            if not quoted and not line.strip(BLANK):
+                continue
+            if self.rows == "json":
+                return True
+            quoted ^= line.count(b'"') % 2 == 1
+            if not quoted:
                 return True
         return False
 
@@ -256,7 +270,8 @@ def decompressed_head(head: bytes, compression: str) -> bytes:
 
 
 def format_of_bytes(head: bytes, complete: bool) -> str | None:
-    """parquet, jsonl, text or binary, from an input's first (decompressed) bytes; None when more are needed."""
+    """parquet, jsonl, array (one JSON array of objects), text or binary, from an input's first (decompressed)
+    bytes; None when more are needed."""
     if head.startswith(b"PAR1"):
         return "parquet"
     body = head.removeprefix(BOM).lstrip(BLANK)
@@ -264,6 +279,11 @@ def format_of_bytes(head: bytes, complete: bool) -> str | None:
         return None
     if b"\0" in head:
         return "binary"
+    if body.startswith(b"["):
+        array = json_array_start(body.decode("utf-8", "replace"), complete)
+        if array is None:
+            return None
+        return "array" if array else "text"
     return "jsonl" if body.startswith(b"{") else "text"
 
 

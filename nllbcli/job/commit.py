@@ -91,8 +91,8 @@ NO_INPUT = object()  # a failed row whose input JSON cannot hold (Parquet column
 
 
 def failed_inputs(records: list[Record], job: Job) -> list:
-    """What each failed row was in the input, for the errors file: a text row's line; a JSONL or Parquet row's
-    fields (Python values); a line that could not be read as a row, its text."""
+    """What each failed row was in the input, for the errors file: a text row's line; a JSONL, Parquet or CSV
+    row's fields (Python values); a line (or CSV record) that could not be read as a row, its text."""
     from ..io.jsonl import jsonl_fields
 
     readable = [r for r in records if r.raw is None and job.input_format != "text"]
@@ -120,9 +120,16 @@ def error_line(record: Record, error: str, job: Job, source) -> bytes:
 
 
 def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | None):
-    """The sink of a file output: lines straight into the partial file, Parquet as frames (io/parquet.py)."""
-    from ..io import parquet
+    """The sink of a file output: lines straight into the partial file, Parquet as frames (io/parquet.py); a
+    resumed CSV or TSV output goes on under the header its partial file holds."""
+    from ..io import delimited, parquet
 
+    if job.output_format in delimited.FORMATS:
+        sink = open_sink(output.stream, job.output_format, job.added, source.schema, job.field, source.bom)
+        if saved is not None and saved.output_bytes > 0:
+            output.stream.flush()
+            sink.resume(output.partial)
+        return sink
     if job.output_format != "parquet":
         return open_sink(output.stream, job.output_format, job.added, None, job.field)
     sink = parquet.FrameSink(output.stream, source.schema, job.added, job.field)

@@ -132,7 +132,7 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
             languages.append(record.tgt)
             continue
         value = record.fields.get(name) if name else None
-        if value is None:
+        if value is None or value == "":  # null, or empty (a CSV row's empty field): the row names none
             if default is None:
                 raise NllbError(f"{record.where}: no {name!r} field and no {option} to fall back on.")
             languages.append(default)

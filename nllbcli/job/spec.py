@@ -137,9 +137,9 @@ def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> N
     command's."""
     say = lambda option: names.get(option, option)  # noqa: E731
     if job.prefix_field is not None and job.input_format == "text":
-        raise NllbError("--prefix-field needs JSONL or Parquet input: a text input has no fields.")
+        raise NllbError("--prefix-field needs JSONL, Parquet or CSV input: a text input has no fields.")
     if job.targets and job.output_format == "text" and job.targets_as != "rows":
-        raise NllbError("Several target languages as columns need JSONL or Parquet output: a text output has no "
+        raise NllbError("Several target languages as columns need JSONL, Parquet or CSV output: a text output has no "
                         "columns. Pass --targets-as rows for a line per target language.")
     if job.targets and job.targets_as == "rows" and job.output_format != "text" and not job.tgt_field:
         raise NllbError(f"{say('--targets-as rows')} names each row's target language in {say('--tgt-lang-field')}: "
@@ -149,7 +149,7 @@ def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> N
     for n, (option, name) in enumerate(named[1:], 1):
         if job.output_format == "text" and option != "--output-field":
             what = "--scores" if option in ("--score-field", "--log-prob-field") else option
-            raise NllbError(f"{what} needs JSONL or Parquet output: a text output has one translation a line and no "
+            raise NllbError(f"{what} needs JSONL, Parquet or CSV output: a text output has one translation a line and no "
                             "fields.")
         # a translation over the source text is --overwrite-field's to allow, below
         clash = next((other for other, taken in named[:n]
