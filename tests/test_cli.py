@@ -376,11 +376,11 @@ def test_malformed_device_is_usage_error(fake):
 
 def test_unknown_extension(fake, tmp_path):
     (tmp_path / "in.txt").write_text("ab\n")
-    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.csv")])
+    result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.xlsx")])
     assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: cannot tell the format of OUTPUT {tmp_path / 'out.csv'} from its extension "
-                                    "(tried: .csv; known: .jsonl, .ndjson, .json, .parquet, .txt, each optionally + .gz "
-                                    "or .zst): name it with --output-format.")
+    assert result.stderr.startswith(f"Error: cannot tell the format of OUTPUT {tmp_path / 'out.xlsx'} from its extension "
+                                    "(tried: .xlsx; known: .jsonl, .ndjson, .json, .parquet, .txt, .csv, .tsv, each "
+                                    "optionally + .gz or .zst): name it with --output-format.")
     assert result.stderr.count("\n") == 1
     assert fake.loaded == []
 

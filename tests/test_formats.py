@@ -91,7 +91,7 @@ def test_an_explicit_input_format_wins(fake):
     assert result.stdout == '}1 :"di"{\n'
 
 
-@pytest.mark.parametrize("name", ["in", "in.data", "in.csv"])
+@pytest.mark.parametrize("name", ["in", "in.data", "in.log"])
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text"])
 @pytest.mark.parametrize("compression", [None, "gzip", "zstd"])
 def test_a_file_without_a_known_extension_is_sniffed(fake, here, name, fmt, compression):

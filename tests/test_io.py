@@ -20,8 +20,8 @@ def test_format_of(path, given, expected):
 
 
 def test_format_of_unknown_extension():
-    with pytest.raises(NllbError, match=r"cannot tell the format of OUTPUT a\.csv\.gz from its extension \(tried: \.csv; "):
-        format_of("a.csv.gz", None)
+    with pytest.raises(NllbError, match=r"cannot tell the format of OUTPUT a\.xlsx\.gz from its extension \(tried: \.xlsx; "):
+        format_of("a.xlsx.gz", None)
 
 
 def read(path, fmt, field="text", stdin=None, errors=False):

@@ -59,10 +59,8 @@ def input_format_of(path: str, given: str | None, stdin: BinaryIO | None = None)
     a terminal is text. The bytes a stream gave to be sniffed are kept for open_input. A file of JSON Lines that
     is one JSON array is refused here, before any model loads (a stream's, by its reader)."""
     named = given or (extension_format(path) if path != "-" else None)
-    if named == "jsonl" and is_regular_file(path):
-        with open(path, "rb") as stream:
-            if sniff(Replay(stream))[0] == "array":
-                raise NllbError(json_array_refusal(path))
+    if named == "jsonl":
+        refuse_json_array(path)
     if named:
         return named
     if path == "-" and is_terminal(stdin or sys.stdin.buffer):
@@ -80,6 +78,20 @@ def input_format_of(path: str, given: str | None, stdin: BinaryIO | None = None)
     if found == "array":
         raise NllbError(json_array_refusal(path))
     return found
+
+
+def refuse_json_array(path: str) -> None:
+    """Refuse a regular file to be read as JSON Lines that is one JSON array of objects (its first bytes say so:
+    streams.format_of_bytes): json_array_refusal. (A stream's reader refuses it: its bytes are read once.)"""
+    if not is_regular_file(path):
+        return
+    try:
+        with open(path, "rb") as stream:
+            found = sniff(Replay(stream))[0]
+    except OSError:
+        return  # opening the input names what is wrong with it
+    if found == "array":
+        raise NllbError(json_array_refusal(path))
 
 
 def json_array_refusal(path: str) -> str:

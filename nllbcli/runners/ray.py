@@ -71,7 +71,8 @@ from ray.data.datasource import BlockBasedFileDatasink, Datasource, FilenameProv
 
 from ..job.chunks import ChunkWorker
 from ..errors import NllbError
-from ..io import LineSink, Position, Record, extension_format, file_identity, input_compression, name_read_errors
+from ..io import (LineSink, Position, Record, extension_format, file_identity, input_compression, name_read_errors,
+                  refuse_json_array)
 from ..io.jsonl import is_blank_line, line_record
 from ..io.parquet import batch_records, open_parquet
 from ..io.streams import Lines, Replay, decompressing, read_error
@@ -277,8 +278,8 @@ def inputs_format(files: list[str], given: str | None) -> str:
 
 def check_inputs(files: list[str], fmt: str, job: Job) -> tuple[list[str | None], pa.Schema | None]:
     """Each input opened before any work, as the command opens it: one that cannot be read (a dangling link, no
-    permission, not a regular file) or whose first bytes are not the compression its name says is refused, named,
-    here and not by a read task once the job runs. Returns each input's compression, found from its first bytes
+    permission, not a regular file), whose first bytes are not the compression its name says, or JSONL that is one
+    JSON array, is refused, named, here and not by a read task once the job runs. Returns each input's compression, found from its first bytes
     as the command finds it, and the Parquet inputs' one schema."""
     compressions = []
     for path in files:
@@ -290,6 +291,8 @@ def check_inputs(files: list[str], fmt: str, job: Job) -> tuple[list[str | None]
         except OSError as error:
             raise read_error(path, error) from None
         compressions.append(input_compression(path, path, head))
+        if fmt == "jsonl":
+            refuse_json_array(path)
     return compressions, check_parquet_inputs(files, job) if fmt == "parquet" else None
 
 
