@@ -1,3 +1,5 @@
+import csv
+import io
 import json
 import re
 import os
@@ -25,9 +27,19 @@ def write_input(path, fmt, texts, **extra):
         path.write_text("".join(t + "\n" for t in texts))
     elif fmt == "jsonl":
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    elif fmt in ("csv", "tsv"):
+        rows = as_text(rows)  # CSV has no types
+        with open(path, "w", newline="") as stream:
+            writer = csv.DictWriter(stream, list(rows[0]), dialect="excel" if fmt == "csv" else "excel-tab")
+            writer.writeheader()
+            writer.writerows(rows)
     else:
         pq.write_table(pa.Table.from_pylist(rows), path)
     return rows
+
+
+def as_text(rows):
+    return [{name: str(value) for name, value in row.items()} for row in rows]
 
 
 def read_output(path, fmt):
@@ -35,13 +47,15 @@ def read_output(path, fmt):
         return path.read_text().splitlines()
     if fmt == "jsonl":
         return [json.loads(line) for line in path.read_text().splitlines()]
+    if fmt in ("csv", "tsv"):
+        return list(csv.DictReader(io.StringIO(path.read_text(), newline=""), dialect="excel" if fmt == "csv" else "excel-tab"))
     return pq.read_table(path).to_pylist()
 
 
-EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet"}
+EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet", "csv": "csv", "tsv": "tsv"}
 
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv", "tsv"])
 def test_translate_file(fake, tmp_path, fmt):
     source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
     rows = write_input(source, fmt, TEXTS)
@@ -82,7 +96,9 @@ def test_stdin_parquet_to_stdout_parquet(fake, tmp_path):
 
 @pytest.mark.parametrize(
     "source_format,target_format",
-    [("text", "jsonl"), ("text", "parquet"), ("jsonl", "text"), ("jsonl", "parquet"), ("parquet", "jsonl"), ("parquet", "text")],
+    [("text", "jsonl"), ("text", "parquet"), ("jsonl", "text"), ("jsonl", "parquet"), ("parquet", "jsonl"), ("parquet", "text"),
+     ("csv", "jsonl"), ("csv", "parquet"), ("csv", "text"), ("csv", "tsv"), ("jsonl", "csv"), ("parquet", "csv"),
+     ("text", "csv")],
 )
 def test_cross_format(fake, tmp_path, source_format, target_format):
     source = tmp_path / f"in.{EXTENSION[source_format]}"
@@ -96,10 +112,10 @@ def test_cross_format(fake, tmp_path, source_format, target_format):
         expected = [{"text": t, "translation": r} for t, r in zip(TEXTS, REVERSED)]
     else:
         expected = [{**row, "translation": r} for row, r in zip(rows, REVERSED)]
-    assert read_output(target, target_format) == expected
+    assert read_output(target, target_format) == (as_text(expected) if target_format in ("csv", "tsv") else expected)
 
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv"])
 def test_format_flags_override_extensions(fake, tmp_path, fmt):
     source, target = tmp_path / "in.data", tmp_path / "out.data"
     write_input(source, fmt, ["ab"])
@@ -108,7 +124,7 @@ def test_format_flags_override_extensions(fake, tmp_path, fmt):
     assert target.read_text() == "ba\n"
 
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv"])
 def test_row_order_across_many_batches(fake, tmp_path, fmt):
     texts = [("x" * (i * 7 % 23)) + str(i) for i in range(300)]
     source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
@@ -189,7 +205,7 @@ def test_field_and_output_field(fake, tmp_path):
     assert result.stdout == '{"body": "ab", "body_fr": "ba"}\n'
 
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv"])
 def test_empty_input_gives_empty_output(fake, tmp_path, fmt):
     source, target = tmp_path / f"in.{EXTENSION[fmt]}", tmp_path / f"out.{EXTENSION[fmt]}"
     if fmt == "parquet":
@@ -201,6 +217,8 @@ def test_empty_input_gives_empty_output(fake, tmp_path, fmt):
     if fmt == "parquet":
         assert pq.read_schema(target).names == ["text", "n", "translation"]
         assert pq.read_table(target).num_rows == 0
+    elif fmt == "csv":  # the header of the text column and the translation
+        assert target.read_bytes() == b"text,translation\n"
     else:
         assert target.read_bytes() == b""
     assert fake.batches == []
@@ -445,7 +463,7 @@ def tiny():
 
 @pytest.mark.skipif(not os.path.isdir(TINY), reason="tests/models/tiny-a is not there")
 @pytest.mark.parametrize("beam_size", [1, 4])
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv"])
 def test_tiny_model_end_to_end(tiny, tmp_path, fmt, beam_size):
     from nllbcli.options import DecodeOptions
 
@@ -511,17 +529,20 @@ def test_real_model_not_found(tmp_path):
     assert result.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
 def test_failure_after_chunks_were_written_leaves_them_for_resume(fake, tmp_path, monkeypatch, fmt):
     monkeypatch.chdir(tmp_path)
     texts = ["ab"] * 3000 + [None]
     if fmt == "parquet":
         pq.write_table(pa.table({"text": texts}), "in.parquet")
+    elif fmt == "csv":
+        (tmp_path / "in.csv").write_text("n,text\n" + "".join(f"{n},ab\n" for n in range(3000)) + "3000\n")
     else:
         (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     result = CliRunner().invoke(cli, TRANSLATE + [f"in.{fmt}", f"out.{fmt}"])
-    where = "in.parquet: row 3001" if fmt == "parquet" else "in.jsonl:3001"
-    assert_one_line_error(result, 1, f"{where}: field 'text' is null, not a string.")
+    where = {"parquet": "in.parquet: row 3001", "jsonl": "in.jsonl:3001", "csv": "in.csv: row 3001 (line 3002)"}[fmt]
+    reason = "has 1 field where the header has 2." if fmt == "csv" else "field 'text' is null, not a string."
+    assert_one_line_error(result, 1, f"{where}: {reason}")
     assert sum(map(len, fake.batches)) == 2048  # the first chunk was translated and written before the bad row was read
     assert listing(tmp_path) == [f".out.{fmt}.nllb-partial", f".out.{fmt}.nllb-state.json", f"in.{fmt}"]
     # without --resume a new run starts over and leaves only its output

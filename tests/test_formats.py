@@ -21,6 +21,8 @@ ROWS = [{"id": 1, "text": "ab"}, {"id": 2, "text": "cd e"}, {"id": 3, "text": "f
 JSONL = "".join(json.dumps(row) + "\n" for row in ROWS).encode()
 TRANSLATED = "".join(json.dumps({**row, "translation": row["text"][::-1]}) + "\n" for row in ROWS).encode()
 TEXT = b"ab\ncd e\nfg\n"
+CSV = b'id,text\n1,ab\n2,"cd e"\n3,fg\n'
+TRANSLATED_CSV = b"id,text,translation\n1,ab,ba\n2,cd e,e dc\n3,fg,gf\n"
 
 
 def translate(*args, input=None):
@@ -116,7 +118,8 @@ def test_json_lines_extensions_compressed_or_not(fake, here, extension, compress
     assert '"total": 3' in result.stderr  # a compressed file is counted too
 
 
-@pytest.mark.parametrize("fmt,extension", [("jsonl", ".jsonl"), ("text", ".txt"), ("parquet", ".parquet")])
+@pytest.mark.parametrize("fmt,extension", [("jsonl", ".jsonl"), ("text", ".txt"), ("parquet", ".parquet"), ("csv", ".csv"),
+                                           ("tsv", ".tsv")])
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 def test_compressed_outputs(fake, here, fmt, extension, compression):
     (here / "in.jsonl").write_bytes(JSONL)
@@ -129,6 +132,20 @@ def test_compressed_outputs(fake, here, fmt, extension, compression):
     assert (here / ("again" + extension + SUFFIX[compression])).read_bytes() == written  # no time or name in it
     assert listing(here) == sorted(["in.jsonl", "plain" + extension, "out" + extension + SUFFIX[compression],
                                     "again" + extension + SUFFIX[compression]])
+
+
+@pytest.mark.parametrize("extension", [".csv", ".tsv", ".CSV"])
+@pytest.mark.parametrize("compression", [None, "gzip", "zstd"])
+def test_csv_extensions_compressed_or_not(fake, here, extension, compression):
+    source = "in" + extension + SUFFIX[compression]
+    content = CSV if extension != ".tsv" else CSV.replace(b",", b"\t").replace(b'"', b"")
+    (here / source).write_bytes(compress(content, compression))
+    result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "--progress", "json",
+                                      source, "out" + extension + SUFFIX[compression]])
+    assert result.exit_code == 0, result.output
+    written = decompress((here / ("out" + extension + SUFFIX[compression])).read_bytes(), compression)
+    assert written == (TRANSLATED_CSV if extension != ".tsv" else TRANSLATED_CSV.replace(b",", b"\t"))
+    assert '"total": 3' in result.stderr  # a compressed file is counted too
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
@@ -147,7 +164,7 @@ def test_compressed_output_to_a_fifo_is_compressed_as_it_goes(fake, here, compre
 
 
 @pytest.mark.parametrize("compression", [None, "gzip", "zstd"])
-@pytest.mark.parametrize("out", ["out.jsonl.gz", "out.jsonl.zst", "out.parquet.gz"])
+@pytest.mark.parametrize("out", ["out.jsonl.gz", "out.jsonl.zst", "out.parquet.gz", "out.csv.gz"])
 def test_compressed_job_resumed_gives_the_same_bytes(fake, here, compression, out):
     """The partial file of a compressed output is plain (cut back to a commit by --resume) and compressed at the
     end; a compressed input is skipped by decompressing up to the saved position."""
@@ -206,9 +223,10 @@ def test_several_inputs_keep_their_compression_in_the_directory(fake, here):
 
 @pytest.mark.parametrize("damage", ["cut", "garbled"])
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
-@pytest.mark.parametrize("ext", [".jsonl", ".txt", ".parquet"])
+@pytest.mark.parametrize("ext", [".jsonl", ".txt", ".parquet", ".csv"])
 def test_a_damaged_compressed_input_is_named_in_one_line(fake, here, compression, damage, ext):
-    content = compress(JSONL * 200 if ext != ".parquet" else parquet_bytes(ROWS * 200), compression)
+    content = {".parquet": parquet_bytes(ROWS * 200), ".csv": CSV + CSV[8:] * 400}.get(ext, JSONL * 200)
+    content = compress(content, compression)
     content = content[: len(content) // 2] if damage == "cut" else content[:20] + bytes(200) + content[220:]
     (here / ("in" + ext + SUFFIX[compression])).write_bytes(content)
     result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn", "--progress", "json",

@@ -68,7 +68,7 @@ def test_read_jsonl_bad_rows_keep_their_place(tmp_path, line, error):
     assert [(i, t, e) for i, t, _, e in records] == [(0, "a", None), (1, "", f"{tmp_path / 'in.jsonl'}:3: {error}"), (2, "b", None)]
 
 
-@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["text", "jsonl", "parquet", "csv", "tsv"])
 def test_readers_continue_from_a_position(tmp_path, fmt):
     from nllbcli.io import Position
 
@@ -78,6 +78,10 @@ def test_readers_continue_from_a_position(tmp_path, fmt):
         pq.write_table(pa.table({"text": texts}), path, row_group_size=700)
     elif fmt == "jsonl":
         path.write_text("".join(f'{{"text": "{t}"}}\n\n' for t in texts))
+    elif fmt in ("csv", "tsv"):  # a header after a blank line, records of two lines, a byte-order mark
+        texts = [t.replace(" ", "\n") for t in texts]
+        sep = "," if fmt == "csv" else "\t"
+        path.write_bytes(b"\xef\xbb\xbf\r\n" + f"n{sep}text\r\n".encode() + "".join(f'{i}{sep}"{t}"\r\n' for i, t in enumerate(texts)).encode())
     else:
         path.write_text("".join(t + "\n" for t in texts))
     with open_input(str(path), fmt, "text") as source:
@@ -88,7 +92,10 @@ def test_readers_continue_from_a_position(tmp_path, fmt):
         rest = list(source.records)
     assert [r.text for r in head + rest] == texts
     assert [r.index for r in rest] == list(range(1234, 2500))
-    if fmt != "parquet":
+    if fmt in ("csv", "tsv"):
+        assert rest[0].where == f"{path}: row 1235 (line {2 + 2 * 1234 + 1})"
+        assert rest[0].fields == {"n": "1234", "text": "row\n1234"}
+    elif fmt != "parquet":
         assert rest[0].where == f"{path}:{1235 if fmt == 'text' else 2 * 1234 + 1}"
 
 
@@ -164,7 +171,7 @@ def open_writer(stream, fmt, schema=None):
     sink.close()
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "text", "csv", "tsv"])
 def test_writers_to_a_stream(fmt):
     stream = io.BytesIO()
     with open_writer(stream, fmt) as write:
@@ -172,6 +179,10 @@ def test_writers_to_a_stream(fmt):
         write(records_of("c", n=2), ["C"])
     if fmt == "text":
         assert stream.getvalue() == b"A\nB\nC\n"
+    elif fmt in ("csv", "tsv"):  # the first row named the columns (no schema: JSONL's rows)
+        sep = b"," if fmt == "csv" else b"\t"
+        assert stream.getvalue() == b"\n".join(sep.join(row) for row in [[b"text", b"n", b"translation"], [b"a", b"1", b"A"],
+                                                                        [b"b", b"1", b"B"], [b"c", b"2", b"C"]]) + b"\n"
     elif fmt == "jsonl":
         assert stream.getvalue().decode().splitlines()[2] == '{"text": "c", "n": 2, "translation": "C"}'
     else:
