@@ -1,5 +1,5 @@
 """Hostile input through the CLI (hypothesis): invalid UTF-8, NUL bytes, very long lines, nested JSON, nulls and
-wrong types, empty and whitespace rows. Every row ends up exactly once, in order, either translated or named in
+wrong types, empty and whitespace rows, CSV fields holding separators, quotes and line breaks, ragged records. Every row ends up exactly once, in order, either translated or named in
 the errors file; the job never crashes (exit 0, or 3 with failed rows)."""
 
 from __future__ import annotations
@@ -69,6 +69,50 @@ def test_jsonl_every_row_once_in_order(fake, plan, data):
     assert [row["row"] for row in failed] == sorted(row["row"] for row in failed)
     good = [row for row in written if "i" in row]
     assert [row["i"] for row in good] == sorted(row["i"] for row in good)  # input order
+    assert result.exit_code == (3 if failed else 0)
+
+
+CSV_TEXT = st.text(st.characters(codec="utf-8", exclude_characters="\x00") | st.sampled_from(',"\r\n\t '), max_size=30)
+CSV_BAD = st.one_of(
+    st.just(b"1"),  # too few fields
+    st.just(b'1,"a",b,c'),  # too many
+    st.just(b"2,bad \xff utf-8,x"),
+    st.just(b'3,"quoted"after,x'),
+    st.just(b"4,cr\ralone,x"),
+)
+
+
+@SETTINGS
+@given(st.lists(st.one_of(st.tuples(CSV_TEXT, CSV_TEXT), CSV_BAD), max_size=30), st.sampled_from(["csv", "tsv"]))
+def test_csv_every_row_once_in_order_with_its_fields(fake, rows, fmt):
+    """Fields with separators, quotes and line breaks of every kind come back as they were; each bad record fails
+    alone; blank lines hold no row."""
+    import csv
+    import io as stdio
+
+    dialect = "excel" if fmt == "csv" else "excel-tab"
+    lines = []
+    for number, row in enumerate(rows, 1):
+        if isinstance(row, bytes):
+            lines.append(row.replace(b",", b"\t") if fmt == "tsv" else row)
+        else:
+            out = stdio.StringIO()
+            csv.writer(out, dialect=dialect).writerow([number, *row])  # (CRLF ends: a CR in a field is quoted)
+            lines.append(out.getvalue().encode("utf-8")[:-2])
+    with tempfile.TemporaryDirectory() as directory:
+        source, target, errors = (os.path.join(directory, name) for name in (f"in.{fmt}", f"out.{fmt}", "errors.jsonl"))
+        with open(source, "wb") as stream:
+            stream.write(b"n,text,note\r\n".replace(b",", b"," if fmt == "csv" else b"\t") + b"\r\n\n".join(lines))
+        result = run(["--errors", errors, source, target], fake)
+        assert result.exit_code in (0, 3), result.output
+        assert "Traceback" not in result.output
+        with open(target, encoding="utf-8", newline="") as stream:
+            written = list(csv.reader(stream, dialect=dialect))
+        failed = [json.loads(line)["row"] for line in open(errors, "rb")]
+    assert written[0] == ["n", "text", "note", "translation"]
+    good = [(n, row) for n, row in enumerate(rows, 1) if not isinstance(row, bytes)]
+    assert [r[:3] for r in written[1:]] == [[str(n), *row] for n, row in good]  # in order, every field as it was
+    assert failed == [n for n, row in enumerate(rows, 1) if isinstance(row, bytes)]
     assert result.exit_code == (3 if failed else 0)
 
 

@@ -6,6 +6,7 @@ while reading, translating, writing a chunk, committing the state, or renaming t
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import random
@@ -31,7 +32,8 @@ SENTENCES = [
     "Wie viele Menschen leben in dieser Stadt?",
 ]
 ROWS = 900
-EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet"}
+EXTENSION = {"text": "txt", "jsonl": "jsonl", "parquet": "parquet", "csv": "csv"}
+FAILING = ("jsonl", "csv")  # the formats whose input has bad rows (exit 3)
 
 
 def make_input(path: Path, fmt: str) -> None:
@@ -43,13 +45,18 @@ def make_input(path: Path, fmt: str) -> None:
         lines[77] = '{"id": 77, "text": 5}'  # bad rows, recorded in the errors file
         lines[401] = "not json"
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    elif fmt == "csv":  # quoted line breaks, commas and quotes; an empty tgt_lang is --tgt's; bad rows recorded
+        rows = [[i, f'{t}\n"{i}", ok' if i % 11 == 0 else t, "de" if i % 3 == 0 else ""] for i, t in enumerate(texts)]
+        rows[77] = [77, "ragged"]
+        with open(path, "w", encoding="utf-8", newline="") as stream:
+            csv.writer(stream).writerows([["id", "text", "tgt_lang"], *rows])
     else:
         pq.write_table(pa.table({"id": list(range(ROWS)), "text": texts}), path, row_group_size=128)
 
 
 def command(source: Path, target: Path, *extra: str) -> list[str]:
     """The job, run in the files' directory; with --scores where the output holds them, so their bits count too."""
-    scores = ["--scores"] if target.suffix in (".jsonl", ".parquet") else []
+    scores = ["--scores"] if target.suffix in (".jsonl", ".parquet", ".csv") else []
     return [sys.executable, "-m", "nllbcli.cli", "translate", "--src", "en", "--tgt", "fra_Latn", "--model", TINY,
             "--device", "cpu", "--beam-size", "1", "--max-length", "6", "--chunk-rows", "40", "--progress", "none",
             "--on-error", "record", "--errors", "errors.jsonl", *scores, *extra, source.name, target.name]
@@ -92,7 +99,7 @@ def straight(tmp_path_factory):
         make_input(source, fmt)
         start = time.monotonic()
         code = run(command(source, target), cwd=directory)
-        assert code == (3 if fmt == "jsonl" else 0)
+        assert code == (3 if fmt in FAILING else 0)
         results[fmt] = (target.read_bytes(), (directory / "errors.jsonl").read_bytes(), time.monotonic() - start)
         assert listing(directory) == sorted(["errors.jsonl", source.name, target.name])
     return results
@@ -123,7 +130,7 @@ def test_kill_9_at_random_points_then_resume_gives_identical_bytes(tmp_path, str
         finished = json.loads(state.read_text()).get("finished", False)
         code = run(command(source, target, "--resume"), cwd=tmp_path)
     assert kills >= 1 and any(0 < rows < ROWS for rows in committed), committed  # some kill landed mid-job
-    assert code == (3 if fmt == "jsonl" and not finished else 0)
+    assert code == (3 if fmt in FAILING and not finished else 0)
     assert target.read_bytes() == expected
     assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
     assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])

@@ -1,5 +1,5 @@
-"""Line-by-line use on a pipe or terminal: a line is translated once the input goes quiet, not at a full chunk
-or the end; a fast pipe still fills whole chunks. Parquet is not written to a terminal.
+"""Line-by-line use on a pipe or terminal: a line (a CSV record, once its quotes close) is translated once the
+input goes quiet, not at a full chunk or the end; a fast pipe still fills whole chunks. Parquet is not written to a terminal.
 
 The jobs run in a subprocess with the fake translator of conftest.py (reversed text), as a user's shell runs nllb."""
 
@@ -82,6 +82,50 @@ def test_a_line_is_translated_before_the_next_is_sent(tmp_path, stdin, fmt):
         if stdin != "pipe":
             os.close(write_end)
     assert process.stdout.read() == b""
+
+
+def read_until(fd: int, expected: bytes, timeout: float) -> bytes:
+    """What comes from `fd` within `timeout` seconds, until it is `expected` (or longer)."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while len(got) < len(expected) and (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            block = os.read(fd, 1 << 16)
+            if not block:
+                break
+            got += block
+    return got
+
+
+def test_a_csv_record_is_translated_before_the_next_is_sent(tmp_path, fmt="csv"):
+    """The header and a record of two lines (a quoted line break) come out while the pipe is quiet; CSV in, CSV out."""
+    sep = b","
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen(nllb(*TRANSLATE, "--input-format", fmt), stdin=read_end, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, cwd=tmp_path)
+    os.close(read_end)
+    os.write(write_end, b"n" + sep + b'text\r\n1' + sep + b'"ab\ncd"\r\n')
+    first = b"n" + sep + b"text" + sep + b'translation\n1' + sep + b'"ab\ncd"' + sep + b'"ba\ndc"\n'
+    got = read_until(process.stdout.fileno(), first, 60)
+    assert got == first, process.stderr.read1() if got == b"" and process.poll() is not None else got
+    os.write(write_end, b"2" + sep + b'"e')  # a record whose quoted field goes on: not a row yet
+    time.sleep(0.5)
+    os.write(write_end, b'f"\n')
+    assert read_until(process.stdout.fileno(), b"2" + sep + b"ef" + sep + b"fe\n", 60) == b"2" + sep + b"ef" + sep + b"fe\n"
+    os.close(write_end)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    assert process.stdout.read() == b""
+
+
+def test_a_csv_record_arrives_once_its_quotes_close():
+    lines, writer = pipe_lines([b'a\n"b\n\n', b'c"\n'], 0.8)
+    lines.rows = "csv"
+    assert lines.arrived(5) and lines.readline() == b"a\n"
+    started = time.monotonic()
+    assert not lines.arrived(0.3)  # the blank line is inside the quotes
+    assert lines.arrived(5) and time.monotonic() - started > 0.5
+    assert list(lines) == [b'"b\n', b"\n", b'c"\n']
+    writer.join()
 
 
 def pipe_lines(writes, pause) -> tuple[Lines, threading.Thread]:
