@@ -50,11 +50,12 @@ def reading(fmt: str) -> dict:
 
 class RecordLines:
     """An input's lines for csv.reader, decoded as UTF-8 (bytes that are not UTF-8 escaped, and noted), keeping
-    the bytes of the record being read: `take` gives them and starts the next record."""
+    the record being read: `take` gives its lines and its size in bytes, and starts the next record. The lines
+    are kept as text, not bytes, so that a long line is held once besides what the csv module makes of it."""
 
     def __init__(self, stream: BinaryIO):
         self.stream = stream
-        self.raw: list[bytes] = []  # the record's lines so far
+        self.lines: list[str] = []  # the record's lines so far
         self.size = 0  # their bytes
         self.bad: int | None = None  # where the record's first byte that is not UTF-8 is (from 1), else None
         self.first = True  # the next line is the input's first: a byte-order mark there is not text
@@ -67,29 +68,37 @@ class RecordLines:
         raw = self.stream.readline()
         if not raw:
             raise StopIteration
+        size = len(raw)
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
             if self.bad is None:
                 self.bad = self.size + error.start + 1
             line = raw.decode("utf-8", "surrogateescape")
+        del raw
         if self.first:
             self.first = False
-            self.bom = raw.startswith(BOM)
+            self.bom = line.startswith("\ufeff")
             line = line.removeprefix("\ufeff")
-        self.raw.append(raw)
-        self.size += len(raw)
+        self.lines.append(line)
+        self.size += size
         return line
 
-    def take(self) -> tuple[list[bytes], int | None]:
-        """The bytes of the record read (its lines), and where its first byte that is not UTF-8 is."""
-        taken = self.raw, self.bad
-        self.raw, self.size, self.bad = [], 0, None
+    def take(self) -> tuple[list[str], int, int | None]:
+        """The record's lines, its bytes, and where its first byte that is not UTF-8 is."""
+        taken = self.lines, self.size, self.bad
+        self.lines, self.size, self.bad = [], 0, None
         return taken
 
 
-def parsed(reader, lines: RecordLines) -> Iterator[tuple[list[str] | None, str | None, list[bytes], int | None]]:
-    """Each record: its fields (None where it does not parse), why not, its lines' bytes, and where its first
+def line_text(lines: list[str]) -> str:
+    """A record's lines as one text for the errors file: bytes that are not UTF-8 as \\xNN, its line break left
+    out (records.raw_text)."""
+    return raw_text("".join(lines).encode("utf-8", "surrogateescape"))
+
+
+def parsed(reader, lines: RecordLines) -> Iterator[tuple[list[str] | None, str | None, list[str], int, int | None]]:
+    """Each record: its fields (None where it does not parse), why not, its lines, its bytes, and where its first
     byte that is not UTF-8 is. A record that does not parse ends with the line its error is on."""
     while True:
         try:
@@ -115,10 +124,10 @@ def parse_error(message: str) -> str:
 def read_header(reader, lines: RecordLines, name: str, position: Position) -> list[str] | None:
     """The first record that is not blank, counted into `position`; None for an input of blank lines or
     none. One that cannot be read is NllbError: the rows have no columns without it."""
-    for fields, error, raw, bad in parsed(reader, lines):
+    for fields, error, taken, size, bad in parsed(reader, lines):
         line = position.lines + 1
-        position.lines += len(raw)
-        position.offset += sum(map(len, raw))
+        position.lines += len(taken)
+        position.offset += size
         if error is None and bad is not None:
             error = f"not valid UTF-8 (byte {bad})"
         if error is not None:
@@ -164,10 +173,10 @@ def read_rows(reader, lines: RecordLines, header: list[str], name: str, field: s
               position: Position) -> Iterator[Record]:
     """One Record per record that is not blank, counted into `position`."""
     width = len(header)
-    for fields, error, raw, bad in parsed(reader, lines):
+    for fields, error, taken, size, bad in parsed(reader, lines):
         line = position.lines + 1
-        position.lines += len(raw)
-        position.offset += sum(map(len, raw))
+        position.lines += len(taken)
+        position.offset += size
         if fields == []:
             continue  # a blank line holds no row
         position.rows += 1
@@ -177,7 +186,7 @@ def read_rows(reader, lines: RecordLines, header: list[str], name: str, field: s
         elif error is None and len(fields) != width:
             error = f"has {len(fields)} field{'s' * (len(fields) != 1)} where the header has {width}"
         if error is not None:
-            yield Record(position.rows - 1, "", {}, f"{where}: {error}.", where, raw=raw_text(b"".join(raw)))
+            yield Record(position.rows - 1, "", {}, f"{where}: {error}.", where, raw=line_text(taken))
             continue
         row = dict(zip(header, fields))
         yield Record(position.rows - 1, row[field], row, None, where)

@@ -13,6 +13,7 @@ import base64
 import datetime
 import json
 import math
+import re
 from typing import BinaryIO, Iterator, Mapping
 
 from ..errors import NllbError
@@ -22,6 +23,8 @@ from .records import Position, RawNumber, Record, Unreadable, raw_text, record_o
 JSON_SPACE = " \t\r\n"  # JSON's whitespace: a line of other "space" (\x1c, U+2028, ...) is a bad row, not a blank one
 JSON_SPACE_BYTES = JSON_SPACE.encode()
 LINE_END = b"\r\n"
+BOM_BYTES = b"\xef\xbb\xbf"
+LEADING_SPACE = re.compile(b"[ \t\r\n]*")
 
 
 class NotJson(Exception):
@@ -133,8 +136,12 @@ def refusing_an_array(lines: Iterator[bytes], refusal: str) -> Iterator[bytes]:
     text = ""
     for raw in lines:
         held.append(raw)
-        if not text and is_blank_line(raw, len(held)):
-            continue
+        if not text:  # (a long first line is neither copied nor decoded unless it begins with `[`)
+            first = LEADING_SPACE.match(raw, len(BOM_BYTES) if len(held) == 1 and raw.startswith(BOM_BYTES) else 0).end()
+            if first == len(raw):
+                continue  # a blank line
+            if raw[first:first + 1] != b"[":
+                break
         text += raw.decode("utf-8", "replace")
         found = json_array_start(text, complete=False)
         if found is None and len(text) < ARRAY_LOOKAHEAD:

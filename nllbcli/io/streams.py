@@ -120,6 +120,7 @@ class Lines:
                 self.partial = []
                 return line
         line = self.lines[self.next]
+        self.lines[self.next] = b""  # given: not held here too (a long line would be held twice)
         self.next += 1
         return line
 
