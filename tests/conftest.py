@@ -92,3 +92,9 @@ def fake(monkeypatch):
     translator.loaded = loaded
     return translator
 
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    """The test's temporary directory, as the working directory: a job's files named as a user names them."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -35,12 +35,6 @@ def translate(*args, input=None):
     return CliRunner().invoke(cli, TRANSLATE + list(args), input=input)
 
 
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def as_tsv(data: bytes) -> bytes:
     """The same records as TSV, as the csv module writes them (quotes only where a field needs them)."""
     out = io.StringIO()

@@ -39,11 +39,12 @@ def nllb(*args: str) -> list[str]:
     return [sys.executable, "-c", SCRIPT.format(tests=str(HERE)), *args]
 
 
-def read_line(fd: int, timeout: float) -> bytes:
-    """A line from `fd` within `timeout` seconds, else what came by then."""
+def read_line(fd: int, timeout: float, size: int | None = None) -> bytes:
+    """A line from `fd` within `timeout` seconds (or, given `size`, that many bytes, lines and all), else what
+    came by then."""
     got = b""
     deadline = time.monotonic() + timeout
-    while not got.endswith(b"\n") and (left := deadline - time.monotonic()) > 0:
+    while (not got.endswith(b"\n") if size is None else len(got) < size) and (left := deadline - time.monotonic()) > 0:
         if select.select([fd], [], [], left)[0]:
             block = os.read(fd, 1 << 16)
             if not block:
@@ -84,19 +85,6 @@ def test_a_line_is_translated_before_the_next_is_sent(tmp_path, stdin, fmt):
     assert process.stdout.read() == b""
 
 
-def read_until(fd: int, expected: bytes, timeout: float) -> bytes:
-    """What comes from `fd` within `timeout` seconds, until it is `expected` (or longer)."""
-    got = b""
-    deadline = time.monotonic() + timeout
-    while len(got) < len(expected) and (left := deadline - time.monotonic()) > 0:
-        if select.select([fd], [], [], left)[0]:
-            block = os.read(fd, 1 << 16)
-            if not block:
-                break
-            got += block
-    return got
-
-
 def test_a_csv_record_is_translated_before_the_next_is_sent(tmp_path, fmt="csv"):
     """The header and a record of two lines (a quoted line break) come out while the pipe is quiet; CSV in, CSV out."""
     sep = b","
@@ -106,12 +94,13 @@ def test_a_csv_record_is_translated_before_the_next_is_sent(tmp_path, fmt="csv")
     os.close(read_end)
     os.write(write_end, b"n" + sep + b'text\r\n1' + sep + b'"ab\ncd"\r\n')
     first = b"n" + sep + b"text" + sep + b'translation\n1' + sep + b'"ab\ncd"' + sep + b'"ba\ndc"\n'
-    got = read_until(process.stdout.fileno(), first, 60)
+    got = read_line(process.stdout.fileno(), 60, len(first))
     assert got == first, process.stderr.read1() if got == b"" and process.poll() is not None else got
     os.write(write_end, b"2" + sep + b'"e')  # a record whose quoted field goes on: not a row yet
     time.sleep(0.5)
     os.write(write_end, b'f"\n')
-    assert read_until(process.stdout.fileno(), b"2" + sep + b"ef" + sep + b"fe\n", 60) == b"2" + sep + b"ef" + sep + b"fe\n"
+    second = b"2" + sep + b"ef" + sep + b"fe\n"
+    assert read_line(process.stdout.fileno(), 60, len(second)) == second
     os.close(write_end)
     assert process.wait(timeout=60) == 0, process.stderr.read()
     assert process.stdout.read() == b""
