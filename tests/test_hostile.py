@@ -82,7 +82,7 @@ CSV_BAD = st.one_of(
 )
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=30)
 @given(st.lists(st.one_of(st.tuples(CSV_TEXT, CSV_TEXT), CSV_BAD), max_size=30), st.sampled_from(["csv", "tsv"]))
 def test_csv_every_row_once_in_order_with_its_fields(fake, rows, fmt):
     """Fields with separators, quotes and line breaks of every kind come back as they were; each bad record fails
