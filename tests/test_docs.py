@@ -141,6 +141,7 @@ def make_files(where: Path) -> None:
         "mixed.jsonl": '{"text": "Hello!", "tgt_lang": "de"}\n{"text": "Bonjour !", "src_lang": "fr", "tgt_lang": "es"}\n',
         "prefixed.jsonl": '{"text": "The meeting is on Friday.", "start": "La réunion"}\n',
         "broken.jsonl": '{"text": null, "id": 7}\n{"text": "My uncle went to Rome on Friday.", "id": 8}\n',
+        "in.csv": "id,text\n" + "".join(f'{n},"{text}"\n' for n, text in enumerate(english, 1)),
     }
     for name, text in files.items():
         (where / name).parent.mkdir(parents=True, exist_ok=True)
