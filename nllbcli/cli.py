@@ -18,8 +18,8 @@ from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
-                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, BatchOptions, DecodeOptions, Job,
-                      ModelOptions, cpu_threads)
+                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
+                      DecodeOptions, Job, ModelOptions, cpu_threads)
 from .job.progress import PROGRESS_MODES
 
 ON_ERROR = ("fail", "skip", "record")
@@ -152,8 +152,8 @@ class RecordOption(click.Option):
 
 
 HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
-    "Input and output": ("output_option", "input_format", "output_format", "field", "output_field", "status_field",
-                         "overwrite_field", "force"),
+    "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "output_field",
+                         "status_field", "overwrite_field", "force"),
     "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field"),
     "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
@@ -272,6 +272,7 @@ def cli():
 @into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The GPU's matrix products: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: docs/GPU.md, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. The CPU computes in float32.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too: name csv and tsv).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
+@into("job", "--text-layout", type=click.Choice(TEXT_LAYOUTS), default="plain", show_default=True, help="A text output's lines: the translations, a line a row (plain; --num-hypotheses N lines), or marian's n-best layout, a line a hypothesis: ROW ||| TRANSLATION ||| log_prob= LOG_PROB ||| SCORE, ROW counting the input's rows from 0 (nbest; the scores of --scores, a failed row without a line).")
 @into("job", "--field", default="text", show_default=True, help="The JSONL field, or Parquet, CSV or TSV column, to translate.")
 @into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet or CSV column the translation goes to.")
 @into("job", "--status-field", help="A JSONL field or Parquet or CSV column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
@@ -405,7 +406,7 @@ def option_records(job: dict, decode: dict, model: str) -> tuple[Job, DecodeOpti
                            "between, as fra_Latn,deu_Latn.")
     if job["targets_as"] is not None and not targets:
         raise InvalidUsage("--targets-as goes with several target languages: --tgt fra_Latn,deu_Latn.")
-    scores = decode["scores"]
+    scores = decode["scores"] = decode["scores"] or job["text_layout"] == "nbest"  # its lines hold the scores
     try:
         decoding = decode_options(model, **{**decode, "scores": scores or None})
         return Job(**{**job, "tgt": None if targets else tgt, "targets": targets,

@@ -226,6 +226,7 @@ def usable_cores() -> int:
 
 ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
 TARGETS_AS = ("columns", "rows")  # what --targets-as takes
+TEXT_LAYOUTS = ("plain", "nbest")  # what --text-layout takes
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,8 @@ class Job:
     targets: tuple[str, ...] = ()  # several target languages (--tgt a,b,...): each row into each; tgt is then None
     targets_as: str = "columns"  # with several targets: the added fields once per target (columns, named
     #                              io.target_column), or each row once per target, its language in tgt_field (rows)
+    text_layout: str = "plain"  # a text output's lines: the translations (plain), or ROW ||| TRANSLATION |||
+    #                             log_prob= LOG_PROB ||| SCORE, a hypothesis a line (nbest: marian's n-best layout)
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
 
@@ -267,7 +270,7 @@ class Job:
     SHAPING: ClassVar[frozenset[str]] = frozenset({
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
-        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "error_field"})
+        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
@@ -284,6 +287,8 @@ class Job:
             raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
         if self.targets_as not in TARGETS_AS:
             raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
+        if self.text_layout not in TEXT_LAYOUTS:
+            raise ValueError(f"--text-layout is one of {', '.join(TEXT_LAYOUTS)}, not {self.text_layout}.")
         if self.max_input_length is not None and self.max_input_length < 3:
             raise ValueError("--max-input-length must leave room for the language token, a piece and </s>: 3 or "
                              f"more, not {self.max_input_length}.")
@@ -298,7 +303,7 @@ class Job:
         from .io import Added
 
         added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses,
-                      error=self.error_field)
+                      error=self.error_field, nbest=self.text_layout == "nbest")
         if not self.targets:
             return added
         if self.targets_as == "columns":

@@ -218,3 +218,22 @@ def test_a_prefix_field_needs_fields(tmp_path):
     (tmp_path / "in.txt").write_text("Yes.\n")
     result = CliRunner().invoke(cli, TRANSLATE + ["--prefix-field", "p", str(tmp_path / "in.txt"), "-"])
     assert result.exit_code == 2 and "--prefix-field needs JSONL, Parquet or CSV input" in result.output
+
+
+def test_the_nbest_text_layout_names_each_rows_hypotheses_and_their_scores(tmp_path):
+    """--text-layout nbest: marian's n-best lines, ROW ||| TRANSLATION ||| log_prob= LOG_PROB ||| SCORE, the row
+    counted from 0, each hypothesis with the scores JSONL's --scores gives it; a failed row has no line; another
+    output format is refused in one line."""
+    write_jsonl(tmp_path / "in.jsonl", TEXTS + [None])
+    args = TRANSLATE + ["--beam-size", "3", "--num-hypotheses", "2", "--on-error", "skip"]
+    result = CliRunner().invoke(cli, args + ["--scores", str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl")])
+    assert result.exit_code == 3, result.output
+    result = CliRunner().invoke(cli, args + ["--text-layout", "nbest", "--output-format", "text",
+                                             str(tmp_path / "in.jsonl"), str(tmp_path / "out.txt")])
+    assert result.exit_code == 3, result.output
+    expected = [f"{row} ||| {text} ||| log_prob= {json.dumps(log_prob)} ||| {json.dumps(score)}"
+                for row, line in enumerate(rows_of(tmp_path / "out.jsonl"))
+                for text, score, log_prob in zip(line["translation"], line["score"], line["log_prob"])]
+    assert (tmp_path / "out.txt").read_text().splitlines() == expected and len(expected) == 2 * len(TEXTS)
+    refused = CliRunner().invoke(cli, args + ["--text-layout", "nbest", str(tmp_path / "in.jsonl"), str(tmp_path / "o.jsonl")])
+    assert refused.exit_code == 2 and "--text-layout nbest lays out a text output" in refused.output

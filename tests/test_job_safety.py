@@ -397,7 +397,7 @@ def test_a_signal_while_the_output_is_put_in_place_ends_the_job_as_finished(fake
     monkeypatch.setattr(loop, "save_record", signalled)
     result = invoke("--errors", "e.jsonl", "--chunk-rows", "5", "in.txt", f"out.{fmt}")
     assert result.exit_code == 0, result.output
-    assert result.stderr.startswith("Done: 12 rows (12 translated")
+    assert result.stderr.startswith("Done: 12 rows into ")
     assert read_texts(Path(f"out.{fmt}"), "text" if fmt == "txt" else "parquet") == REVERSED
     assert listing(tmp_path) == sorted(["e.jsonl", "in.txt", f"out.{fmt}"])
 

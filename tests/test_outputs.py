@@ -182,7 +182,7 @@ def test_several_inputs_go_to_a_directory(fake, here):
     assert result.exit_code == 0, result.output
     assert lines("fr/a.txt") == ["txt.a"] and lines("fr/b.txt") == ["txt.b"]
     assert lines("docs/a.txt") == ["a.txt"] and listing("fr") == ["a.txt", "b.txt"]
-    assert result.stderr.count("Done: 1 row (") == 2
+    assert result.stderr.count("Done: 1 row into ") == 2
     assert len(fake.loaded) == 1  # one model for all
 
 

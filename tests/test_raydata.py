@@ -175,7 +175,7 @@ def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
     ids = [5, 6, 9, 10, 11, (1 << raydata.FILE_BITS) | 1]  # lines 5-6 and 9-11 (7 blank) of file 0, line 1 of file 1
     rows = [3, 4, 6, 7, 8, 0]  # row 5 (line 8) is not among them: written by an earlier run
     counted = ['{"rows": 3, "translated": 3, "sentences": 4, "tokens": 20}', None, None,
-               '{"rows": 3, "translated": 2, "failed": 1, "sentences": 2, "cut": 1, "tokens": 9}', None, None]
+               '{"rows": 3, "translated": 2, "failed": 1, "sentences": 2, "cut": 1, "flagged": 1, "tokens": 9}', None, None]
     block = pa.table({raydata.ID: ids, raydata.ROW: rows, raydata.LINE: [b"%d\n" % i for i in ids],
                       raydata.ERROR: [None, None, None, "line 10: bad", None, None],
                       raydata.ERROR_LINE: [None, None, None, b"{}\n", None, None], raydata.WORKER: ["CPU"] * 6,
@@ -187,7 +187,7 @@ def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
         "u_000007-00000-000000000009-2.jsonl", "u_000007-00001-000000000001-1.jsonl"]
     assert (tmp_path / "u_000007-00000-000000000009-2.jsonl").read_bytes() == b"9\n11\n"
     assert json.loads(record.getvalue()) == {"rows": 6, "translated": 5, "failed": 1, "cut": 1, "max_length": 0,
-                                             "sentences": 6, "tokens": 29}
+                                             "flagged": 1, "sentences": 6, "tokens": 29}
 
 
 def write_task(staging: Path, task: int, lines: list[tuple[int, int, int, str | None]], digits: int) -> None:

@@ -271,7 +271,8 @@ def spool(stream: BinaryIO, name: str) -> Iterator[str]:
 
 class LineSink:
     """Text or JSONL lines into a binary stream. A failed row (values None) is left out of JSONL and is an
-    empty line in text (`added.hypotheses` lines, with several hypotheses a row), and a line break inside a
+    empty line in text (`added.hypotheses` lines, with several hypotheses a row; none in the n-best layout,
+    whose lines name their row: Added.lines), and a line break inside a
     translation (of a JSONL or Parquet text that held one) is a space in text, so that line n of a text output is
     still the translation of row n of its input (line n * hypotheses + k its k-th). JSONL rows gain the added
     fields (Added)."""
@@ -290,7 +291,7 @@ class LineSink:
         fields = jsonl_fields(records, values) if self.fmt == "jsonl" else iter(())
         for record, added in zip(records, values):
             if self.fmt == "text":
-                lines += [one_line(text).encode("utf-8") + b"\n" for text in self.added.lines(added)]
+                lines += [one_line(text).encode("utf-8") + b"\n" for text in self.added.lines(added, record.index)]
             elif added is not None:
                 line, error = encode_jsonl_row(record, next(fields), added)
                 if error:

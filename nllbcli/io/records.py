@@ -102,6 +102,7 @@ class Added:
     targets: tuple[str, ...] = ()  # the target languages, as columns
     target: str | None = None  # the field naming each row's target language, as rows
     error: str | None = None  # the field that gets a failed row's reason, every row kept
+    nbest: bool = False  # a text output's lines in marian's n-best layout (lines), with the row and the scores
 
     @property
     def single(self) -> Added:
@@ -139,12 +140,21 @@ class Added:
             kinds = {self.target: pa.string(), **kinds}
         return {name: kinds[name] for name in self.names}
 
-    def lines(self, values: dict | None) -> list[str]:
-        """A row's translations as a text output has them: one, or `hypotheses` lines (empty for a failed row)."""
+    def lines(self, values: dict | None, row: int = 0) -> list[str]:
+        """A row's translations as a text output has them: one, or `hypotheses` lines (empty for a failed row). In
+        the n-best layout (`nbest`), each `ROW ||| TRANSLATION ||| log_prob= LOG_PROB ||| SCORE`, ROW counting
+        the input's rows from 0, the numbers as JSON writes them; none for a failed row."""
         if values is None:
-            return [""] * self.hypotheses
-        translation = values[self.translation]
-        return list(translation) if self.hypotheses > 1 else [translation]
+            return [] if self.nbest else [""] * self.hypotheses
+        many = self.hypotheses > 1
+        texts = list(values[self.translation]) if many else [values[self.translation]]
+        if not self.nbest:
+            return texts
+        import json
+
+        scores, log_probs = ((values[name] if many else [values[name]]) for name in (self.score, self.log_prob))
+        return [f"{row} ||| {text} ||| log_prob= {json.dumps(log_prob)} ||| {json.dumps(score)}"
+                for text, score, log_prob in zip(texts, scores, log_probs)]
 
 
 class RawNumber:

@@ -136,6 +136,11 @@ def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> N
     (text) has no fields. Messages name the options as `names` spells them (the API's arguments), else as the
     command's."""
     say = lambda option: names.get(option, option)  # noqa: E731
+    if job.text_layout == "nbest" and job.output_format != "text":
+        raise NllbError(f"--text-layout nbest lays out a text output, and OUTPUT is {job.output_format}: its rows "
+                        "hold the hypotheses and their scores as fields with --num-hypotheses and --scores.")
+    if job.text_layout == "nbest" and job.targets:
+        raise NllbError("--text-layout nbest takes one target language: its lines name their row, not their target.")
     if job.prefix_field is not None and job.input_format == "text":
         raise NllbError("--prefix-field needs JSONL, Parquet or CSV input: a text input has no fields.")
     if job.targets and job.output_format == "text" and job.targets_as != "rows":
@@ -146,8 +151,9 @@ def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> N
                         "give it a name.")
     named = [("--field", job.field), *((o, n) for o, n in job.added.options
                                        if not (o == "--tgt-lang-field" and job.output_format == "text"))]
+    scored = ("--score-field", "--log-prob-field") if job.text_layout == "nbest" else ()  # in its lines
     for n, (option, name) in enumerate(named[1:], 1):
-        if job.output_format == "text" and option != "--output-field":
+        if job.output_format == "text" and option != "--output-field" and option not in scored:
             what = "--scores" if option in ("--score-field", "--log-prob-field") else option
             raise NllbError(f"{what} needs JSONL, Parquet or CSV output: a text output has one translation a line and no "
                             "fields.")
