@@ -29,8 +29,10 @@ $(VENV)/.nllb-base:
 	$(VENV)/bin/python -m pip install --quiet -e .
 	touch $@
 
+# the suite in TEST_WORKERS processes, each test file in one of them (its module fixtures, a Ray or a Spark, made once)
+TEST_WORKERS ?= 2
 test: $(TEST_READY)
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 gpu-test:
 	$(GPU_PYTHON) -m pytest -q -m gpu tests/gpu

@@ -231,7 +231,9 @@ def test_kill_chains_of_fresh_runs_and_resumes_never_block_resume(tmp_path, stra
             run(args, kill_after=rng.uniform(0.2, seconds), sig=sig, cwd=tmp_path)
         else:  # killed at the next change of the watched file: a commit, or the partial file emptied
             run(args, kill_after=0.0, sig=sig, cwd=tmp_path, after_commit=watch)
-    assert run(command(source, target, "--resume"), cwd=tmp_path) == (3 if fmt == "jsonl" else 0)
+    # 3 for the JSONL input's bad rows; 0 where a run of the chain finished before its signal landed (a loaded
+    # machine), the last --resume then finding the job done ("Already finished")
+    assert run(command(source, target, "--resume"), cwd=tmp_path) in ((3, 0) if fmt == "jsonl" else (0,))
     assert target.read_bytes() == expected
     assert (tmp_path / "errors.jsonl").read_bytes() == expected_errors
     assert listing(tmp_path) == sorted(["errors.jsonl", source.name, target.name])
