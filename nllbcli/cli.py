@@ -18,7 +18,7 @@ from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
-                      MAX_SEED, MAX_THREADS, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
+                      MAX_SEED, MAX_THREADS, MAX_TOPK, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
                       DecodeOptions, Job, ModelOptions, cpu_threads)
 from .job.progress import PROGRESS_MODES
 
@@ -288,7 +288,7 @@ def cli():
 @into("decode", "--max-length-a", type=Between(0, MAX_LENGTH), help="With --max-length-b: at most A x source tokens + B generated tokens per sentence (fairseq's --max-len-a/b; source tokens count the language token and </s>), and never more than --max-length, so that a short input cannot run away. [default: off]")
 @into("decode", "--max-length-b", type=click.IntRange(min=0, max=MAX_LENGTH), help="See --max-length-a (either alone takes the other as 0).")
 @into("decode", "--num-hypotheses", type=click.IntRange(min=1, max=MAX_BEAMS), default=1, show_default=True, help="Translations per row, best first, at most --beam-size: JSONL and Parquet get lists (of strings, and of scores with --scores), text this many lines per row.")
-@into("decode", "--sampling-topk", type=click.IntRange(min=0, max=SAMPLING_TOPP_TOKENS), help="Draw each token at random among the K most likely (0: the whole vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
+@into("decode", "--sampling-topk", type=click.IntRange(min=0, max=MAX_TOPK), help="Draw each token at random among the K most likely (0: the whole vocabulary; K at most the model's vocabulary) instead of searching, for back-translation and data augmentation; 1 is greedy search. Sampling takes --beam-size 1 (its default then); --num-hypotheses N draws N samples a sentence. [default: 1, or 0 with --sampling-topp]")
 @into("decode", "--sampling-topp", type=Between(min=0, max=1, min_open=True), help=f"With sampling: draw among the fewest of those tokens whose probabilities reach P (nucleus sampling; with --sampling-topk 0, among the {SAMPLING_TOPP_TOKENS} most likely). [default: 1, all of them]")
 @into("decode", "--sampling-temperature", type=Between(*FACTOR_RANGE), help=f"With sampling: draw from softmax(logits / T); below 1 sharper, above flatter (from {FACTOR_RANGE[0]:g} to {FACTOR_RANGE[1]:g}, so that logits / T stays finite). [default: 1]")
 @into("decode", "--seed", type=click.IntRange(min=0, max=MAX_SEED), help="With sampling: each sentence's draws follow from this and the sentence's place in the input (row, sentence in the row), so a job gives the same output again, whatever its batches, devices or resumes (a 64-bit number). [default: a random seed]")

@@ -50,7 +50,8 @@ class DecodeOptions:
     max_length_a: float | None = None  # at most a * source tokens + b generated tokens (fairseq's --max-len-a/b),
     max_length_b: int | None = None  #    never more than max_length; either may be given (the other is then 0);
     #                                     each 0 to MAX_LENGTH (more gives max_length to any source)
-    sampling_topk: int = 1  # sample each token among the k most likely (0: the whole vocabulary); 1 is greedy search
+    sampling_topk: int = 1  # sample each token among the k most likely (0: the whole vocabulary; at most the
+    #                         model's vocabulary: search.check_vocabulary); 1 is greedy search
     sampling_topp: float = 1.0  # ... and among those, the fewest whose probabilities reach p (at most SAMPLING_TOPP_TOKENS)
     sampling_temperature: float = 1.0  # sample from softmax(logits / temperature), within FACTOR_RANGE
     seed: int | None = None  # sampling's seed, 0 to MAX_SEED: a sentence's draws depend on it and the sentence's
@@ -105,7 +106,7 @@ class DecodeOptions:
         check_range("min_length", self.min_length, 0, MAX_LENGTH)
         check_range("max_length_a", self.max_length_a, 0, MAX_LENGTH)
         check_range("max_length_b", self.max_length_b, 0, MAX_LENGTH)
-        check_range("sampling_topk", self.sampling_topk, 0, SAMPLING_TOPP_TOKENS, "(the whole vocabulary)")
+        check_range("sampling_topk", self.sampling_topk, 0, MAX_TOPK, "(the whole vocabulary)")
         if not 0 < self.sampling_topp <= 1:
             raise ValueError(f"sampling_topp must be above 0 and at most 1, not {self.sampling_topp}.")
         check_range("sampling_temperature", self.sampling_temperature, *FACTOR_RANGE)
@@ -116,7 +117,9 @@ class DecodeOptions:
             raise ValueError(f"the hypotheses kept per sentence are 1 to the beam size ({self.beam_size}), not "
                              f"{self.num_hypotheses}: raise --beam-size for more, or sample them")
 
-SAMPLING_TOPP_TOKENS = 32  # the most tokens sampling draws among, but for the whole vocabulary (the GPU's top-k lists)
+SAMPLING_TOPP_TOKENS = 32  # a nucleus of the whole vocabulary (--sampling-topk 0 with --sampling-topp) is drawn
+#                            among this many most likely tokens (the GPU's fused top-k lists)
+MAX_TOPK = 1 << 18  # --sampling-topk: more than any model's vocabulary (NLLB's is 256,206), which search checks
 
 # Where the options' meanings end (the records check them; the CLI's option types take the same bounds):
 MAX_LENGTH = 1 << 16  # generated tokens: no model has more positions (checkpoint.MAX_POSITIONS), and a length

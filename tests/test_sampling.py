@@ -154,7 +154,7 @@ def test_a_seeded_job_gives_the_same_output_whatever_its_chunks_batches_and_devi
     (["--seed", "3"], "--seed goes with sampling"),
     (["--sampling-temperature", "0.5"], "--sampling-temperature goes with sampling"),
     (["--sampling-topk", "4", "--beam-size", "4"], "takes beam size 1, not 4"),
-    (["--sampling-topk", "33"], "0<=x<=32"),
+    (["--sampling-topk", "300000"], "0<=x<=262144"),
 ])
 def test_sampling_options_that_cannot_be_are_one_line(tmp_path, args, message):
     write_jsonl(tmp_path / "in.jsonl", ["Yes."])
@@ -173,3 +173,15 @@ def test_a_batchs_stream_keys_are_each_sentences_made_at_once():
     assert sentence_keys(7, rows, sentences).tolist() == [sentence_key(7, int(r), int(s)) for r, s in zip(rows, sentences)]
     assert sample_keys([806602113, 741185853], 3).tolist() == [806602113, 1884906946, 656945550, 741185853,
                                                               1659245671, 2232971480]
+
+
+def test_a_top_k_up_to_the_vocabulary_is_taken(tmp_path):
+    """--sampling-topk as CTranslate2 users give it (40, 50): any K up to the model's vocabulary, a seeded job the
+    same twice; a K above the vocabulary is one line."""
+    write_jsonl(tmp_path / "in.jsonl", ["The meeting is on the twentieth.", "Yes."])
+    args = TRANSLATE + ["--sampling-topk", "40", "--seed", "5", str(tmp_path / "in.jsonl"), "-"]
+    first, again = (CliRunner().invoke(cli, args) for _ in range(2))
+    assert first.exit_code == 0 and first.output == again.output and first.output.count("\n") == 2
+    too_many = CliRunner().invoke(cli, TRANSLATE + ["--sampling-topk", "100000", str(tmp_path / "in.jsonl"), "-"])
+    assert too_many.exit_code == 1
+    assert too_many.stderr.startswith("Error: sampling among the 100000 most likely tokens takes more than the model's")

@@ -44,6 +44,9 @@ OPTIONS = {
     "beam min_length": DecodeOptions(beam_size=4, max_length=64, min_length=8, num_hypotheses=2),
     "beam a/b": DecodeOptions(beam_size=4, max_length=64, max_length_a=0.6, max_length_b=2, num_hypotheses=2),
     "greedy a/b": DecodeOptions(beam_size=1, max_length=64, max_length_a=0.6, max_length_b=2, scores=True),
+    # 2 x 20 candidates a step: more than the fused top-k lists (cuda.FUSED_TOPK), from the logits written whole
+    "beam 20, 3 best": DecodeOptions(beam_size=20, max_length=64, scores=True, num_hypotheses=3),
+    "beam 20 min_length": DecodeOptions(beam_size=20, max_length=64, min_length=8, num_hypotheses=2, scores=True),
 }
 
 
@@ -83,6 +86,8 @@ SAMPLING = {
     "whole vocabulary, T 0.7, min_length": DecodeOptions(beam_size=1, max_length=64, sampling_topk=0, seed=5,
                                                          sampling_temperature=0.7, min_length=8),
     "top-10": DecodeOptions(beam_size=1, max_length=64, sampling_topk=10, seed=5, scores=True),
+    "top-50": DecodeOptions(beam_size=1, max_length=64, sampling_topk=50, seed=5, scores=True),  # past FUSED_TOPK
+    "top-40, min_length": DecodeOptions(beam_size=1, max_length=64, sampling_topk=40, seed=5, min_length=8),
     "nucleus 0.9, 3 samples": DecodeOptions(beam_size=1, max_length=64, sampling_topk=0, sampling_topp=0.9, seed=5,
                                             num_hypotheses=3),
 }
@@ -133,3 +138,22 @@ def test_prefixes_agree_with_the_cpu(options):
     for a, b in zip(gpu, cpu):
         if a[0].ids == b[0].ids:
             assert abs(a[0].log_prob - b[0].log_prob) < SCORE_TOLERANCE
+
+
+@pytest.mark.parametrize("k", [33, 64, 300])
+def test_a_top_k_past_the_fused_lists_draws_what_the_cpu_draws(k):
+    """Sampling among more candidates than cuda.FUSED_TOPK (step_topk from the logits written whole, their
+    log-sum-exp kept for last_log_probs): the reference engine's draws but where bf16 moves one across a boundary
+    (as test_sampling_draws_what_the_cpu_draws measures), and their log-probs within bf16's error."""
+    from nllbcli.model.engine.numerics import sentence_key
+
+    batch = [list(s) for s in sources("eng_Latn")]
+    options = DecodeOptions(beam_size=1, max_length=64, sampling_topk=k, seed=3, scores=True)
+    keys = [sentence_key(3, n, 0) for n in range(len(batch))]
+    gpu = sample("cuda").generate_hypotheses(batch, "fra_Latn", options, keys)
+    cpu = sample("cpu").generate_hypotheses(batch, "fra_Latn", options, keys)
+    same = [a[0].ids == b[0].ids for a, b in zip(gpu, cpu)]
+    print("top", k, sum(same), "of", len(same))
+    assert sum(same) >= 0.9 * len(batch), [n for n, s in enumerate(same) if not s][:10]
+    errors = [abs(a[0].log_prob - b[0].log_prob) for a, b in zip(gpu, cpu) if a[0].ids == b[0].ids]
+    assert max(errors) < SCORE_TOLERANCE and sum(errors) / len(errors) < 0.03

@@ -28,7 +28,8 @@ from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions
+from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions,
+                       topk_desc)
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -88,6 +89,7 @@ class CudaEncoded:
 
 ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
 GRAPHS = ENV.cuda_graphs  # the decoder step as CUDA graphs (NLLB_CUDA_GRAPHS=0: launched one by one)
+FUSED_TOPK = 32  # the most candidates a row kernels.logits_topk lists; step_topk writes the logits for more
 
 
 def bucket(n: int) -> int:
@@ -590,12 +592,27 @@ class CudaEngine:
         return PendingIds(state.ws.rows("tokens", n), log_probs=state.ws.take("chosen logprob", (n,), F32))
 
     def step_topk(self, encoded: CudaEncoded, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
-        """Each row's k best next tokens by log-probability, best first, on the device: the output
-        projection, log-softmax and top-k in one pass over the embedding, without writing the logits.
-        Copies, which the next step does not overwrite."""
+        """Each row's k best next tokens by log-probability, best first (ties: lower id), on the device: the
+        output projection, log-softmax and top-k in one pass over the embedding, without writing the logits
+        (kernels.logits_topk, whose lists hold FUSED_TOPK); more than that (beam search's 2 x beams above 16
+        beams, sampling's top-k above 32) from the logits written whole. Copies, which the next step does not
+        overwrite."""
+        if k > FUSED_TOPK:
+            return self.unfused_topk(state, tokens, k)
         self.run_step(state, tokens, "topk", k)
         n, take = state.n, state.ws.take
         return take("topk logprob", (n, k), F32).copy(), take("topk ids", (n, k), cp.int32).astype(cp.int64)
+
+    def unfused_topk(self, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
+        """step_topk's k best from the logits (N, V) float32 written whole: their log-sum-exp kept where
+        last_log_probs reads the fused pass's, the k best of logits less it by numerics.topk_desc."""
+        x = self.decode(None, state, tokens)
+        logits = self.linear(x, self.lm_head, out_dtype=kernels.F32)
+        top = logits.max(axis=1, keepdims=True)
+        lse = top[:, 0] + cp.log(cp.exp(logits - top).sum(axis=1))
+        state.ws.take("topk lse", (state.n,), F32)[:] = lse
+        values, ids = topk_desc(logits - lse[:, None], k)
+        return values.astype(F32), ids.astype(cp.int64)
 
     def last_log_probs(self, state: CudaState, ids) -> cp.ndarray:
         """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device: the token's
