@@ -1,16 +1,18 @@
-"""The library: load a model once, then translate lists of strings or Arrow tables with the CLI's semantics.
+"""The library: load a model once, then translate lists of strings, streams of them or Arrow tables with the
+CLI's semantics (docs/API.md).
 
     import nllbcli
 
-    translator = nllbcli.load("data/samples/model")          # -m's forms; None: $NLLB_MODEL, else the default
+    translator = nllbcli.load("data/samples/model", threads=2)   # -m's forms; None: $NLLB_MODEL, else the default
     for result in nllbcli.translate(translator, ["Hello. How are you?"], "eng_Latn", "fra_Latn"):
         print(result.text, result.status, result.error)
-    table = nllbcli.translate_table(translator, table, src="eng_Latn", tgt="fra_Latn", error_field="error")
+    table = nllbcli.translate_table(translator, table, src="eng_Latn", tgt="fra_Latn")  # failed rows: in "error"
 
 Rows go through what `nllb translate` does to them: each is split into sentences, which are translated in
 length-sorted batches and joined back, a row's own src_lang/tgt_lang fields (columns) override the languages
-given, and a row that cannot be translated fails alone: `translate` gives its failure as a value
-(`Result.error`), `translate_table` does what --on-error says (fail, skip, or record it in an error column). The
+given, and a row that cannot be translated fails alone: `translate` and `translate_iterable` give its failure as
+a value (`Result.error`), `translate_table` keeps it in place with its reason in an error column, or does what
+on_error says (fail, skip). The
 translations are those of the CLI's output, to the byte. The arguments are checked at the door, as the command
 checks its options: one of the wrong type raises TypeError naming it, a value the command refuses ValueError (the
 option records') or NllbError (a language, a table's columns).
