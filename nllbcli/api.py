@@ -269,15 +269,12 @@ def check_languages(src, tgt) -> None:
 
 def model_decode(translator: Translator, decode: DecodeOptions | None = None) -> DecodeOptions:
     """The decoding options as the command takes its options: the fields `decode` was given
-    (DecodeOptions.given), over the model's generation_config.json, over nllb's defaults; sampling takes beam
-    size 1 unless one is given, as --sampling-topk does."""
+    (DecodeOptions.given), over the model's generation_config.json, over nllb's defaults."""
     from pathlib import Path
 
     from .model.checkpoint import decode_options
 
     given = {} if decode is None else {name: getattr(decode, name) for name in decode.given}
-    if given.get("sampling_topk", 1) != 1:
-        given.setdefault("beam_size", 1)
     return decode_options(Path(translator.model_dir) if translator.model_dir else None, **given)
 
 

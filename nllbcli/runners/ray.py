@@ -581,7 +581,8 @@ def follow_progress(reporter: Reporter | None, every: float = 0.5) -> Iterator[o
         stop.set()
         thread.join()
         take()
-        ray.kill(counter)
+        with contextlib.suppress(Exception):  # a Ray gone with the job's error: that error is the job's line
+            ray.kill(counter)
 
 
 def counted_fields(counters: Counters) -> dict:
