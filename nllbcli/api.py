@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import pyarrow as pa
@@ -66,6 +66,7 @@ class Result:
     hypotheses: list[str] | None = None  # decode.num_hypotheses above 1: the translations, best first
     score: float | list[float] | None = None  # decode.scores: the score (a list with several hypotheses), as --scores
     log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
+    token_scores: list[float] | None = None  # score's, with token_scores=True: each token's log-probability
 
 
 def load(model: str | ModelOptions | None = None, device: str = "auto", adapter: str | None = None,
@@ -144,7 +145,36 @@ def text_records(texts: Iterable, job: Job) -> Iterator[Record]:
 
 def result_of(outcome) -> Result:
     return Result(outcome.translation, outcome.error, "failed" if outcome.error else status_of(outcome),
-                  outcome.hypotheses, outcome.score, outcome.log_prob)
+                  outcome.hypotheses, outcome.score, outcome.log_prob, outcome.token_scores)
+
+
+def score(translator: Translator, texts: Sequence[str], translations: Sequence[str], src: str, tgt: str, *,
+          length_penalty: float | None = None, split: bool = False, token_scores: bool = False,
+          batching: BatchOptions | None = None, max_input_length: int | None = None,
+          progress: bool = False) -> list[Result]:
+    """`nllb score` on lists: each (text, translation)'s Result, in order, its `text` the translation, with its
+    log_prob (the sum of its tokens' log-probabilities under the model, forced decoding), its score (log_prob /
+    length ** length_penalty: None takes the model's generation_config.json's, else 1), and with token_scores
+    each token's log-probability (the pieces in turn, </s>'s last). `split` scores sentence by sentence (a pair
+    whose sentences are not as many fails). A pair that cannot be scored fails alone (Result.error)."""
+    check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
+    check_options(None, batching, progress)
+    for name, value in (("texts", texts), ("translations", translations)):
+        if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Sequence):
+            raise TypeError(f"{name} must be a list of strings, not {described(value)}.")
+    if len(texts) != len(translations):
+        raise ValueError(f"texts and translations go in pairs: {len(texts):,} texts and {len(translations):,} "
+                         "translations.")
+    check_type("length_penalty", length_penalty, (int, float, type(None)), "a number or None")
+    job = replace(text_job(translator, src, tgt, split, max_input_length), task="score", target_field="translation",
+                  score_field="score", log_prob_field="log_prob",
+                  token_scores_field="token_scores" if token_scores else None)
+    decode = DecodeOptions(beam_size=1, length_penalty=model_decode(translator).length_penalty
+                           if length_penalty is None else length_penalty)
+    records = list(text_records(texts, job))
+    for record, translation in zip(records, translations):
+        record.fields[job.target_field] = translation
+    return [result_of(o) for _, o in run_records(translator, records, job, decode, batching, progress)]
 
 
 def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],

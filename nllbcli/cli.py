@@ -152,13 +152,13 @@ class RecordOption(click.Option):
 
 
 HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
-    "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "output_field",
-                         "status_field", "overwrite_field", "force"),
+    "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "target_field",
+                         "target_file", "output_field", "status_field", "overwrite_field", "force"),
     "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field"),
     "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
                  "sampling_temperature", "seed", "prefix_field", "scores", "score_field", "log_prob_field",
-                 "max_input_length", "no_split"),
+                 "token_scores", "max_input_length", "no_split", "split"),
     "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
                                     "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
     "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
@@ -217,13 +217,13 @@ class Run:
     input_format: str | None  # the formats as given; the job's are found from the paths (checked_job)
     output_format: str | None
     devices: str | None  # --devices: one worker process a device
-    on_ray: bool  # --ray, --ray-address, --ray-actors
-    ray_address: str | None
-    ray_actors: int | None
     threads: int  # the CPU engine's BLAS threads
     resume: bool
     progress: str
     quiet: bool
+    on_ray: bool = False  # --ray, --ray-address, --ray-actors (nllb translate's)
+    ray_address: str | None = None
+    ray_actors: int | None = None
 
 
 def with_records(command: Callable) -> Callable:
@@ -336,12 +336,19 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
         nllb translate --src en --tgt fr -o fr/ docs/*.txt
         nllb translate --src en --tgt fr --ray 'corpus/*.parquet' corpus.fr
     """
-    from dataclasses import replace
-
     base, decoding = option_records(job, decode, model.model)
-    targets_as = job["targets_as"]  # as given: several targets go to a text output as rows by default (checked_job)
     if run.on_ray:
         return translate_on_ray(base, decoding, batching, model, run)
+    # as given: several targets go to a text output as rows by default (checked_job)
+    run_jobs(base, decoding, batching, model, run, job["targets_as"])
+
+
+def run_jobs(base: Job, decoding: DecodeOptions, batching: dict, model: ModelOptions, run: Run,
+             targets_as: str | None = None) -> None:
+    """The command's jobs, an INPUT and its OUTPUT each, on the one model the command loads (or its --devices
+    workers); exits with the worst exit code of them (0, 1 or 3)."""
+    from dataclasses import replace
+
     for option, given in (("--ray-address", run.ray_address), ("--ray-actors", run.ray_actors)):
         if given is not None:
             raise InvalidUsage(f"{option} goes with --ray.")
@@ -380,6 +387,67 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
                 (error if isinstance(error, click.ClickException) else failure(error)).show()
                 codes.append(1)
     command_done(1 if 1 in codes else max(codes))
+
+
+def reused(*names: str) -> Callable:
+    """Give a command these options of `nllb translate` (by parameter name), in this order: one declaration, one
+    meaning, whichever command takes them."""
+    def give(command: Callable) -> Callable:
+        import copy
+
+        params = {param.name: param for param in translate.params}
+        for name in reversed(names):
+            click.decorators._param_memo(command, copy.copy(params[name]))
+        return command
+
+    return give
+
+
+@cli.command(cls=GroupedCommand, defaults="INPUT and OUTPUT default to -: stdin and stdout.")
+@click.argument("paths", metavar="[INPUT [OUTPUT]]", nargs=-1, type=click.Path(allow_dash=True))
+@reused("output_option", "force", "src", "tgt", "model", "device", "devices", "adapter", "compute_type", "input_format",
+        "output_format", "field")
+@into("job", "--target-field", help="The JSONL field or Parquet, CSV or TSV column of the translation to score. [default: translation, the field nllb translate writes]")
+@into("job", "--target-file", type=click.Path(exists=True, dir_okay=False, allow_dash=False), help="With a text INPUT: the translations to score, a line each, the line of INPUT's line's number (two files line by line, as paste pairs them).")
+@reused("status_field", "overwrite_field", "src_lang_field", "tgt_lang_field")
+@into("job", "--score-field", default="score", show_default=True, help="The field or column of the score: the sum of log-probabilities / length ** --length-penalty, length counting the tokens after the decoder start (the language token and </s> included), as beam search's.")
+@into("job", "--log-prob-field", default="log_prob", show_default=True, help="The field or column of the sum of the tokens' log-probabilities (</s>'s included, the forced language token's not).")
+@into("job", "--token-scores", field="token_scores_field", flag_value="token_scores", default=None, help="Add each token's log-probability, a list in the field token_scores (the translation's pieces in turn, </s>'s last), as marian's --word-scores; a text output's lines get them as a third column.")
+@into("decode", "--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help="The score is sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else 1]")
+@into("job", "--split", is_flag=True, help="Score sentence by sentence: the text's and the translation's sentences in pairs (a row whose sentences are not as many fails); the row's log-probability is their sum, its score their scores' mean. [default: each row whole]")
+@reused("max_input_length", "max_batch_tokens", "max_batch_sentences", "chunk_rows", "threads", "on_error", "errors",
+        "no_record", "resume", "progress", "quiet")
+@with_records
+def score(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run):
+    """
+    Score given translations: each row's log-probability of its translation
+    under the model (forced decoding, as CTranslate2's score_batch and
+    fairseq's --score-reference), to filter a parallel corpus or find the
+    rows worth a look.
+
+    INPUT holds text and translation side by side (JSONL, Parquet, CSV, TSV:
+    --field and --target-field), or is a text file with the translations in
+    --target-file, line by line. OUTPUT gets every row with its score and
+    log_prob (a text OUTPUT a line a row: LOG_PROB, tab, SCORE). Rows stay
+    in input order; --resume, --on-error and the exit codes are nllb
+    translate's.
+
+    \b
+    Examples:
+        nllb score --src eng_Latn --tgt fra_Latn pairs.jsonl scored.jsonl
+        nllb score --src en --tgt fr en.txt --target-file fr.txt > scores.tsv
+        nllb translate --src en --tgt fr in.jsonl out.jsonl && nllb score --src en --tgt fr out.jsonl scored.jsonl
+    """
+    job = {**job, "task": "score", "split": job["split"], "on_error": job["on_error"] or ("record" if job["errors"] else "fail"),
+           "target_field": job["target_field"] or ("target" if job["target_file"] else "translation")}
+    try:
+        penalty = decode["length_penalty"]  # the one decoding option a score takes: the model's where not given
+        decoding = DecodeOptions(beam_size=1, length_penalty=decode_options(model.model).length_penalty
+                                 if penalty is None else penalty)
+        base = Job(**job)
+    except ValueError as error:
+        raise InvalidUsage(str(error)) from None
+    run_jobs(base, decoding, batching, model, run)
 
 
 def option_records(job: dict, decode: dict, model: str) -> tuple[Job, DecodeOptions]:

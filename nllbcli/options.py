@@ -230,6 +230,7 @@ def usable_cores() -> int:
 ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
 TARGETS_AS = ("columns", "rows")  # what --targets-as takes
 TEXT_LAYOUTS = ("plain", "nbest")  # what --text-layout takes
+TASKS = ("translate", "score")  # what a job does with each row: translate it, or score a given translation of it
 
 
 @dataclass(frozen=True)
@@ -267,13 +268,18 @@ class Job:
     #                             log_prob= LOG_PROB ||| SCORE, a hypothesis a line (nbest: marian's n-best layout)
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
+    task: str = "translate"  # translate each row, or score (`nllb score`) the translation its target_field holds
+    target_field: str | None = None  # score: the field or column of each row's given translation (translate: unread)
+    target_file: str | None = None  # score, a text input: a text file of the translations, a line per input line
+    token_scores_field: str | None = None  # score: the field or column of each token's log-probability (--token-scores)
 
-    # input: by its file's identity (job.spec.input_identity), so that a new day's file under the same name is
-    # another job
+    # input (and target_file): by its file's identity (job.spec.input_identity), so that a new day's file under the
+    # same name is another job
     SHAPING: ClassVar[frozenset[str]] = frozenset({
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
-        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field"})
+        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field", "task",
+        "target_field", "target_file", "token_scores_field"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
@@ -292,6 +298,12 @@ class Job:
             raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
         if self.text_layout not in TEXT_LAYOUTS:
             raise ValueError(f"--text-layout is one of {', '.join(TEXT_LAYOUTS)}, not {self.text_layout}.")
+        if self.task not in TASKS:
+            raise ValueError(f"task is one of {', '.join(TASKS)}, not {self.task}.")
+        if self.task == "score" and (self.target_field is None or self.targets or self.hypotheses != 1 or
+                                     self.prefix_field is not None):
+            raise ValueError("a score job takes the field of its rows' translations, one target language, one "
+                             "hypothesis and no prefix.")
         if self.max_input_length is not None and self.max_input_length < 3:
             raise ValueError("--max-input-length must leave room for the language token, a piece and </s>: 3 or "
                              f"more, not {self.max_input_length}.")
@@ -305,6 +317,9 @@ class Job:
         for."""
         from .io import Added
 
+        if self.task == "score":  # a row gets its translation's scores, not a translation
+            return Added(None, self.status_field, self.score_field, self.log_prob_field, error=self.error_field,
+                         token_scores=self.token_scores_field)
         added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses,
                       error=self.error_field, nbest=self.text_layout == "nbest")
         if not self.targets:

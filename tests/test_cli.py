@@ -773,8 +773,11 @@ def test_help_shows_every_option_in_a_section_and_what_the_paths_default_to():
     assert [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")] == list(HELP_GROUPS)
     grouped = [name for names in HELP_GROUPS.values() for name in names]
     assert len(grouped) == len(set(grouped))
-    options = {param.name for param in cli.commands["translate"].params if isinstance(param, click.Option)}
+    options = {param.name for name in ("translate", "score") for param in cli.commands[name].params
+               if isinstance(param, click.Option)}
     assert options | {"help"} == set(grouped)
+    result = CliRunner().invoke(cli, ["score", "--help"], prog_name="nllb")
+    assert result.exit_code == 0 and "Other options" not in result.output
 
 
 def test_the_options_reference_is_the_commands_help():

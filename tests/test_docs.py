@@ -130,6 +130,9 @@ def make_files(where: Path) -> None:
     rows = [{"id": n, "text": text} for n, text in enumerate(english, 1)]
     jsonl = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
     articles = [{"id": row["id"], "body": row["text"]} for row in rows]
+    bitext = [{"id": n, "text": en, "translation": fr}  # aligned: the held-out sentences, the last pair a mismatch
+              for n, (en, fr) in enumerate(zip(sample_rows("heldout/eng_Latn.txt", 20),
+                                               sample_rows("heldout/fra_Latn.txt", 19) + ["Le chat dort."]), 1)]
     files = {
         "in.txt": "\n".join(english) + "\n",
         "notes.txt": "\n".join(english) + "\n",
@@ -141,6 +144,9 @@ def make_files(where: Path) -> None:
         "mixed.jsonl": '{"text": "Hello!", "tgt_lang": "de"}\n{"text": "Bonjour !", "src_lang": "fr", "tgt_lang": "es"}\n',
         "prefixed.jsonl": '{"text": "The meeting is on Friday.", "start": "La réunion"}\n',
         "broken.jsonl": '{"text": null, "id": 7}\n{"text": "My uncle went to Rome on Friday.", "id": 8}\n',
+        "bitext.jsonl": "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in bitext),
+        "en.txt": "".join(row["text"] + "\n" for row in bitext),
+        "fr.txt": "".join(row["translation"] + "\n" for row in bitext),
         "in.csv": "id,text\n" + "".join(f'{n},"{text}"\n' for n, text in enumerate(english, 1)),
     }
     for name, text in files.items():

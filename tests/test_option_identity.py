@@ -68,7 +68,7 @@ def inputs(tmp_path_factory) -> tuple[str, str]:
 
 # values a field's type does not give: another model or adapter, a choice of a fixed list
 OTHER = {"model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8", "on_error": "skip",
-         "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn"), "text_layout": "nbest"}
+         "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn"), "text_layout": "nbest", "task": "score"}
 
 
 def another(record, name: str, inputs: tuple[str, str]):
@@ -92,7 +92,8 @@ def bases(inputs) -> dict[type, list]:
     --on-error record with its --errors file) for that field."""
     job = Job("eng_Latn", "fra_Latn", input=inputs[0], output="out.jsonl", input_format="jsonl", output_format="jsonl")
     decode = DecodeOptions(beam_size=2, max_length=8)
-    return {Job: [job, dataclasses.replace(job, on_error="record", errors="errors.jsonl")],
+    return {Job: [job, dataclasses.replace(job, on_error="record", errors="errors.jsonl"),
+                  dataclasses.replace(job, target_field="translation")],  # a score job's field, for task
             DecodeOptions: [decode, DecodeOptions(beam_size=1, sampling_topk=0, max_length=8)],
             BatchOptions: [BatchOptions()], ModelOptions: [ModelOptions(TINY, None, "bfloat16", "cpu")]}
 

@@ -1,4 +1,4 @@
-"""Write docs/OPTIONS.md, the reference of `nllb translate`'s options, from the command itself: its --help
+"""Write docs/OPTIONS.md, the reference of `nllb translate`'s and `nllb score`'s options, from the commands themselves: its --help
 sections (cli.HELP_GROUPS), each option with its help text as --help shows it. tests/test_cli.py fails when the
 page and the command differ.
 
@@ -17,23 +17,25 @@ PAGE = ROOT / "docs" / "OPTIONS.md"
 
 
 def options_reference() -> str:
-    """The page: a table a section, an option a row."""
+    """The page: a part a command, a table a section, an option a row."""
     from nllbcli.cli import cli, help_records, help_sections
 
-    command = cli.commands["translate"]
     parent = click.Context(cli, info_name="nllb", **cli.context_settings)  # -h as well as --help
-    ctx = click.Context(command, parent=parent, info_name="translate", terminal_width=10_000, max_content_width=10_000)
-    records = help_records(command, ctx)
-    lines = ["# `nllb translate` options", "",
-             "Made from the command by `python tools/make_options_reference.py`, in the sections of "
-             "`nllb translate --help`; the usage is `nllb translate [OPTIONS] [INPUT [OUTPUT]]`, INPUT and OUTPUT "
+    lines = ["# `nllb translate` and `nllb score` options", "",
+             "Made from the commands by `python tools/make_options_reference.py`, in the sections of their `--help`; "
+             "the usage is `nllb translate [OPTIONS] [INPUT [OUTPUT]]` (and `nllb score`'s the same), INPUT and OUTPUT "
              "defaulting to `-` (stdin and stdout).", ""]
-    for title, names in help_sections(records):
-        lines += [f"## {title}", "", "| option | what it does |", "|---|---|"]
-        for name in names:
-            option, text = records[name]
-            lines.append(f"| `{cell(option)}` | {cell(text)} |")
-        lines.append("")
+    for name in ("translate", "score"):
+        command = cli.commands[name]
+        ctx = click.Context(command, parent=parent, info_name=name, terminal_width=10_000, max_content_width=10_000)
+        records = help_records(command, ctx)
+        lines += [f"## `nllb {name}`", ""]
+        for title, names in help_sections(records):
+            lines += [f"### {title}", "", "| option | what it does |", "|---|---|"]
+            for option_name in names:
+                option, text = records[option_name]
+                lines.append(f"| `{cell(option)}` | {cell(text)} |")
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -103,6 +103,7 @@ class Added:
     target: str | None = None  # the field naming each row's target language, as rows
     error: str | None = None  # the field that gets a failed row's reason, every row kept
     nbest: bool = False  # a text output's lines in marian's n-best layout (lines), with the row and the scores
+    token_scores: str | None = None  # a score job's: the field of each token's log-probability, </s>'s last
 
     @property
     def single(self) -> Added:
@@ -113,7 +114,7 @@ class Added:
     def options(self) -> tuple[tuple[str, str], ...]:
         """(option, name) of each added field, for messages."""
         named = (("--output-field", self.translation), ("--status-field", self.status), ("--score-field", self.score),
-                 ("--log-prob-field", self.log_prob))
+                 ("--log-prob-field", self.log_prob), ("--token-scores", self.token_scores))
         named = tuple((option, name) for option, name in named if name is not None)
         error = (("--error-field", self.error),) if self.error is not None else ()  # the API's alone
         if self.targets:
@@ -132,7 +133,7 @@ class Added:
         many = self.hypotheses > 1
         text, number = (pa.list_(pa.string()), pa.list_(pa.float64())) if many else (pa.string(), pa.float64())
         kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number,
-                 self.error: pa.string()}
+                 self.error: pa.string(), self.token_scores: pa.list_(pa.float64())}
         if self.targets:
             return {**{target_column(name, code): kinds[name] for name in self.single.names for code in self.targets},
                     **({self.error: kinds[self.error]} if self.error is not None else {})}
@@ -146,6 +147,13 @@ class Added:
         the input's rows from 0, the numbers as JSON writes them; none for a failed row."""
         if values is None:
             return [] if self.nbest else [""] * self.hypotheses
+        if self.translation is None:  # a score job's: LOG_PROB, SCORE and the tokens' log-probabilities, tab apart
+            import json
+
+            numbers = [json.dumps(values[self.log_prob]), json.dumps(values[self.score])]
+            if self.token_scores is not None:
+                numbers.append(" ".join(map(json.dumps, values[self.token_scores])))
+            return ["\t".join(numbers)]
         many = self.hypotheses > 1
         texts = list(values[self.translation]) if many else [values[self.translation]]
         if not self.nbest:

@@ -132,6 +132,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
     texts: dict[int, list[str]] = {}  # each sentence's hypotheses' texts
     found: dict[int, list[Hypothesis]] = {}
     decode_many = getattr(tokenizer, "decode_many", None) or (lambda outputs: [tokenizer.decode(i) for i in outputs])
+    if job.task == "score":  # the translations are the rows' own: nothing to decode
+        decode_many = lambda outputs: [""] * len(outputs)  # noqa: E731
 
     def finish_batch(batch: list[int], outputs: list) -> None:  # decoded, and the rows it finished counted
         done = [(n, hypotheses) for n, hypotheses in zip(batch, outputs) if hypotheses is not None]
@@ -143,7 +145,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
             if hypotheses is not None:
                 outcome = outcomes[sentences[n].row]
                 outcome.tokens += len(hypotheses[0].ids)
-                outcome.max_length |= len(hypotheses[0].ids) >= decode.length_limit(len(sentences[n].ids)) - 1
+                outcome.max_length |= (job.task == "translate" and
+                                       len(hypotheses[0].ids) >= decode.length_limit(len(sentences[n].ids)) - 1)
         if tally is not None:
             tally.batch(batch, outputs)
 
@@ -154,7 +157,7 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         else:
             outputs = record_failures(generated[n], batch, records, outcomes, job)
         run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
-    run(lambda: join_outcomes(outcomes, sentences, texts, found, decode))
+    run(lambda: join_outcomes(outcomes, sentences, texts, found, decode, job))
 
 
 @dataclass
@@ -210,7 +213,10 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
                 places = np.array([sentences[i].place for i in todo], dtype=np.int64).reshape(-1, 2)
                 keys = sentence_keys(decode.seed, places[:, 0], places[:, 1])
             prefixes = [sentences[i].prefix for i in todo] if any(sentences[i].prefix for i in todo) else None
-            for i, hypotheses in zip(todo, translator.generate_hypotheses(sources, targets, decode, keys, prefixes)):
+            given = [sentences[i].target for i in todo] if sentences and sentences[0].target is not None else None
+            found = translator.generate_hypotheses(sources, targets, decode, keys, prefixes, **(
+                {"targets": given} if given is not None else {}))  # a translator made without scoring still translates
+            for i, hypotheses in zip(todo, found):
                 outputs[i] = hypotheses
             break
         except SentenceError as error:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
+from ..errors import NllbError
 from ..io import Input, Position, Record, is_regular_file, open_input, open_sink
 from ..io.parquet import check_columns
 from ..io.streams import compressing
@@ -111,9 +112,11 @@ def translate_file(
                           {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
                            "--tgt-lang-field": job.tgt_field, "--status-field": job.status_field})
             check_added_columns(source.schema, job)
+            if job.target_file is not None:
+                source = paired_lines(stack, source, job, saved.position.rows if saved else 0)
             counters = Counters(**saved.counters) if saved else Counters()
             reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job),
-                                output=output_name(job), where=where)
+                                output=output_name(job), where=where, finished_as="scored" if job.task == "score" else "translated")
             stack.enter_context(fewer_collections())
             if threads is not None:
                 from threadpoolctl import threadpool_limits
@@ -133,6 +136,36 @@ def translate_file(
             raise
         reporter.close()
         return counters
+
+
+def paired_lines(stack: ExitStack, source: Input, job: Job, done: int) -> Input:
+    """A score job's text input with its translations from job.target_file, line by line: each row gets the line of
+    the same number in the field job.target_field (a row past the file's end fails alone). Two regular files of
+    different line counts are refused before any work; `done`: the rows an earlier run read (--resume), whose
+    lines are skipped."""
+    targets = stack.enter_context(open_input(job.target_file, "text", job.target_field, count=True))
+    total = source.total
+    if total is None and is_regular_file(job.input):
+        total = stack.enter_context(open_input(job.input, "text", job.field, count=True)).total
+    if targets.total is not None and total is not None and targets.total != total:
+        raise NllbError(f"{job.target_file} has {targets.total:,} lines and {job.input} {total:,}: the "
+                        "translations to score go a line each, the line of the text's own number.")
+    lines = iter(targets.records)
+    for _ in range(done):
+        next(lines, None)
+
+    def paired() -> Iterator[Record]:
+        for record in source.records:
+            target = next(lines, None)
+            if record.error is None and (target is None or target.error is not None):
+                record.error = (target.error if target is not None else
+                                f"{record.where}: {job.target_file} has no line {record.index + 1} to score as its "
+                                "translation.")
+            elif record.error is None:
+                record.fields[job.target_field] = target.text
+            yield record
+
+    return replace(source, records=paired())
 
 
 def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, source: Input, reporter: Reporter,

@@ -81,9 +81,10 @@ class Reporter:
 
     def __init__(self, mode: str = "none", total: int | None = None, counters: Counters | None = None,
                  stream: TextIO | None = None, summary: bool = True, console=None, label: str = "",
-                 output: str = "", where: str = "", live: bool = True):
+                 output: str = "", where: str = "", live: bool = True, finished_as: str = "translated"):
         self.mode, self.total, self.summary = mode, total, summary
         self.output, self.where = output, where  # what the summary names: the output, where the job ran
+        self.finished_as = finished_as  # what the summary calls a row done: translated, or scored
         self.counters = counters or Counters()
         self.stream = stream
         self.started = time.monotonic()
@@ -199,7 +200,7 @@ class Reporter:
         c, rates = self.counters, self.counters.as_dict()
         into = f" into {self.output}" if self.output else ""
         where = f" on {self.where}" if self.where else ""
-        line = (f"Done: {counted(c.rows, 'row')}{into} ({c.translated:,} translated, {c.failed:,} failed, "
+        line = (f"Done: {counted(c.rows, 'row')}{into} ({c.translated:,} {self.finished_as}, {c.failed:,} failed, "
                 f"{c.flagged:,} flagged: {c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), "
                 f"{counted(c.sentences, 'sentence')}, {counted(c.tokens, 'token')} in {c.seconds:.1f} s{where}: "
                 f"{rates['rows_per_s']:,.1f} rows/s, {rates['tokens_per_s']:,.0f} tokens/s.")

@@ -35,6 +35,7 @@ class Sentence:
     tgt: str  # target language
     place: tuple[int, int] = (0, 0)  # its row's number in the input and its own in the row: its random stream
     prefix: list[int] = field(default_factory=list)  # target pieces its translation starts with (--prefix-field)
+    target: list[int] | None = None  # a score job's: the pieces of its given translation, scored (search.score_targets)
 
 @dataclass
 class Outcome:
@@ -51,7 +52,10 @@ class Outcome:
     gaps: list | None = None  # the whitespace around the sentences (split_text), None without splitting
     tgt: str = ""
     targets: list[Outcome] | None = None  # several target languages (each_target): each one's, in the job's order
-    tokens: int = 0  # tokens generated for the row's sentences (each one's best translation)
+    tokens: int = 0  # tokens generated for the row's sentences (each one's best translation); scored, in a score job
+    given: str | None = None  # a score job's: the row's translation, as given
+    token_scores: list[float] | None = None  # a score job's, where asked: each token's log-probability, </s>'s last
+    #                                          (a row of several sentences: theirs in turn)
 
 
 def status_of(outcome: Outcome) -> str:
@@ -72,13 +76,17 @@ def added_values(added: Added, outcome: Outcome) -> dict | None:
         each = [(copy.tgt, added_values(single, copy)) for copy in outcome.targets]
         values = {target_column(name, code): values[name] for name in single.names for code, values in each}
     else:
-        values = {added.translation: outcome.hypotheses if added.hypotheses > 1 else outcome.translation}
+        values = {}
+        if added.translation is not None:
+            values[added.translation] = outcome.hypotheses if added.hypotheses > 1 else outcome.translation
         if added.status is not None:
             values[added.status] = status_of(outcome)
         if added.score is not None:
             values[added.score] = outcome.score
         if added.log_prob is not None:
             values[added.log_prob] = outcome.log_prob
+        if added.token_scores is not None:
+            values[added.token_scores] = outcome.token_scores
     if added.error is not None:
         values[added.error] = None
     return values
@@ -193,6 +201,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
     numbers: list[int] = []  # each sentence's number in its row
     prefixes: dict[int, list[int]] = {}  # a row's prefix's pieces (--prefix-field), where it has one
+    targets: list[tuple[str, str]] = []  # a score job's: each sentence's given translation and its language
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -202,39 +211,43 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
             check_text(record, job.field, record.text)
-            if job.split:
+            if job.task == "score":
+                row_texts, row_targets = scoring_pairs(record, job)
+                outcome.given = record.fields[job.target_field]
+            elif job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:
                 row_texts = [record.text] if record.text.strip() else []
             texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
             numbers += range(len(row_texts))
+            if job.task == "score":
+                targets += [(text, tgt) for text in row_targets]
             if job.prefix_field is not None:
                 prefix = row_prefix(tokenizer, record, job.prefix_field, tgt)
                 if prefix:
                     prefixes[position] = prefix
         except NllbError as error:
             outcome.error = str(error)
-    many = getattr(tokenizer, "encode_many", None)
-    if many is not None:
-        encoded = many([text for _, text, _, _ in texts], [src for _, _, src, _ in texts])
-    else:
-        encoded = []
-        for _, text, src, _ in texts:
-            try:
-                encoded.append(tokenizer.encode(text, src))
-            except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
-                encoded.append(error)
+    encoded = encode_texts(tokenizer, [(text, src) for _, text, src, _ in texts])
+    given = encode_texts(tokenizer, targets) if job.task == "score" else [None] * len(texts)
+    positions = translator.config.max_position_embeddings
     sentences: list[Sentence] = []
-    for (position, _, _, tgt), number, ids in zip(texts, numbers, encoded):
+    for (position, _, _, tgt), number, ids, target in zip(texts, numbers, encoded, given):
         outcome = outcomes[position]
         if outcome.error is not None:
             continue
-        if isinstance(ids, Exception):
-            outcome.error = f"{records[position].where}: the tokenizer cannot take this text: {tokenizer_reason(ids)}"
+        for tokens, what in ((ids, "this text"), (target, f"field {job.target_field!r}")):
+            if isinstance(tokens, Exception):
+                outcome.error = f"{records[position].where}: the tokenizer cannot take {what}: {tokenizer_reason(tokens)}"
+        if target is not None and outcome.error is None and len(target) > positions:
+            outcome.error = (f"{records[position].where}: field {job.target_field!r} is {len(target) - 2:,} tokens "
+                             f"long, and the model's {positions:,} positions score {positions - 2:,} at most.")
+        if outcome.error is not None:
             continue
         outcome.cut |= len(ids) > limit
         prefix = prefixes.get(position, []) if number == 0 else []  # the row's translation starts with it
-        sentences.append(Sentence(position, cut_source(ids, limit), tgt, (records[position].index, number), prefix))
+        sentences.append(Sentence(position, cut_source(ids, limit), tgt, (records[position].index, number), prefix,
+                                  None if target is None else target[1:-1]))
     if job.on_error == "fail":
         first = next((o.error for o in outcomes if o.error is not None), None)
         if first is not None:
@@ -244,17 +257,60 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     return outcomes, [s for s in sentences if outcomes[s.row].error is None]
 
 
+def encode_texts(tokenizer, texts: list[tuple[str, str]]) -> list[list[int] | Exception]:
+    """Each (text, language)'s ids, or the tokenizer's error, in one call where the tokenizer has encode_many
+    (sentencepiece then tokenizes on its own threads, without the GIL)."""
+    many = getattr(tokenizer, "encode_many", None)
+    if many is not None:
+        return many([text for text, _ in texts], [lang for _, lang in texts])
+    encoded: list[list[int] | Exception] = []
+    for text, lang in texts:
+        try:
+            encoded.append(tokenizer.encode(text, lang))
+        except Exception as error:  # noqa: BLE001 - sentencepiece's errors are no narrower than that
+            encoded.append(error)
+    return encoded
+
+
+def scoring_pairs(record: Record, job: Job) -> tuple[list[str], list[str]]:
+    """A score job's row as (source, translation) pairs: the row whole, or with --split each sentence of its
+    text with the translation's sentence of the same number (the row fails where they have not as many)."""
+    target = record.fields.get(job.target_field)
+    if job.target_field not in record.fields:
+        raise NllbError(f"{record.where}: no field {job.target_field!r} with the translation to score (fields: "
+                        f"{', '.join(map(str, record.fields)) or 'none'}); name it with --target-field.")
+    if not isinstance(target, str):
+        kind = "null" if target is None else type(target).__name__
+        raise NllbError(f"{record.where}: field {job.target_field!r} is {kind}, not a translation to score.")
+    check_text(record, job.target_field, target)
+    if not job.split:
+        return [record.text], [target]
+    sources, targets = split_text(record.text)[0], split_text(target)[0]
+    if len(sources) != len(targets):
+        raise NllbError(f"{record.where}: the text has {len(sources)} sentence(s) and its translation {len(targets)}: "
+                        "score the row whole (without --split).")
+    return sources, targets
+
+
 def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, list[str]],
-                  found: dict[int, list[Hypothesis]], decode: DecodeOptions) -> None:
+                  found: dict[int, list[Hypothesis]], decode: DecodeOptions, job: Job | None = None) -> None:
     """Each row's translation (its hypotheses, their scores) from its sentences' (texts[n], found[n]: sentence
     n's hypotheses' texts and Hypotheses; absent where it failed). A row's k-th hypothesis joins its sentences'
-    k-th."""
+    k-th. A score job's row gets its given translation's scores (score_of; a row of several sentences: the sum
+    of their log-probabilities, the mean of their scores, as beam search's) and its tokens'."""
     rows: dict[int, list[list[Hypothesis]]] = {}
     for number, sentence in enumerate(sentences):
         outcomes[sentence.row].parts.append(texts.get(number))
         rows.setdefault(sentence.row, []).append(found.get(number))
     for row, outcome in enumerate(outcomes):
         if outcome.error is not None:
+            continue
+        if job is not None and job.task == "score":
+            scored = [hypotheses[0] for hypotheses in rows.get(row, [])]
+            outcome.translation = outcome.given  # the row's translation, as given: its scores are written
+            outcome.log_prob, outcome.score = score_of(scored, SCORED_AS_BEAMS)
+            if job.token_scores_field is not None:
+                outcome.token_scores = [lp for h in scored for lp in h.token_log_probs]
             continue
         joined = []
         for k in range(decode.num_hypotheses):
@@ -273,6 +329,9 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
                 outcome.log_prob, outcome.score = [lp for lp, _ in scored], [sc for _, sc in scored]
             else:
                 (outcome.log_prob, outcome.score), = scored
+
+
+SCORED_AS_BEAMS = DecodeOptions(beam_size=2)  # score_of a score job's rows: their scores are beam search's
 
 
 def score_of(hypotheses: list[Hypothesis], decode: DecodeOptions) -> tuple[float, float]:

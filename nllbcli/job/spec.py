@@ -41,10 +41,11 @@ def check_paths(job: Job) -> None:
         written.append(("--errors", job.errors))
         if not is_stream(job.errors):
             written.append(("--errors' partial file", partial_paths(job.errors)[0]))
-    if job.input != "-":
-        for what, path in written:
-            if same_file(job.input, path):
-                raise NllbError(f"{what} {path} is the input file {job.input}: refusing to write over the input.")
+    for option, read in (("the input file", job.input), ("--target-file", job.target_file)):
+        if read is not None and read != "-":
+            for what, path in written:
+                if same_file(read, path):
+                    raise NllbError(f"{what} {path} is {option} {read}: refusing to write over the input.")
     if job.output != "-" and not job.force and not is_stream(job.output):
         check_replace(job.output)
 
@@ -84,6 +85,8 @@ def identity_of(job: Job, decode: DecodeOptions, batching: BatchOptions | Mappin
     out or None: the device's default), where the runner picks the device only once it runs (--ray)."""
     identity = {**shaping_values(job), "input": input_identity(job.input) if input is None else input,
                 "decode": shaping_values(decode), **shaping_values(batching, BatchOptions)}
+    if job.target_file is not None:
+        identity["target_file"] = input_identity(job.target_file)
     return {**identity, **model_identity(model.model, model.adapter, model.compute_type), "device": model.device}
 
 
@@ -152,6 +155,17 @@ def check_fields(job: Job, names: Mapping[str, str] = MappingProxyType({})) -> N
     named = [("--field", job.field), *((o, n) for o, n in job.added.options
                                        if not (o == "--tgt-lang-field" and job.output_format == "text"))]
     scored = ("--score-field", "--log-prob-field") if job.text_layout == "nbest" else ()  # in its lines
+    if job.task == "score":  # a text output's lines are the scores
+        scored = ("--score-field", "--log-prob-field", "--token-scores")
+        if job.target_field == job.field:
+            raise NllbError(f"{say('--target-field')} {job.target_field} is {say('--field')}'s too: the translation to "
+                            "score is another field than the text.")
+        if job.target_file is None and job.input_format == "text":
+            raise NllbError(f"A text INPUT has no fields: name the file of its translations, a line each, with "
+                            f"{say('--target-file')}.")
+        if job.target_file is not None and job.input_format != "text":
+            raise NllbError(f"{say('--target-file')} pairs a text INPUT's lines with its own; INPUT is "
+                            f"{job.input_format}: name the translations' field with {say('--target-field')}.")
     for n, (option, name) in enumerate(named[1:], 1):
         if job.output_format == "text" and option != "--output-field" and option not in scored:
             what = "--scores" if option in ("--score-field", "--log-prob-field") else option

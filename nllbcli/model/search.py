@@ -8,8 +8,8 @@ tokens, the language token included), and the same stop heuristic. Sentences are
 done (its finished beams can no longer change) leaves the batch, which changes nothing for the others.
 
 The search talks to the engine through the calls of engine.Engine (encode, start, step_argmax_ahead,
-step_topk or step_sample, reorder, select), so it does not know whether the engine runs on NumPy or CuPy. Beam search needs
-only each beam's 2K best next tokens: the 2K best continuations of a sentence over all its beams are among
+step_topk or step_sample, reorder, select; step_log_probs to score given translations), so it does not know
+whether the engine runs on NumPy or CuPy. Beam search needs only each beam's 2K best next tokens: the 2K best continuations of a sentence over all its beams are among
 them, because a beam's score is added to every token of that beam alike. So the engine can choose them where
 the logits are made.
 """
@@ -40,7 +40,8 @@ class Hypothesis:
     #                         </s>'s counts); None where greedy search was not asked for scores
     score: float | None  # what the search ranked it by: log_prob / length ** length_penalty for beams (length: the
     #                      generated tokens, language token and </s> included; transformers' sequences_scores),
-    #                      log_prob for greedy search
+    #                      log_prob for greedy search; a given translation's (score_targets) as beams'
+    token_log_probs: list[float] | None = None  # each token's log-probability, </s>'s last (score_targets)
 
 
 def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
@@ -90,6 +91,54 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
         if samples > 1 and drawn[0].log_prob is not None:
             drawn.sort(key=lambda h: -h.log_prob)
         results[i] = drawn
+    return results
+
+
+def score_targets(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
+                  targets: list[list[int]], length_penalty: float = 1.0) -> list[Hypothesis]:
+    """Each source's given translation, targets[i] (its pieces after the language token, without </s>), scored by
+    forced decoding: the decoder fed `[decoder_start, tgt_lang] + target` once, one step a token and no search,
+    each step's log-probability of the next given token (then of </s>) taken from its log-softmax, as
+    transformers' forward pass with `labels` gives them. The language token is forced and not scored, as in
+    generate's scores; the score is beam search's, log_prob / length ** length_penalty with length the tokens
+    after the decoder start (the language token and </s> included), so that a translation of `generate` scores
+    what the search gave it. Same order as `sources`."""
+    if not sources:
+        return []
+    eos = config.eos_token_id
+    langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),))
+    lengths = np.array([len(target) + 1 for target in targets], dtype=np.int64)  # tokens scored, </s> included
+    given = np.full((len(sources), int(lengths.max())), eos, dtype=np.int64)  # </s> past each target's end
+    for row, target in enumerate(targets):
+        given[row, : len(target)] = target
+    distinct: dict[tuple, int] = {}
+    source_rows = np.array([distinct.setdefault(tuple(source), len(distinct)) for source in sources], dtype=np.int64)
+    encoded = engine.encode([list(source) for source in distinct])
+    steps: list[tuple[np.ndarray, object]] = []  # each step's rows and their log-probs on their way to the host
+    try:
+        with decoder(engine, encoded, source_rows, int(lengths.max()) + 1) as state:
+            engine.step(encoded, state, np.full(len(sources), config.decoder_start_token_id), want_logits=False)
+            alive, feed = np.arange(len(sources)), langs.copy()
+            for t in range(given.shape[1]):
+                steps.append((alive, engine.fetch_later(engine.step_log_probs(encoded, state, feed, given[alive, t]))))
+                going_on = np.flatnonzero(lengths[alive] > t + 1)
+                if not len(going_on):
+                    break
+                if len(going_on) < len(alive):  # rows whose </s> was scored leave; their cache goes back
+                    engine.select(state, going_on)
+                    alive = alive[going_on]
+                feed = given[alive, t]
+    finally:
+        engine.release_sources(encoded)
+    token_log_probs = np.zeros(given.shape, dtype=np.float64)
+    for t, (rows, pending) in enumerate(steps):
+        token_log_probs[rows, t] = pending.fetch()
+    results = []
+    for row, target in enumerate(targets):
+        scored = token_log_probs[row, : lengths[row]]
+        log_prob = float(scored.sum())
+        results.append(Hypothesis(list(target), log_prob, log_prob / float(lengths[row] + 1) ** length_penalty,
+                                  scored.tolist()))
     return results
 
 

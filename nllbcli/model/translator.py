@@ -13,7 +13,7 @@ from .engine import Engine
 from .engine.reference import ReferenceEngine
 from ..errors import NllbError
 from ..options import COMPUTE_TYPES, DecodeOptions
-from .search import Hypothesis, generate
+from .search import Hypothesis, generate, score_targets
 from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 
 
@@ -62,8 +62,8 @@ class Translator:
         return [hypotheses[0].ids for hypotheses in self.generate_hypotheses(sources, tgt_lang, options)]
 
     def generate_hypotheses(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions,
-                            keys: list[int] | None = None,
-                            prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                            keys: list[int] | None = None, prefixes: list[list[int]] | None = None,
+                            targets: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """The options.num_hypotheses best translations of each source, best first, with their scores
         (search.Hypothesis). Same order as `sources`. Sampling draws from the sources' random streams `keys`;
         each translation starts with its source's prefix, where given (search.generate).
@@ -71,14 +71,18 @@ class Translator:
         `tgt_lang` is one language for all, or one per source: a batch may mix target languages. A batch
         larger than the engine's KV pool holds at once goes in parts, and a part that runs the GPU (or the CPU)
         out of memory is halved and retried, down to one sentence; a sentence's translation does not depend on its
-        batch, so the parts give the same result. A sentence that cannot be translated even alone raises SentenceError."""
+        batch, so the parts give the same result. A sentence that cannot be translated even alone raises SentenceError.
+
+        `targets`: each source's given translation (pieces after the language token, without </s>), scored instead of
+        searched for (search.score_targets, options.length_penalty its score's): one Hypothesis a source."""
         per_source = [tgt_lang] * len(sources) if isinstance(tgt_lang, str) else list(tgt_lang)
         ids = {lang: self.tokenizer.lang_id(lang) for lang in dict.fromkeys(per_source)}
         langs = np.array([ids[lang] for lang in per_source], dtype=np.int64)
-        per_sentence = options.rows_per_sentence
+        per_sentence = 1 if targets is not None else options.rows_per_sentence
         # the pool sized for the batch: its sentences, the tokens they can reach, its sources (a source's copies
         # side by side, several targets, share its cross rows)
-        reach = max((options.length_limit(len(source)) for source in sources), default=1)
+        reach = max((len(target) + 2 for target in targets) if targets is not None else
+                    (options.length_limit(len(source)) for source in sources), default=1)
         distinct = sum(len(source) for n, source in enumerate(sources) if n == 0 or source != sources[n - 1])
         rows, source_rows = self.engine.capacity(reach, per_sentence, sentences=len(sources), source_tokens=distinct)
         if per_sentence > rows:
@@ -98,23 +102,27 @@ class Translator:
                 while run > 0 and part[run - 1] == source:
                     run -= 1
                 run = run or len(part)
-                outputs += self.generate_part(part[:run], langs, options, len(outputs), keys, prefixes)
+                outputs += self.generate_part(part[:run], langs, options, len(outputs), keys, prefixes, targets)
                 part = part[run:]
                 tokens = len(part[0]) if part else 0
             if not part or source != part[-1]:  # a source's copies share its cross K/V rows (search.generate)
                 tokens += len(source)
             part.append(source)
         if part:
-            outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes)
+            outputs += self.generate_part(part, langs, options, len(outputs), keys, prefixes, targets)
         return outputs
 
     def generate_part(self, sources: list[list[int]], langs: np.ndarray, options: DecodeOptions, first: int,
-                      keys: list[int] | None = None, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                      keys: list[int] | None = None, prefixes: list[list[int]] | None = None,
+                      targets: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         """One part that fits the pool; halved and retried while the GPU (or the CPU) runs out of memory. `first`
-        is the position of sources[0] in generate's batch (langs, keys and prefixes hold the whole batch's), and
-        names the sentence in an error."""
+        is the position of sources[0] in generate's batch (langs, keys, prefixes and targets hold the whole
+        batch's), and names the sentence in an error."""
         end, gpu = first + len(sources), self.device.startswith("cuda")
         try:
+            if targets is not None:
+                return [[scored] for scored in score_targets(self.engine, sources, langs[first:end], self.config,
+                                                             targets[first:end], options.length_penalty)]
             return generate(self.engine, sources, langs[first:end], self.config, options,
                             None if keys is None else keys[first:end], None if prefixes is None else prefixes[first:end])
         except out_of_memory_errors() if gpu else MemoryError:  # the CPU's: NumPy's, within the process's limit
@@ -128,8 +136,8 @@ class Translator:
                     f"{options.length_limit(len(sources[0])):,} tokens: lower "
                     f"{'--num-hypotheses' if options.sampling else '--beam-size'} or --max-length", first) from None
         half = len(sources) // 2
-        return (self.generate_part(sources[:half], langs, options, first, keys, prefixes)
-                + self.generate_part(sources[half:], langs, options, first + half, keys, prefixes))
+        return (self.generate_part(sources[:half], langs, options, first, keys, prefixes, targets)
+                + self.generate_part(sources[half:], langs, options, first + half, keys, prefixes, targets))
 
     def translate_sentences(self, texts: list[str], src_lang: str, tgt_lang: str, options: DecodeOptions) -> list[str]:
         """Translate a few sentences as one batch, each text whole, as one sentence (FLORES-200 codes; errors

@@ -100,6 +100,9 @@ class Engine(Protocol):
         (`banned` left out) with the noise of the row's stream at this step (numerics.gumbel_noise), as
         step_argmax_ahead gives its ids (with their log-probs, where asked)."""
 
+    def step_log_probs(self, encoded: Any, state: RowPositions, tokens: Any, ids: Any) -> Any:
+        """... and each row's log-probability of the token ids[row] as its next (N,): forced decoding's step."""
+
     def last_log_probs(self, state: RowPositions, ids: Any) -> Any:
         """Each row's log-probability of the token ids[row] (N,) at the state's last step_topk."""
 

@@ -561,6 +561,8 @@ class CudaEngine:
                 kernels.logits_lse(final, self.lm_head, take=take)
         elif head == "topk":  # into the workspace's "topk logprob" and "topk ids" (step_topk reads them there)
             kernels.logits_topk(final, self.lm_head, k, take=take)
+        elif head == "lse":  # each row's log-sum-exp into "lse" (step_log_probs reads it there)
+            kernels.logits_lse(final, self.lm_head, take=take)
 
     def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
         """Feed one token per row, each at its own position; return the final hidden states (N, D) bf16, a view
@@ -615,10 +617,22 @@ class CudaEngine:
         return values.astype(F32), ids.astype(cp.int64)
 
     def last_log_probs(self, state: CudaState, ids) -> cp.ndarray:
-        """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device: the token's
-        logit (the row's final hidden state against its embedding row, in float32) less the row's log-sum-exp
-        (the top-k's first pass left it). In FP8, both as the FP8 product takes them: the hidden state rounded to
-        E4M3 with its row's scale, the embedding row's values."""
+        """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device (token_log_probs
+        with the log-sum-exp the top-k's first pass left)."""
+        return self.token_log_probs(state, ids, state.ws.take("topk lse", (state.n,), F32))
+
+    def step_log_probs(self, encoded: CudaEncoded, state: CudaState, tokens, ids) -> cp.ndarray:
+        """Feed one token per row; each row's log-probability of ids[row] as its next token (N,), on the device:
+        forced decoding's step, one pass over the embedding for the log-sum-exp (kernels.logits_lse, the logits
+        never written), then the given tokens' logits (token_log_probs)."""
+        self.run_step(state, tokens, "lse")
+        return self.token_log_probs(state, ids, state.ws.take("lse", (state.n,), F32))
+
+    def token_log_probs(self, state: CudaState, ids, lse: cp.ndarray) -> cp.ndarray:
+        """Each row's log-probability of ids[row] (N,) after the state's last step: the token's logit (the row's
+        final hidden state against its embedding row, in float32) less the row's log-sum-exp `lse`. In FP8, the
+        logit as the FP8 product takes its operands: the hidden state rounded to E4M3 with its row's scale, the
+        embedding row's values."""
         n, d, ws = state.n, self.config.d_model, state.ws
         final, ids = ws.take("final", (n, d), BF16), cp.asarray(ids)
         if self.float8:
@@ -629,7 +643,7 @@ class CudaEngine:
         else:
             hidden, rows = final.astype(F32), self.lm_head[ids].astype(F32)
         logits = (hidden * rows).sum(axis=1)
-        return logits - ws.take("topk lse", (n,), F32)
+        return logits - lse
 
     def set_keys(self, state: CudaState, keys: np.ndarray) -> None:
         """Each row's random stream (N,) uint32, for step_sample: kept with the state (select keeps its rows')

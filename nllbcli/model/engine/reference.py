@@ -464,6 +464,14 @@ class ReferenceEngine:
         self.last_log_probs_of = log_softmax(self.step(encoded, state, tokens))
         return topk_desc(self.last_log_probs_of, k)
 
+    def step_log_probs(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, ids) -> np.ndarray:
+        """Forced decoding: feed one token per row and return each row's log-probability of ids[row] as its next
+        token (N,): the token's logit less the row's log-sum-exp (log_softmax at the token, without the rest)."""
+        logits = self.step(encoded, state, tokens)
+        top = logits.max(axis=1)
+        lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
+        return logits[np.arange(len(logits)), to_host(ids)] - lse
+
     def last_log_probs(self, state: DecoderState, ids) -> np.ndarray:
         """Each row's log-probability of ids[row] (N,) at the last step_topk."""
         ids = to_host(ids)
