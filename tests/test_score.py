@@ -216,3 +216,13 @@ def test_the_api_scores_lists_as_the_command_does(here):
     assert (results[3].text, results[3].error) == (None, "row 4: int, not a string.")
     with pytest.raises(ValueError, match="texts and translations go in pairs: 1 texts and 2 translations."):
         nllbcli.score(model, ["a"], ["b", "c"], "en", "fr")
+
+
+def test_devices_workers_score_what_one_process_scores(here):
+    write_jsonl(here / "pairs.jsonl", sample_pairs(6))
+    args = ["score", "-m", SAMPLE, "--src", "en", "--tgt", "fr", "--chunk-rows", "2", "pairs.jsonl"]
+    assert run(args + ["one.jsonl"]).exit_code == 0
+    result = run(args + ["two.jsonl", "--devices", "cpu:2"])
+    assert result.exit_code == 0, result.output
+    assert "(6 scored, 0 failed" in result.stderr and "on 2 CPU workers" in result.stderr
+    assert (here / "two.jsonl").read_bytes() == (here / "one.jsonl").read_bytes()
