@@ -1,5 +1,5 @@
-"""Row preparation: each row's languages (its own fields, else --src and --tgt), its text checked, split into
-sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
+"""Row preparation: each row's languages (its own fields, else --src and --tgt; a source of `auto` detected, per row
+or per sentence: detect_sources), its text checked, split into sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
 cut to fit (flagged); and, once translated, the sentences joined back into the row's translation. A row that
 cannot be translated gets its reason in its Outcome and fails alone.
 """
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import NllbError
 from ..io import Added, Record
 from ..io.records import target_column
+from ..model.langid import AUTO, Detection, detect_languages
 from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
@@ -52,6 +53,8 @@ class Outcome:
     tgt: str = ""
     targets: list[Outcome] | None = None  # several target languages (each_target): each one's, in the job's order
     tokens: int = 0  # tokens generated for the row's sentences (each one's best translation)
+    detected: tuple[str, float] | None = None  # a row of source auto: its detected language(s) and the confidence
+    #                                            (detected_value)
 
 
 def status_of(outcome: Outcome) -> str:
@@ -79,9 +82,21 @@ def added_values(added: Added, outcome: Outcome) -> dict | None:
             values[added.score] = outcome.score
         if added.log_prob is not None:
             values[added.log_prob] = outcome.log_prob
+    if added.detected is not None:
+        values[added.detected] = detected_value(outcome)
     if added.error is not None:
         values[added.error] = None
     return values
+
+
+def detected_value(outcome: Outcome) -> dict | None:
+    """A row's --detected-field: {"lang": its detected code, "confidence": the detector's}, "lang" naming each
+    language in the order its sentences take them where they differ (eng_Latn,fra_Latn); null for a row whose
+    source language was not detected (given by --src or its own field)."""
+    if outcome.detected is None:
+        return None
+    lang, confidence = outcome.detected
+    return {"lang": lang, "confidence": round(confidence, 4)}
 
 
 def each_target(records: list[Record], job: Job) -> list[Record]:
@@ -104,7 +119,7 @@ def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
         error = next((o.error for o in copies if o.error is not None), None)
         rows.append(Outcome(None if error else copies[0].translation, error, any(o.cut for o in copies),
                             any(o.max_length for o in copies), [part for o in copies for part in o.parts],
-                            targets=copies, tokens=sum(o.tokens for o in copies)))
+                            targets=copies, tokens=sum(o.tokens for o in copies), detected=copies[0].detected))
     return rows
 
 
@@ -125,7 +140,7 @@ def written_rows(records: list[Record], outcomes: list[Outcome], added: Added) -
 
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
     """The row's source and target language: its own fields where it has them, else --src and --tgt; the target
-    the job gives a copy of the row (each_target) over both."""
+    the job gives a copy of the row (each_target) over both. A source of `auto` (AUTO) is left for detect_sources."""
     languages = []
     for name, default, option in ((job.src_field, job.src, "--src"), (job.tgt_field, job.tgt, "--tgt")):
         if option == "--tgt" and record.tgt is not None:
@@ -138,6 +153,8 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
             languages.append(default)
         elif not isinstance(value, str):
             raise NllbError(f"{record.where}: field {name!r} is {type(value).__name__}, not a language code.")
+        elif option == "--src" and value.strip().lower() == AUTO:
+            languages.append(AUTO)
         else:
             try:
                 languages.append(resolve_lang(value, known))
@@ -190,8 +207,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     limit = min(translator.config.max_position_embeddings, job.max_input_length or sys.maxsize)
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome(tgt=record.tgt or "") for record in records]  # a copy's target, failed or not (each_target)
-    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
-    numbers: list[int] = []  # each sentence's number in its row
+    rows: list[tuple[int, list[str], list[str], str]] = []  # (row, its sentences, their sources, tgt) of good rows
     prefixes: dict[int, list[int]] = {}  # a row's prefix's pieces (--prefix-field), where it has one
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
@@ -206,14 +222,21 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 row_texts, outcome.gaps = split_text(record.text)
             else:
                 row_texts = [record.text] if record.text.strip() else []
-            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
-            numbers += range(len(row_texts))
             if job.prefix_field is not None:
                 prefix = row_prefix(tokenizer, record, job.prefix_field, tgt)
                 if prefix:
                     prefixes[position] = prefix
+            rows.append((position, row_texts, [src] * len(row_texts), tgt))
         except NllbError as error:
             outcome.error = str(error)
+    detect_sources(records, outcomes, rows, known)
+    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
+    numbers: list[int] = []  # each sentence's number in its row
+    for position, row_texts, sources, tgt in rows:
+        if outcomes[position].error is None:
+            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt)
+                      for text, src in zip(row_texts, sources)]
+            numbers += range(len(row_texts))
     many = getattr(tokenizer, "encode_many", None)
     if many is not None:
         encoded = many([text for _, text, _, _ in texts], [src for _, _, src, _ in texts])
@@ -242,6 +265,40 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     for outcome in outcomes:
         outcome.parts = []
     return outcomes, [s for s in sentences if outcomes[s.row].error is None]
+
+
+def detect_sources(records: list[Record], outcomes: list[Outcome], rows: list[tuple[int, list[str], list[str], str]],
+                   known: tuple[str, ...]) -> None:
+    """Each sentence's source language where its row's is auto (`rows`: each good row's position, sentences, their
+    sources, in place, and target), detected for the chunk at once: each row whole, and each sentence of a row of
+    several (sentence_languages). The row's Outcome gets what was detected (Outcome.detected); a row whose language
+    cannot be detected, or is one the model does not know, fails naming the detector's guess."""
+    wanted = [(position, texts, sources) for position, texts, sources, _ in rows if AUTO in sources and texts]
+    if not wanted:
+        return
+    asked = []  # each row's text, then its sentences' where it has several
+    for position, texts, _ in wanted:
+        asked += [records[position].text] + (texts if len(texts) > 1 else [])
+    found = iter(detect_languages(asked, known))
+    for position, texts, sources in wanted:
+        row = next(found)
+        parts = [next(found) for _ in texts] if len(texts) > 1 else [row]
+        languages = sentence_languages(row, parts)
+        outcome = outcomes[position]
+        if languages is None:
+            outcome.error = f"{records[position].where}: {row.reason}."
+            continue
+        sources[:] = languages
+        confidence = min(d.confidence for d in [row, *parts] if d.code is not None and d.code in languages)
+        outcome.detected = (",".join(dict.fromkeys(languages)), confidence)
+
+
+def sentence_languages(row: Detection, sentences: list[Detection]) -> list[str] | None:
+    """Each sentence's source language in a row whose language is detected (`row`: the whole row's Detection;
+    `sentences`: its sentences', the row's alone for a row of one): a sentence's own where it is detected, else
+    the row's. None where a sentence has neither: the row fails."""
+    languages = [found.code or row.code for found in sentences]
+    return None if None in languages else languages
 
 
 def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, list[str]],
