@@ -13,8 +13,9 @@ It prints, as Markdown tables:
 - Debian's gettext catalogues (the messages of apt, dpkg and coreutils translated into dozens of languages, which
   the system's packages install under /usr/share/locale): a multilingual text of real sentences, each message
   of at least 30 letters, detected against NLLB-200's codes, per language and in all;
-- the cost: microseconds per row of detection (one sentence and one row of three), against the sample model's
-  CPU translation per row, and against GPU rates of docs/PERFORMANCE.md.
+- the cost: what --src auto adds to a row's preparation (job.rows.prepare_records, which splits and tokenizes:
+  rows of one sentence, and of three), against the sample model's CPU translation of the row, and against GPU
+  rates of docs/PERFORMANCE.md.
 """
 
 from __future__ import annotations
@@ -136,40 +137,51 @@ def catalogue_table(locale_dir: Path) -> None:
 
 
 def cost_table() -> None:
+    from nllbcli.api import load
+
     sentences = [text for texts in heldout().values() for text in texts]
-    rows = [" ".join(sentences[n:n + 3]) for n in range(0, len(sentences) - 2, 3)]
+    rows = {"a sentence": sentences, "three sentences": [" ".join(sentences[n:n + 3]) for n in range(0, 498, 3)]}
     started = time.perf_counter()
     load_detector.cache_clear()
     load_detector()
     loaded = time.perf_counter() - started
-    detect_languages(sentences[:10], SAMPLE_CODES)  # the mapping's caches
+    translator = load(str(SAMPLE_MODEL), device="cpu")
+    translate = sample_translation_cost(translator, sentences[:40])
+    print(f"\nCost on this CPU of a row's preparation (job.rows.prepare_records: split, tokenize, and with --src "
+          f"auto detect), the best of 5 (detector loaded in {loaded * 1e3:.0f} ms, once a process):\n")
+    print("| rows of | prepared, --src eng_Latn | --src auto | detection, µs a row | against the sample model's CPU "
+          "translation of the row |\n|---|---|---|---|---|")
     costs = {}
-    for name, texts in (("a sentence", sentences), ("a row of three sentences", rows)):
-        best = min(timed(texts) for _ in range(5))
-        costs[name] = best / len(texts) * 1e6
-    translate = sample_translation_cost(sentences[:40])
-    print(f"\nCost on this CPU (detector loaded in {loaded * 1e3:.0f} ms, once a process):\n")
-    print("| detection of | µs a row | against the sample model's CPU translation of a sentence |\n|---|---|---|")
-    for name, micros in costs.items():
-        print(f"| {name} | {micros:.1f} | {100 * micros / translate:.2f}% of {translate / 1e3:.1f} ms |")
+    for name, texts in rows.items():
+        given, auto = (min(prepared(translator, texts, src) for _ in range(5)) for src in ("eng_Latn", "auto"))
+        costs[name] = auto - given
+        sentences_a_row = 1 if name == "a sentence" else 3
+        print(f"| {name} | {given:.1f} µs | {auto:.1f} µs | {auto - given:.1f} | "
+              f"{100 * (auto - given) / (translate * sentences_a_row):.2f}% of {translate * sentences_a_row / 1e3:.1f} ms |")
     for rate in (2000, 5000, 10000):
         per_row = 1e6 / rate
-        print(f"\nAt a GPU job's {rate:,} rows/s ({per_row:.0f} µs a row) a sentence's detection is "
+        print(f"\nAt a GPU job's {rate:,} rows/s ({per_row:.0f} µs a row) a one-sentence row's detection is "
               f"{100 * costs['a sentence'] / per_row:.1f}% of a row's time on one thread.")
 
 
-def timed(texts: list[str]) -> float:
+def prepared(translator, texts: list[str], src: str) -> float:
+    """µs a row of prepare_records for these rows."""
+    from nllbcli.io import Record
+    from nllbcli.job.rows import prepare_records
+    from nllbcli.options import Job
+
+    job = Job(src=src, tgt="fra_Latn", on_error="skip")
+    records = [Record(n, text, {"text": text}, where=f"row {n + 1}") for n, text in enumerate(texts)]
     started = time.perf_counter()
-    detect_languages(texts, SAMPLE_CODES)
-    return time.perf_counter() - started
+    prepare_records(translator, records, job)
+    return (time.perf_counter() - started) / len(texts) * 1e6
 
 
-def sample_translation_cost(sentences: list[str]) -> float:
+def sample_translation_cost(translator, sentences: list[str]) -> float:
     """The sample model's CPU translation of a sentence, greedy, in µs."""
-    from nllbcli.api import load, translate
+    from nllbcli.api import translate
     from nllbcli.options import DecodeOptions
 
-    translator = load(str(SAMPLE_MODEL), device="cpu")
     decode = DecodeOptions(beam_size=1)
     translate(translator, sentences[:4], "eng_Latn", "fra_Latn", decode)
     started = time.perf_counter()

@@ -270,33 +270,34 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
 def detect_sources(records: list[Record], outcomes: list[Outcome], rows: list[tuple[int, list[str], list[str], str]],
                    known: tuple[str, ...]) -> None:
     """Each sentence's source language where its row's is auto (`rows`: each good row's position, sentences, their
-    sources, in place, and target), detected for the chunk at once: each row whole, and each sentence of a row of
-    several (sentence_languages). The row's Outcome gets what was detected (Outcome.detected); a row whose language
-    cannot be detected, or is one the model does not know, fails naming the detector's guess."""
+    sources, set here in place, and target), detected for the chunk at once: each sentence, and where one of a row
+    of several is not detected, the row whole (sentence_languages). The row's Outcome gets what was detected
+    (Outcome.detected); a row whose language cannot be detected, or is one the model does not know, fails naming
+    the detector's guess."""
     wanted = [(position, texts, sources) for position, texts, sources, _ in rows if AUTO in sources and texts]
     if not wanted:
         return
-    asked = []  # each row's text, then its sentences' where it has several
-    for position, texts, _ in wanted:
-        asked += [records[position].text] + (texts if len(texts) > 1 else [])
-    found = iter(detect_languages(asked, known))
-    for position, texts, sources in wanted:
-        row = next(found)
-        parts = [next(found) for _ in texts] if len(texts) > 1 else [row]
-        languages = sentence_languages(row, parts)
+    found = iter(detect_languages([text for _, texts, _ in wanted for text in texts], known))
+    parts = [[next(found) for _ in texts] for _, texts, _ in wanted]
+    again = [n for n, ((_, texts, _), each) in enumerate(zip(wanted, parts))
+             if len(texts) > 1 and any(d.code is None for d in each)]
+    whole = dict(zip(again, detect_languages([records[wanted[n][0]].text for n in again], known)))
+    for n, ((position, texts, sources), each) in enumerate(zip(wanted, parts)):
+        row = whole.get(n, each[0])
+        languages = sentence_languages(row, each)
         outcome = outcomes[position]
         if languages is None:
             outcome.error = f"{records[position].where}: {row.reason}."
             continue
         sources[:] = languages
-        confidence = min(d.confidence for d in [row, *parts] if d.code is not None and d.code in languages)
-        outcome.detected = (",".join(dict.fromkeys(languages)), confidence)
+        used = [d.confidence for d in (*each, row) if d.code is not None and d.code in languages]
+        outcome.detected = (",".join(dict.fromkeys(languages)), min(used))
 
 
 def sentence_languages(row: Detection, sentences: list[Detection]) -> list[str] | None:
-    """Each sentence's source language in a row whose language is detected (`row`: the whole row's Detection;
-    `sentences`: its sentences', the row's alone for a row of one): a sentence's own where it is detected, else
-    the row's. None where a sentence has neither: the row fails."""
+    """Each sentence's source language in a row whose language is detected (`sentences`: its sentences'
+    Detections; `row`: the whole row's where one of several is not detected, else the first sentence's): a
+    sentence's own where it is detected, else the row's. None where a sentence has neither: the row fails."""
     languages = [found.code or row.code for found in sentences]
     return None if None in languages else languages
 
