@@ -16,7 +16,7 @@ import click
 
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
-from .model.langid import resolve_source
+from .model.langid import AUTO, load_detector, resolve_source
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
                       MAX_SEED, MAX_THREADS, MAX_TOPK, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
@@ -438,6 +438,11 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
     the weights load."""
     known = load_tokenizer(model).lang_codes
     resolved: dict = {}
+    if src is not None and src.strip().lower() == AUTO:
+        try:
+            load_detector()  # a detector not installed is no invalid value of --src
+        except NllbError as error:
+            raise click.ClickException(str(error)) from None
     for option, value in (("--src", src), ("--tgt", tgt)):
         resolve = resolve_source if option == "--src" else resolve_lang  # --src auto: each row's, detected
         try:
