@@ -12,7 +12,8 @@ import nllbcli
 from nllbcli.cli import cli
 from nllbcli.model import langid
 from nllbcli.model.langid import detect, detect_languages
-from nllbcli.model.langs import FLORES_200_CODES, M2M100_CODES
+from nllbcli.model.langs import FLORES_200_CODES
+from nllbcli.model.translator import load_tokenizer
 from nllbcli.options import DecodeOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,8 @@ def test_detections_map_to_the_models_codes_with_the_script_the_text_is_written_
              "Ovo je rečenica, koju pišem danas na hrvatskom jeziku, a sutra ću pisati drugu."]
     assert [code for code, _ in detect(texts, FLORES_200_CODES)] == [
         "eng_Latn", "zho_Hant", "zho_Hans", "srp_Cyrl", "hrv_Latn"]
-    assert [code for code, _ in detect(texts, M2M100_CODES)] == ["en", "zh", "zh", "sr", "hr"]
+    m2m = tuple(load_tokenizer(str(ROOT / "tests" / "models" / "tiny-m2m")).lang_codes)
+    assert [code for code, _ in detect(texts, m2m)] == ["en", "zh", "zh", "sr", "hr"]
     assert [code for code, _ in detect(texts[:2], tuple(LANGS))] == ["eng_Latn", None]
 
 
@@ -128,3 +130,14 @@ def test_the_api_takes_src_auto(translator):
     assert table.column("translation").to_pylist() == [heldout("eng_Latn", 2)]
     assert table.schema.field("detected").type == pa.struct([("lang", pa.string()), ("confidence", pa.float64())])
     assert table.column("detected").to_pylist()[0]["lang"] == "deu_Latn"
+
+
+def test_sparks_schema_has_the_detected_struct():
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    from nllbcli.spark import partition_translator
+
+    translate = partition_translator(str(SAMPLE), device="cpu", src="auto", tgt="fra_Latn", detected_field="detected")
+    schema = translate.schema(StructType([StructField("text", StringType())]))
+    assert schema["detected"].dataType == StructType([StructField("lang", StringType()),
+                                                      StructField("confidence", DoubleType())])

@@ -277,8 +277,9 @@ def detect_sources(records: list[Record], outcomes: list[Outcome], rows: list[tu
     wanted = [(position, texts, sources) for position, texts, sources, _ in rows if AUTO in sources and texts]
     if not wanted:
         return
-    found = iter(detect_languages([text for _, texts, _ in wanted for text in texts], known))
-    parts = [[next(found) for _ in texts] for _, texts, _ in wanted]
+    asked = list(dict.fromkeys(text for _, texts, _ in wanted for text in texts))  # a row's copies (--tgt a,b) once
+    found = dict(zip(asked, detect_languages(asked, known)))
+    parts = [[found[text] for text in texts] for _, texts, _ in wanted]
     again = [n for n, ((_, texts, _), each) in enumerate(zip(wanted, parts))
              if len(texts) > 1 and any(d.code is None for d in each)]
     whole = dict(zip(again, detect_languages([records[wanted[n][0]].text for n in again], known)))
