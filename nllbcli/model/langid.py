@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..errors import NllbError
-from .langs import is_flores, language_name, resolve_lang
+from .langs import is_flores, resolve_lang
 
 AUTO = "auto"  # --src auto, or a row's source-language field: the row's language is detected
 MIN_CONFIDENCE = 0.3  # a detection below this is no detection: the row fails (docs/LANGUAGES.md: accuracy against it)
@@ -27,7 +27,7 @@ MAX_CHARS = 1000  # characters of a text the detector reads: the language shows 
 INSTALL = "pip install 'nllbcli[langid]'"
 
 # lid.176's labels are Wikipedia's language codes; where one means another language in ISO 639, its ISO code
-FASTTEXT_LABELS = {"als": "gsw", "bh": "bih", "eml": "egl", "nah": "nhe", "sh": "hbs"}
+FASTTEXT_LABELS = {"als": "gsw", "bh": "bih", "eml": "egl", "nah": "nhe"}  # (sh: mapped, below)
 
 # Unicode character names' first word -> ISO 15924 script, for the scripts a language of NLLB is written in twice
 # (ace, bjn, kas, knc: Arabic and Latin or Devanagari; taq: Latin and Tifinagh)
@@ -35,10 +35,14 @@ SCRIPTS = {"LATIN": "Latn", "ARABIC": "Arab", "DEVANAGARI": "Deva", "TIFINAGH": 
 
 # Chinese: frequent characters written otherwise in Traditional script (first string) than in Simplified (second),
 # the same character at the same place in each. A text with more of the first is zho_Hant, else zho_Hans.
-TRADITIONAL = ("這們個來說時為會國過對發後還麼樣經進書車東門問間聽見長開關學馬鳥魚語話請讓認識覺實現電業務動頭買賣寫邊華錢銀無與萬辦應從漢歡圖專產醫飯飛體氣"
-"點幾當區熱愛網際鐘處傳變習親歲視沒於將裝設檔錯誤頁選擇項執確訊資線連結檢輸數據庫載權戶號碼標題顯類統訂閱讀記錄態參儲啟換復雜導單給筆規則測試塊節壓縮驗證簽鑰匯備舊礎擬屬組織機構較歷紀斷續嗎麗廣園島樂燈龍雞豬貓紅綠藍黃橋樓葉兒師員環義願歸陽陰調")
-SIMPLIFIED = ("这们个来说时为会国过对发后还么样经进书车东门问间听见长开关学马鸟鱼语话请让认识觉实现电业务动头买卖写边华钱银无与万办应从汉欢图专产医饭飞体气"
-"点几当区热爱网际钟处传变习亲岁视没于将装设档错误页选择项执确讯资线连结检输数据库载权户号码标题显类统订阅读记录态参储启换复杂导单给笔规则测试块节压缩验证签钥汇备旧础拟属组织机构较历纪断续吗丽广园岛乐灯龙鸡猪猫红绿蓝黄桥楼叶儿师员环义愿归阳阴调")
+TRADITIONAL = ("這們個來說時為會國過對發後還麼樣經進書車東門問間聽見長開關學馬鳥魚語話請讓認識覺實現電業務動頭買"
+               "賣寫邊華錢銀無與萬辦應從漢歡圖專產醫飯飛體氣點幾當區熱愛網際鐘處傳變習親歲視沒於將裝設檔錯誤頁選"
+               "擇項執確訊資線連結檢輸數據庫載權戶號碼標題顯類統訂閱讀記錄態參儲啟換復雜導單給筆規則測試塊節壓縮"
+               "驗證簽鑰匯備舊礎擬屬組織機構較歷紀斷續嗎麗廣園島樂燈龍雞豬貓紅綠藍黃橋樓葉兒師員環義願歸陽陰調")
+SIMPLIFIED = ("这们个来说时为会国过对发后还么样经进书车东门问间听见长开关学马鸟鱼语话请让认识觉实现电业务动头买"
+              "卖写边华钱银无与万办应从汉欢图专产医饭飞体气点几当区热爱网际钟处传变习亲岁视没于将装设档错误页选"
+              "择项执确讯资线连结检输数据库载权户号码标题显类统订阅读记录态参储启换复杂导单给笔规则测试块节压缩"
+              "验证签钥汇备旧础拟属组织机构较历纪断续吗丽广园岛乐灯龙鸡猪猫红绿蓝黄桥楼叶儿师员环义愿归阳阴调")
 
 
 @dataclass(frozen=True)
