@@ -38,7 +38,7 @@ from .job.reader import read_chunks
 from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
 from .job.commit import TableSink, commit_rows
-from .job.rows import status_of
+from .job.rows import detected_value, status_of
 from .model.translator import Translator, load_translator
 
 DEFAULT_MODEL = "facebook/nllb-200-distilled-600M"
@@ -46,7 +46,7 @@ TABLE = "the table"  # what messages call the rows translate_table was given
 API_NAMES = MappingProxyType({  # the arguments that messages of the job's checks (job.spec) name, as options there
     "--field": "field", "--output-field": "output_field", "--status-field": "status_field",
     "--score-field": "score_field", "--log-prob-field": "log_prob_field", "--tgt-lang-field": "tgt_field",
-    "--error-field": "error_field", "--overwrite-field": "overwrite_field=True", "--targets-as rows": "targets_as='rows'"})
+    "--error-field": "error_field", "--detected-field": "detected_field", "--overwrite-field": "overwrite_field=True", "--targets-as rows": "targets_as='rows'"})
 
 
 class Default(str):
@@ -67,6 +67,8 @@ class Result:
     score: float | list[float] | None = None  # decode.scores: the score (a list with several hypotheses), as --scores
     log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
     token_scores: list[float] | None = None  # score's, with token_scores=True: each token's log-probability
+    detected: dict | None = None  # src "auto": the detected language, {"lang": code, "confidence": 0 to 1}, as
+    #                               --detected-field writes it (lang: codes with commas between where sentences differ)
 
 
 def load(model: str | ModelOptions | None = None, device: str = "auto", adapter: str | None = None,
@@ -93,7 +95,8 @@ def load(model: str | ModelOptions | None = None, device: str = "auto", adapter:
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
               decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
               max_input_length: int | None = None, progress: bool = False) -> list[Result]:
-    """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA);
+    """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA; src
+    "auto": each text's language detected, in Result.detected, a text whose language cannot be detected failing);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
     device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
@@ -124,6 +127,7 @@ def translate_iterable(translator: Translator, texts: Iterable[str], src: str, t
 
 def text_job(translator: Translator, src, tgt, split: bool, max_input_length: int | None) -> Job:
     """The job of translate's texts: one row each, its text in the record's field, every failure a value."""
+    from .model.langid import resolve_source
     from .model.langs import resolve_lang
 
     check_type("src", src, str, "a language code (a str), such as eng_Latn or en")
@@ -131,7 +135,7 @@ def text_job(translator: Translator, src, tgt, split: bool, max_input_length: in
         raise NllbError(f"translate takes one target language, not {tgt!r}: translate_table takes several.")
     check_type("tgt", tgt, str, "a language code (a str), such as fra_Latn or fr")
     known = translator.tokenizer.lang_codes
-    return Job(src=resolve_lang(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
+    return Job(src=resolve_source(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
                output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
 
 
@@ -145,7 +149,8 @@ def text_records(texts: Iterable, job: Job) -> Iterator[Record]:
 
 def result_of(outcome) -> Result:
     return Result(outcome.translation, outcome.error, "failed" if outcome.error else status_of(outcome),
-                  outcome.hypotheses, outcome.score, outcome.log_prob, outcome.token_scores)
+                  outcome.hypotheses, outcome.score, outcome.log_prob, outcome.token_scores,
+                  detected_value(outcome))
 
 
 def score(translator: Translator, texts: Sequence[str], translations: Sequence[str], src: str, tgt: str, *,
@@ -185,7 +190,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
                     prefix_field: str | None = None, targets_as: str = "columns", on_error: str | None = None,
-                    progress: bool = False) -> pa.Table:
+                    detected_field: str | None = None, progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
     `decode.num_hypotheses` above 1). A row that cannot be translated keeps its place by default: `on_error`
@@ -196,8 +201,10 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     NllbError. `prefix_field`: --prefix-field's column. `tgt` may be several languages (a list, or codes with
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
     (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
-    `tgt_field`)."""
-    from .model.langs import resolve_lang, resolve_targets
+    `tgt_field`). src="auto" (or "auto" in a row's `src_field`) detects each row's language; `detected_field`
+    (--detected-field) names a struct column that gets it, {lang, confidence}."""
+    from .model.langid import resolve_source
+    from .model.langs import resolve_targets
 
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
@@ -206,11 +213,11 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     known = translator.tokenizer.lang_codes
     decode = model_decode(translator, decode)
     targets = () if tgt is None else resolve_targets(tgt, known)
-    job = table_job(decode, src and resolve_lang(src, known), targets, field=field, output_field=output_field,
+    job = table_job(decode, src and resolve_source(src, known), targets, field=field, output_field=output_field,
                     status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
                     split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
-                    targets_as=targets_as, on_error=on_error)
+                    targets_as=targets_as, on_error=on_error, detected_field=detected_field)
     check_text_column(schema, TABLE, field)
     check_added_columns(schema, job, API_NAMES)
     position = Position()
@@ -224,7 +231,8 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
 def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], *, field: str, output_field: str,
               status_field: str | None, error_field: str | None, src_field: str, tgt_field: str, split: bool,
               overwrite_field: bool, max_input_length: int | None, score_field: str, log_prob_field: str,
-              prefix_field: str | None, targets_as: str, on_error: str | None = None) -> Job:
+              prefix_field: str | None, targets_as: str, on_error: str | None = None,
+              detected_field: str | None = None) -> Job:
     """translate_table's job from its arguments (`targets`: the model's codes of `tgt`), its fields checked as
     the command checks its options' (job.spec.check_fields): a field named twice, or the translation over the
     text without `overwrite_field`, raises NllbError. `error_field` takes the errors file's place: a failed row
@@ -247,7 +255,7 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               status_field=status_field, error_field=error_field, overwrite_field=overwrite_field,
               max_input_length=max_input_length, score_field=score_field if decode.scores else None,
               log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,
-              prefix_field=prefix_field)
+              prefix_field=prefix_field, detected_field=detected_field)
     check_fields(job, API_NAMES)
     return job
 

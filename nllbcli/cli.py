@@ -16,6 +16,7 @@ import click
 
 from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
+from .model.langid import AUTO, load_detector, resolve_source
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
                       MAX_SEED, MAX_THREADS, MAX_TOPK, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
@@ -154,7 +155,7 @@ class RecordOption(click.Option):
 HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
     "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "target_field",
                          "target_file", "output_field", "status_field", "overwrite_field", "force"),
-    "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field"),
+    "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field", "detected_field"),
     "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
                  "sampling_temperature", "seed", "prefix_field", "scores", "score_field", "log_prob_field",
@@ -259,7 +260,7 @@ def cli():
 @click.argument("paths", metavar="[INPUT [OUTPUT]]", nargs=-1, type=click.Path(allow_dash=True))
 @click.option("-o", "--output", "output_option", type=click.Path(allow_dash=True), help="Where the translations go, instead of OUTPUT: a file, or - for stdout; with several INPUTs a directory (made if missing) where each translation gets its INPUT's name.")
 @into("job", "--force", is_flag=True, help="Replace an OUTPUT file that nllb did not write (it replaces its own outputs without this).")
-@into("job", "--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US). Rows with a src_lang field override it.")
+@into("job", "--src", help="Language of the input: a FLORES-200 code (eng_Latn), ISO 639 (en, eng) or BCP-47 tag (en-US); or auto: each row's language detected (per sentence where they differ; a row whose language cannot be detected, or that the model lacks, fails; see --detected-field and docs/LANGUAGES.md). Rows with a src_lang field override it (auto there too).")
 @into("job", "--tgt", help="Language to translate into, in the same forms (fra_Latn, fr, zh-Hant-TW). Rows with a tgt_lang field override it. Several, with commas between (fra_Latn,deu_Latn), translate each row into each: see --targets-as.")
 @into("job", "--targets-as", type=click.Choice(TARGETS_AS), help="With several --tgt languages: the translation (and status, scores) once per target in fields named FIELD_CODE (translation_fra_Latn), or each row once per target, its language in --tgt-lang-field; rows' own target fields are not read. Each sentence goes through the encoder once. [default: columns; rows for text output, a line per target]")
 @into("model", *MODEL_DECLS, **MODEL_ATTRS)
@@ -277,6 +278,7 @@ def cli():
 @into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet or CSV column the translation goes to.")
 @into("job", "--status-field", help="A JSONL field or Parquet or CSV column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
 @into("job", "--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
+@into("job", "--detected-field", help="With --src auto (or rows whose src_lang is auto): a JSONL field or Parquet or CSV column that gets each row's detected language and the detector's confidence, {\"lang\": \"fra_Latn\", \"confidence\": 0.98} (lang names each language, with commas between, of a row whose sentences differ; null where the row named its language). [default: none]")
 @into("job", "--src-lang-field", field="src_field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
 @into("job", "--tgt-lang-field", field="tgt_field", default="tgt_lang", show_default=True, help="Field or column that gives a row's own target language.")
 @into("decode", "--beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), help=f"Beams per sentence; 1 is greedy search (at most {MAX_BEAMS:,}, and half the model's vocabulary). [default: the model's generation_config.json num_beams, else {DecodeOptions.beam_size}]")
@@ -504,9 +506,15 @@ def resolved_languages(model: str, src: str | None, tgt: str | None, targets: tu
     the weights load."""
     known = load_tokenizer(model).lang_codes
     resolved: dict = {}
-    for option, value in (("--src", src), ("--tgt", tgt)):
+    if src is not None and src.strip().lower() == AUTO:
         try:
-            resolved[option.removeprefix("--")] = None if value is None else resolve_lang(value, known)
+            load_detector()  # a detector not installed is no invalid value of --src
+        except NllbError as error:
+            raise click.ClickException(str(error)) from None
+    for option, value in (("--src", src), ("--tgt", tgt)):
+        resolve = resolve_source if option == "--src" else resolve_lang  # --src auto: each row's, detected
+        try:
+            resolved[option.removeprefix("--")] = None if value is None else resolve(value, known)
         except NllbError as error:
             raise InvalidUsage(f"Invalid value for '{option}': {error}") from None
     try:

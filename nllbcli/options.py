@@ -237,7 +237,8 @@ TASKS = ("translate", "score")  # what a job does with each row: translate it, o
 class Job:
     """What to translate, from where to where."""
 
-    src: str | None  # FLORES-200 code of the input text, e.g. eng_Latn (None: every row names its own)
+    src: str | None  # FLORES-200 code of the input text, e.g. eng_Latn (None: every row names its own; "auto": each
+    #                  row's is detected, model.langid)
     tgt: str | None  # FLORES-200 code of the translation
     input: str = "-"  # a path, or - for stdin (the API's: what its messages call the rows it was given)
     output: str = "-"  # a path, or - for stdout
@@ -272,6 +273,8 @@ class Job:
     target_field: str | None = None  # score: the field or column of each row's given translation (translate: unread)
     target_file: str | None = None  # score, a text input: a text file of the translations, a line per input line
     token_scores_field: str | None = None  # score: the field or column of each token's log-probability (--token-scores)
+    detected_field: str | None = None  # the field or column that gets the language detected in each row whose
+    #                                    source is auto: {"lang": code, "confidence": 0 to 1} (rows.detected_value)
 
     # input (and target_file): by its file's identity (job.spec.input_identity), so that a new day's file under the
     # same name is another job
@@ -279,7 +282,7 @@ class Job:
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
         "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field", "task",
-        "target_field", "target_file", "token_scores_field"})
+        "target_field", "target_file", "token_scores_field", "detected_field"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
@@ -321,7 +324,7 @@ class Job:
             return Added(None, self.status_field, self.score_field, self.log_prob_field, error=self.error_field,
                          token_scores=self.token_scores_field)
         added = Added(self.output_field, self.status_field, self.score_field, self.log_prob_field, self.hypotheses,
-                      error=self.error_field, nbest=self.text_layout == "nbest")
+                      error=self.error_field, nbest=self.text_layout == "nbest", detected=self.detected_field)
         if not self.targets:
             return added
         if self.targets_as == "columns":

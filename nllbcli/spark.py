@@ -58,8 +58,15 @@ class PartitionTranslator:
         job = self.job()
         check_added_columns(schema, job, API_NAMES)
         scalar = {"string": StringType(), "double": DoubleType()}
-        kinds = {name: ArrayType(scalar[str(kind.value_type)]) if hasattr(kind, "value_type") else scalar[str(kind)]
-                 for name, kind in job.added.types.items()}
+
+        def spark_type(kind):  # an added column's Arrow type: a string, a double, a list or a struct of them
+            if hasattr(kind, "value_type"):
+                return ArrayType(scalar[str(kind.value_type)])
+            if isinstance(kind, pa.StructType):  # --detected-field's {lang, confidence}
+                return StructType([StructField(f.name, scalar[str(f.type)], True) for f in kind])
+            return scalar[str(kind)]
+
+        kinds = {name: spark_type(kind) for name, kind in job.added.types.items()}
         fields = list(schema.fields)
         for name, kind in kinds.items():
             names = [field.name for field in fields]

@@ -104,6 +104,8 @@ class Added:
     error: str | None = None  # the field that gets a failed row's reason, every row kept
     nbest: bool = False  # a text output's lines in marian's n-best layout (lines), with the row and the scores
     token_scores: str | None = None  # a score job's: the field of each token's log-probability, </s>'s last
+    detected: str | None = None  # the field that gets the row's detected source language (--detected-field), once
+    #                              a row whatever its targets
 
     @property
     def single(self) -> Added:
@@ -117,9 +119,11 @@ class Added:
                  ("--log-prob-field", self.log_prob), ("--token-scores", self.token_scores))
         named = tuple((option, name) for option, name in named if name is not None)
         error = (("--error-field", self.error),) if self.error is not None else ()  # the API's alone
+        row = (("--detected-field", self.detected),) if self.detected is not None else ()  # once a row
         if self.targets:
-            return tuple((option, target_column(name, code)) for option, name in named for code in self.targets) + error
-        return ((("--tgt-lang-field", self.target),) if self.target is not None else ()) + named + error
+            return (tuple((option, target_column(name, code)) for option, name in named for code in self.targets) + row
+                    + error)
+        return ((("--tgt-lang-field", self.target),) if self.target is not None else ()) + named + row + error
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -133,10 +137,11 @@ class Added:
         many = self.hypotheses > 1
         text, number = (pa.list_(pa.string()), pa.list_(pa.float64())) if many else (pa.string(), pa.float64())
         kinds = {self.translation: text, self.status: pa.string(), self.score: number, self.log_prob: number,
-                 self.error: pa.string(), self.token_scores: pa.list_(pa.float64())}
+                 self.error: pa.string(), self.token_scores: pa.list_(pa.float64()),
+                 self.detected: pa.struct([("lang", pa.string()), ("confidence", pa.float64())])}
         if self.targets:
             return {**{target_column(name, code): kinds[name] for name in self.single.names for code in self.targets},
-                    **({self.error: kinds[self.error]} if self.error is not None else {})}
+                    **{name: kinds[name] for name in (self.detected, self.error) if name is not None}}
         if self.target is not None:
             kinds = {self.target: pa.string(), **kinds}
         return {name: kinds[name] for name in self.names}

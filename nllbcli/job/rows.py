@@ -1,5 +1,5 @@
-"""Row preparation: each row's languages (its own fields, else --src and --tgt), its text checked, split into
-sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
+"""Row preparation: each row's languages (its own fields, else --src and --tgt; a source of `auto` detected, per row
+or per sentence: detect_sources), its text checked, split into sentences (unless --no-split) and tokenized, a sentence longer than the model's positions (or --max-input-length)
 cut to fit (flagged); and, once translated, the sentences joined back into the row's translation. A row that
 cannot be translated gets its reason in its Outcome and fails alone.
 """
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..errors import NllbError
 from ..io import Added, Record
 from ..io.records import target_column
+from ..model.langid import AUTO, Detection, detect_languages
 from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
@@ -56,6 +57,8 @@ class Outcome:
     given: str | None = None  # a score job's: the row's translation, as given
     token_scores: list[float] | None = None  # a score job's, where asked: each token's log-probability, </s>'s last
     #                                          (a row of several sentences: theirs in turn)
+    detected: tuple[str, float] | None = None  # a row of source auto: its detected language(s) and the confidence
+    #                                            (detected_value)
 
 
 def status_of(outcome: Outcome) -> str:
@@ -87,9 +90,21 @@ def added_values(added: Added, outcome: Outcome) -> dict | None:
             values[added.log_prob] = outcome.log_prob
         if added.token_scores is not None:
             values[added.token_scores] = outcome.token_scores
+    if added.detected is not None:
+        values[added.detected] = detected_value(outcome)
     if added.error is not None:
         values[added.error] = None
     return values
+
+
+def detected_value(outcome: Outcome) -> dict | None:
+    """A row's --detected-field: {"lang": its detected code, "confidence": the detector's}, "lang" naming each
+    language in the order its sentences take them where they differ (eng_Latn,fra_Latn); null for a row whose
+    source language was not detected (given by --src or its own field)."""
+    if outcome.detected is None:
+        return None
+    lang, confidence = outcome.detected
+    return {"lang": lang, "confidence": round(confidence, 4)}
 
 
 def each_target(records: list[Record], job: Job) -> list[Record]:
@@ -112,7 +127,7 @@ def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
         error = next((o.error for o in copies if o.error is not None), None)
         rows.append(Outcome(None if error else copies[0].translation, error, any(o.cut for o in copies),
                             any(o.max_length for o in copies), [part for o in copies for part in o.parts],
-                            targets=copies, tokens=sum(o.tokens for o in copies)))
+                            targets=copies, tokens=sum(o.tokens for o in copies), detected=copies[0].detected))
     return rows
 
 
@@ -133,7 +148,7 @@ def written_rows(records: list[Record], outcomes: list[Outcome], added: Added) -
 
 def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str, str]:
     """The row's source and target language: its own fields where it has them, else --src and --tgt; the target
-    the job gives a copy of the row (each_target) over both."""
+    the job gives a copy of the row (each_target) over both. A source of `auto` (AUTO) is left for detect_sources."""
     languages = []
     for name, default, option in ((job.src_field, job.src, "--src"), (job.tgt_field, job.tgt, "--tgt")):
         if option == "--tgt" and record.tgt is not None:
@@ -146,6 +161,8 @@ def row_languages(record: Record, job: Job, known: tuple[str, ...]) -> tuple[str
             languages.append(default)
         elif not isinstance(value, str):
             raise NllbError(f"{record.where}: field {name!r} is {type(value).__name__}, not a language code.")
+        elif option == "--src" and value.strip().lower() == AUTO:
+            languages.append(AUTO)
         else:
             try:
                 languages.append(resolve_lang(value, known))
@@ -198,10 +215,9 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
     limit = min(translator.config.max_position_embeddings, job.max_input_length or sys.maxsize)
     known = tuple(tokenizer.lang_codes)
     outcomes = [Outcome(tgt=record.tgt or "") for record in records]  # a copy's target, failed or not (each_target)
-    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
-    numbers: list[int] = []  # each sentence's number in its row
+    rows: list[tuple[int, list[str], list[str], str]] = []  # (row, its sentences, their sources, tgt) of good rows
     prefixes: dict[int, list[int]] = {}  # a row's prefix's pieces (--prefix-field), where it has one
-    targets: list[tuple[str, str]] = []  # a score job's: each sentence's given translation and its language
+    scored: dict[int, list[str]] = {}  # a score job's: each row's given translations, a sentence each
     for position, (record, outcome) in enumerate(zip(records, outcomes)):
         try:
             if record.error:
@@ -214,20 +230,28 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             if job.task == "score":
                 row_texts, row_targets = scoring_pairs(record, job)
                 outcome.given = record.fields[job.target_field]
+                scored[position] = row_targets
             elif job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:
                 row_texts = [record.text] if record.text.strip() else []
-            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt) for text in row_texts]
-            numbers += range(len(row_texts))
-            if job.task == "score":
-                targets += [(text, tgt) for text in row_targets]
             if job.prefix_field is not None:
                 prefix = row_prefix(tokenizer, record, job.prefix_field, tgt)
                 if prefix:
                     prefixes[position] = prefix
+            rows.append((position, row_texts, [src] * len(row_texts), tgt))
         except NllbError as error:
             outcome.error = str(error)
+    detect_sources(records, outcomes, rows, known)
+    texts: list[tuple[int, str, str, str]] = []  # (row, text, src, tgt) of every sentence
+    numbers: list[int] = []  # each sentence's number in its row
+    targets: list[tuple[str, str]] = []  # a score job's: each sentence's given translation and its language
+    for position, row_texts, sources, tgt in rows:
+        if outcomes[position].error is None:
+            texts += [(position, bound_text(tokenizer, text, src, limit), src, tgt)
+                      for text, src in zip(row_texts, sources)]
+            numbers += range(len(row_texts))
+            targets += [(text, tgt) for text in scored.get(position, [])]
     encoded = encode_texts(tokenizer, [(text, src) for _, text, src, _ in texts])
     given = encode_texts(tokenizer, targets) if job.task == "score" else [None] * len(texts)
     positions = translator.config.max_position_embeddings
@@ -290,6 +314,42 @@ def scoring_pairs(record: Record, job: Job) -> tuple[list[str], list[str]]:
         raise NllbError(f"{record.where}: the text has {len(sources)} sentence(s) and its translation {len(targets)}: "
                         "score the row whole (without --split).")
     return sources, targets
+
+
+def detect_sources(records: list[Record], outcomes: list[Outcome], rows: list[tuple[int, list[str], list[str], str]],
+                   known: tuple[str, ...]) -> None:
+    """Each sentence's source language where its row's is auto (`rows`: each good row's position, sentences, their
+    sources, set here in place, and target), detected for the chunk at once: each sentence, and where one of a row
+    of several is not detected, the row whole (sentence_languages). The row's Outcome gets what was detected
+    (Outcome.detected); a row whose language cannot be detected, or is one the model does not know, fails naming
+    the detector's guess."""
+    wanted = [(position, texts, sources) for position, texts, sources, _ in rows if AUTO in sources and texts]
+    if not wanted:
+        return
+    asked = list(dict.fromkeys(text for _, texts, _ in wanted for text in texts))  # a row's copies (--tgt a,b) once
+    found = dict(zip(asked, detect_languages(asked, known)))
+    parts = [[found[text] for text in texts] for _, texts, _ in wanted]
+    again = [n for n, ((_, texts, _), each) in enumerate(zip(wanted, parts))
+             if len(texts) > 1 and any(d.code is None for d in each)]
+    whole = dict(zip(again, detect_languages([records[wanted[n][0]].text for n in again], known)))
+    for n, ((position, texts, sources), each) in enumerate(zip(wanted, parts)):
+        row = whole.get(n, each[0])
+        languages = sentence_languages(row, each)
+        outcome = outcomes[position]
+        if languages is None:
+            outcome.error = f"{records[position].where}: {row.reason}."
+            continue
+        sources[:] = languages
+        used = [d.confidence for d in (*each, row) if d.code is not None and d.code in languages]
+        outcome.detected = (",".join(dict.fromkeys(languages)), min(used))
+
+
+def sentence_languages(row: Detection, sentences: list[Detection]) -> list[str] | None:
+    """Each sentence's source language in a row whose language is detected (`sentences`: its sentences'
+    Detections; `row`: the whole row's where one of several is not detected, else the first sentence's): a
+    sentence's own where it is detected, else the row's. None where a sentence has neither: the row fails."""
+    languages = [found.code or row.code for found in sentences]
+    return None if None in languages else languages
 
 
 def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dict[int, list[str]],

@@ -1,0 +1,143 @@
+"""--src auto: each row's language detected (model.langid), per sentence where a row's differ, mapped to the loaded
+model's codes; a row whose language cannot be detected, or that the model lacks, fails alone naming the guess."""
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+
+import nllbcli
+from nllbcli.cli import cli
+from nllbcli.model import langid
+from nllbcli.model.langid import detect, detect_languages
+from nllbcli.model.langs import FLORES_200_CODES
+from nllbcli.model.translator import load_tokenizer
+from nllbcli.options import DecodeOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "data" / "samples" / "model"
+HELDOUT = ROOT / "data" / "samples" / "heldout"
+LANGS = ["eng_Latn", "fra_Latn", "deu_Latn", "spa_Latn", "ita_Latn"]
+LATIN = "Gallia est omnis divisa in partes tres, quarum unam incolunt Belgae."  # Latin: no NLLB language
+
+
+def heldout(lang, line):
+    return (HELDOUT / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[line]
+
+
+@pytest.fixture(scope="module")
+def translator():
+    return nllbcli.load(str(SAMPLE), "cpu")
+
+
+def translate(args, given=""):
+    return CliRunner().invoke(cli, ["translate", "-q", "-m", str(SAMPLE), "--device", "cpu", "--beam-size", "1",
+                                    *args], input=given)
+
+
+def test_detections_map_to_the_models_codes_with_the_script_the_text_is_written_in():
+    texts = ["The wedding is on the nineteenth of January.", "這是一個測試，我們會說中文。", "这是一个测试，我们会说中文。",
+             "Ово је реченица коју пишем данас на српском језику.",
+             "Ovo je rečenica, koju pišem danas na hrvatskom jeziku, a sutra ću pisati drugu."]
+    assert [code for code, _ in detect(texts, FLORES_200_CODES)] == [
+        "eng_Latn", "zho_Hant", "zho_Hans", "srp_Cyrl", "hrv_Latn"]
+    m2m = tuple(load_tokenizer(str(ROOT / "tests" / "models" / "tiny-m2m")).lang_codes)
+    assert [code for code, _ in detect(texts, m2m)] == ["en", "zh", "zh", "sr", "hr"]
+    assert [code for code, _ in detect(texts[:2], tuple(LANGS))] == ["eng_Latn", None]
+
+
+def test_an_undetectable_text_or_a_language_the_model_lacks_has_no_code_and_a_reason_naming_the_guess():
+    latin, numbers = detect_languages([LATIN, "12 345"], FLORES_200_CODES)
+    (english,) = detect_languages(["The wedding is on Saturday."], FLORES_200_CODES, 0.999)
+    assert (latin.code, latin.guess) == (None, "la")
+    assert latin.reason == f"the detected language is Latin (la, confidence {latin.confidence:.2f}), which the model does not know"
+    assert numbers == langid.Detection(None, 0.0, "", "the language cannot be detected: the text has no letters")
+    assert english.code is None and english.reason == ("the language cannot be detected: the detector's best guess "
+                                                       f"is English (en, confidence {english.confidence:.2f}), below 0.999")
+
+
+def test_src_auto_translates_each_rows_language_and_each_sentence_of_a_mixed_row_in_its_own(tmp_path):
+    rows = [heldout(lang, 1) for lang in ("eng_Latn", "fra_Latn", "spa_Latn", "ita_Latn")]
+    rows.append(f"{heldout('fra_Latn', 1)} {heldout('spa_Latn', 2)}")  # French, then Spanish
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": text}) + "\n" for text in rows))
+    result = translate(["--src", "auto", "--tgt", "deu_Latn", "--detected-field", "detected", str(source)])
+    assert result.exit_code == 0, result.output
+    written = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["translation"] for row in written] == [heldout("deu_Latn", 1)] * 4 + [
+        f"{heldout('deu_Latn', 1)} {heldout('deu_Latn', 2)}"]
+    assert [row["detected"]["lang"] for row in written] == [
+        "eng_Latn", "fra_Latn", "spa_Latn", "ita_Latn", "fra_Latn,spa_Latn"]
+    assert all(0.3 <= row["detected"]["confidence"] <= 1 for row in written)
+
+
+def test_a_row_that_cannot_be_detected_fails_alone_naming_the_detectors_guess(tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text(f"{heldout('eng_Latn', 1)}\n{LATIN}\n12 345\n")
+    (confidence,) = [c for _, c in detect([LATIN], FLORES_200_CODES)]
+    result = translate(["--src", "auto", "--tgt", "fra_Latn", "--on-error", "skip", str(source)])
+    assert result.exit_code == 3
+    assert result.stdout == f"{heldout('fra_Latn', 1)}\n\n\n"
+    assert result.stderr == (
+        f"Skipped: {source}:2: the detected language is Latin (la, confidence {confidence:.2f}), which the model "
+        f"does not know.\nSkipped: {source}:3: the language cannot be detected: the text has no letters.\n")
+    failed = translate(["--src", "auto", "--tgt", "fra_Latn", str(source)])
+    assert failed.exit_code == 1
+    assert failed.stderr.endswith(f"Error: {source}:2: the detected language is Latin (la, confidence "
+                                  f"{confidence:.2f}), which the model does not know.\n")
+
+
+def test_a_rows_own_source_field_may_say_auto(tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": heldout("ita_Latn", 1), "src_lang": "auto"}) + "\n"
+                      + json.dumps({"text": heldout("spa_Latn", 1), "src_lang": "spa_Latn"}) + "\n")
+    result = translate(["--tgt", "eng_Latn", "--detected-field", "detected", str(source)])
+    assert result.exit_code == 0, result.output
+    written = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["translation"] for row in written] == [heldout("eng_Latn", 1)] * 2
+    assert written[0]["detected"]["lang"] == "ita_Latn" and written[1]["detected"] is None
+
+
+def test_detected_field_needs_an_output_with_fields():
+    result = translate(["--src", "auto", "--tgt", "fra_Latn", "--detected-field", "detected"], "Hello.\n")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines()[-1] == ("Error: --detected-field needs JSONL, Parquet or CSV output: a text "
+                                              "output has one translation a line and no fields.")
+
+
+def test_a_missing_detector_is_one_line_naming_the_install(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "fasttext", None)
+    langid.load_detector.cache_clear()
+    try:
+        result = translate(["--src", "auto", "--tgt", "fra_Latn"], "Hello.\n")
+    finally:
+        langid.load_detector.cache_clear()
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: --src auto needs the language detector, which is not installed here (import of fasttext halted; None in "
+        "sys.modules): pip install 'nllbcli[langid]' in nllbcli's checkout.\n")
+
+
+def test_the_api_takes_src_auto(translator):
+    results = nllbcli.translate(translator, [heldout("fra_Latn", 2), LATIN], "auto", "eng_Latn",
+                                DecodeOptions(beam_size=1))
+    assert results[0].text == heldout("eng_Latn", 2) and results[0].detected["lang"] == "fra_Latn"
+    assert results[1].text is None and "the detected language is Latin (la, " in results[1].error
+    table = nllbcli.translate_table(translator, pa.table({"text": [heldout("deu_Latn", 2)]}), src="auto",
+                                    tgt="eng_Latn", decode=DecodeOptions(beam_size=1), detected_field="detected")
+    assert table.column("translation").to_pylist() == [heldout("eng_Latn", 2)]
+    assert table.schema.field("detected").type == pa.struct([("lang", pa.string()), ("confidence", pa.float64())])
+    assert table.column("detected").to_pylist()[0]["lang"] == "deu_Latn"
+
+
+def test_sparks_schema_has_the_detected_struct():
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    from nllbcli.spark import partition_translator
+
+    translate = partition_translator(str(SAMPLE), device="cpu", src="auto", tgt="fra_Latn", detected_field="detected")
+    schema = translate.schema(StructType([StructField("text", StringType())]))
+    assert schema["detected"].dataType == StructType([StructField("lang", StringType()),
+                                                      StructField("confidence", DoubleType())])
