@@ -17,6 +17,7 @@ from ..io.records import target_column
 from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
+from .protect import Layout, check_spans, placeholders_error, protected_layout, restore
 
 if TYPE_CHECKING:
     from ..model.search import Hypothesis
@@ -52,6 +53,7 @@ class Outcome:
     tgt: str = ""
     targets: list[Outcome] | None = None  # several target languages (each_target): each one's, in the job's order
     tokens: int = 0  # tokens generated for the row's sentences (each one's best translation)
+    layout: Layout | None = None  # a protected row's (--protect): its spans and how its sentences fit between them
 
 
 def status_of(outcome: Outcome) -> str:
@@ -202,7 +204,9 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             src, tgt = row_languages(record, job, known)
             outcome.tgt = tgt
             check_text(record, job.field, record.text)
-            if job.split:
+            if job.protect or record.protect:
+                row_texts, outcome.layout = protected_layout(record.text, job.split)
+            elif job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:
                 row_texts = [record.text] if record.text.strip() else []
@@ -259,7 +263,9 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
         joined = []
         for k in range(decode.num_hypotheses):
             parts = [texts[k] for texts in outcome.parts]
-            if outcome.gaps is None:
+            if outcome.layout is not None:
+                joined.append(restore(outcome.layout, parts, outcome.tgt))
+            elif outcome.gaps is None:
                 joined.append(parts[0] if parts else "")
             else:
                 joined.append(join_sentences(parts, outcome.gaps, outcome.tgt))
@@ -273,6 +279,23 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
                 outcome.log_prob, outcome.score = [lp for lp, _ in scored], [sc for _, sc in scored]
             else:
                 (outcome.log_prob, outcome.score), = scored
+
+
+def check_placeholders(records: list[Record], outcomes: list[Outcome], job: Job) -> None:
+    """Fail each protected row whose translation (any of its hypotheses) does not hold its source's spans exactly
+    (protect.check_spans): it is never written with a placeholder lost or added. With --on-error fail the first
+    such row raises NllbError."""
+    for record, outcome in zip(records, outcomes):
+        if outcome.layout is None or outcome.error is not None:
+            continue
+        for text in outcome.hypotheses or [outcome.translation]:
+            reason = check_spans(outcome.layout.source, text)
+            if reason is not None:
+                message = placeholders_error(record.where, reason)
+                if job.on_error == "fail":
+                    raise NllbError(message)
+                outcome.translation, outcome.hypotheses, outcome.error = None, None, message
+                break
 
 
 def score_of(hypotheses: list[Hypothesis], decode: DecodeOptions) -> tuple[float, float]:
