@@ -303,7 +303,7 @@ def cli():
 @into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
 @into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (its own, each BLAS call on one thread, so the output does not depend on their number; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
-@into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
+@into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors; skip for a PO INPUT, whose failed entries stay untranslated]")
 @into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @into("job", "--no-record", field="record", convert=operator.not_, is_flag=True, help="Leave no record of the job beside OUTPUT once it has finished (.NAME.nllb-state.json, kept otherwise): a --resume then translates it again, and another job replaces OUTPUT only with --force.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
@@ -355,6 +355,8 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     jobs = [checked_job(replace(base, input=input, output=output), run.input_format, run.output_format, run.resume,
                         targets_as)
             for input, output in pairs]
+    if job["on_error"] is None and not job["errors"]:  # a catalogue's failed entry stays untranslated, named on stderr
+        jobs = [replace(each, on_error="skip") if each.input_format == "po" else each for each in jobs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
     languages = resolved_languages(model.model, base.src, base.tgt, base.targets)
@@ -563,7 +565,7 @@ def output_name(path: str, output_format: str | None) -> str:
     if output_format is None:
         return name
     compressed = os.path.splitext(name)[1] if compression_of(name) else ""  # in.jsonl.gz: in.txt.gz
-    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt", "csv": ".csv", "tsv": ".tsv"}[output_format]
+    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt", "csv": ".csv", "tsv": ".tsv", "po": ".po"}[output_format]
     return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 

@@ -143,7 +143,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     compressor = ExitStack()  # a stream's compression, ended after its last row
     if state is None:  # a stream: written as it goes
         stream = compressor.enter_context(compressing(output.stream, job.output_compression))
-        sink = open_sink(stream, job.output_format, job.added, source.schema, job.field, source.bom)
+        sink = open_sink(stream, job.output_format, job.added, source.schema, job.field, source.bom, source.document)
     else:
         sink = open_frames(output, job, source, saved)
 
