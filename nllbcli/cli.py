@@ -153,7 +153,7 @@ class RecordOption(click.Option):
 
 HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
     "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "output_field",
-                         "status_field", "overwrite_field", "force"),
+                         "status_field", "overwrite_field", "po_overwrite", "force"),
     "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field"),
     "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
@@ -298,6 +298,7 @@ def cli():
 @into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet or CSV column of the sum of log-probabilities. [default: log_prob]")
 @into("job", "--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @into("job", "--no-split", field="split", convert=operator.not_, is_flag=True, help="Translate each row whole instead of sentence by sentence.")
+@into("job", "--po-overwrite", is_flag=True, help="A PO INPUT's entries translated already (fuzzy ones too) are translated again; without it only untranslated entries are.")
 @into("job", "--protect", is_flag=True, help="Keep placeholders and markup out of the model's hands: {name}, %s, %(name)s, {{var}}, HTML/XML tags and entities, URLs and e-mail addresses come back exactly, in their order, and only the text between them is translated; a row whose translation would not keep them fails (--on-error). PO entries flagged python-format or c-format are protected without it. See docs/FORMATS.md, Protected spans.")
 @into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")

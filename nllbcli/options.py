@@ -267,6 +267,7 @@ class Job:
     #                             log_prob= LOG_PROB ||| SCORE, a hypothesis a line (nbest: marian's n-best layout)
     protect: bool = False  # placeholders, markup, URLs and e-mail addresses are kept out of the model's hands and
     #                        come back exactly (job/protect.py); a row whose translation would not keep them fails
+    po_overwrite: bool = False  # a PO input's entries translated already (fuzzy ones too) are translated again
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
 
@@ -276,7 +277,7 @@ class Job:
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
         "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field",
-        "protect"})
+        "protect", "po_overwrite"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:

@@ -138,10 +138,10 @@ def input_compression(path: str, name: str, head: bytes) -> str | None:
 
 @contextmanager
 def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, count: bool = False,
-               start: Position | None = None) -> Iterator[Input]:
+               start: Position | None = None, retranslate: bool = False) -> Iterator[Input]:
     """Open a file (or stdin for `-`) as an Input, gzip or zstd decompressed (found from its first bytes);
     `count` asks for the row total when it is cheap to get; `start` continues after the rows an earlier run
-    read (--resume)."""
+    read (--resume); `retranslate`: a PO input's translated entries are rows too (--po-overwrite)."""
     from . import delimited, jsonl, parquet, po, text
 
     name = STDIN_NAME if path == "-" else path
@@ -169,7 +169,7 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             return
         if fmt == "po":  # a catalogue is read whole: its output is written from it
             try:
-                yield po.open_po(stream, name, field, start, identity)
+                yield po.open_po(stream, name, field, start, identity, retranslate)
             except READ_ERRORS as error:
                 raise read_error(name, error) from None
             return

@@ -3,7 +3,7 @@ written back with their translations.
 
 Reading: an entry is a row (a plural entry two: its msgid, then its msgid_plural) when it is not obsolete, is
 not the header, and has no translation yet (msgstr, and every msgstr[n], empty); entries already translated,
-fuzzy ones included, are left as they are. A row's fields: the text (--field's name), msgctxt, and where it
+fuzzy ones included, are left as they are unless --po-overwrite translates them again. A row's fields: the text (--field's name), msgctxt, and where it
 goes (po_entry: the entry's number in the catalogue, po_form: msgid or msgid_plural). An entry flagged
 python-format, c-format or another *-format is protected (Record.protect): its placeholders come back exactly.
 
@@ -50,11 +50,12 @@ def read_catalogue(data: bytes, name: str):
         raise NllbError(f"{name} is not a PO file: {error}") from None
 
 
-def untranslated(entry) -> bool:
-    """Whether the entry is one to translate: not obsolete, not the header, no translation in any form."""
+def to_translate(entry, retranslate: bool = False) -> bool:
+    """Whether the entry is one to translate: not obsolete, not the header, and no translation in any form
+    (`retranslate`: translated or not)."""
     if entry.obsolete or entry.msgid == "":
         return False
-    return not entry.msgstr and not any(entry.msgstr_plural.values())
+    return retranslate or (not entry.msgstr and not any(entry.msgstr_plural.values()))
 
 
 def protected(entry) -> bool:
@@ -62,11 +63,12 @@ def protected(entry) -> bool:
     return any(flag.endswith("-format") and not flag.startswith("no-") for flag in entry.flags)
 
 
-def catalogue_records(catalogue, name: str, field: str, position: Position) -> Iterator[Record]:
-    """The rows of the catalogue's entries to translate, after the `position.rows` an earlier run read."""
+def catalogue_records(catalogue, name: str, field: str, position: Position, retranslate: bool = False) -> Iterator[Record]:
+    """The rows of the catalogue's entries to translate (to_translate), after the `position.rows` an earlier
+    run read."""
     rows = 0
     for number, entry in enumerate(catalogue):
-        if not untranslated(entry):
+        if not to_translate(entry, retranslate):
             continue
         for form in FORMS[:1 + bool(entry.msgid_plural)]:
             rows += 1
@@ -79,11 +81,12 @@ def catalogue_records(catalogue, name: str, field: str, position: Position) -> I
             yield Record(position.rows - 1, text, fields, None, where, protect=protected(entry))
 
 
-def open_po(stream: BinaryIO, name: str, field: str, start: Position, identity: dict) -> Input:
+def open_po(stream: BinaryIO, name: str, field: str, start: Position, identity: dict,
+            retranslate: bool = False) -> Input:
     """A PO file's rows (catalogue_records) as an Input, its catalogue kept for the output (Input.document)."""
     catalogue = read_catalogue(stream.read(), name)
-    total = sum(1 + bool(entry.msgid_plural) for entry in catalogue if untranslated(entry))
-    records = catalogue_records(catalogue, name, field, start)
+    total = sum(1 + bool(entry.msgid_plural) for entry in catalogue if to_translate(entry, retranslate))
+    records = catalogue_records(catalogue, name, field, start, retranslate)
     return Input(records, total, None, start, identity, document=catalogue)
 
 
@@ -108,7 +111,7 @@ def plural_count(catalogue) -> int:
 
 def fill_catalogue(catalogue, frames: Iterator[bytes]) -> bytes:
     """The catalogue's bytes with the frames' translations filled in (each entry whose texts all have one,
-    marked fuzzy), in its own encoding."""
+    marked fuzzy), in its own encoding. Frames name only entries that were rows (catalogue_records)."""
     found: dict[int, dict[str, str]] = {}
     for line in frames:
         if line.strip():
@@ -117,7 +120,7 @@ def fill_catalogue(catalogue, frames: Iterator[bytes]) -> bytes:
     count = plural_count(catalogue)
     for number, entry in enumerate(catalogue):
         forms = found.get(number)
-        if forms is None or not untranslated(entry) or any(form not in forms for form in FORMS[:1 + bool(entry.msgid_plural)]):
+        if forms is None or any(form not in forms for form in FORMS[:1 + bool(entry.msgid_plural)]):
             continue
         if entry.msgid_plural:
             texts = [forms["msgid_plural"]] if count == 1 else [forms["msgid"]] + [forms["msgid_plural"]] * (count - 1)

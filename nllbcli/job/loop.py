@@ -106,7 +106,8 @@ def translate_file(
                 return counters
             saved = files.saved
             source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
-                                                    start=saved.position if saved else None))
+                                                    start=saved.position if saved else None,
+                                                    retranslate=job.po_overwrite))
             check_columns(source.schema, job.input, job.output_format,
                           {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
                            "--tgt-lang-field": job.tgt_field, "--status-field": job.status_field})

@@ -7,7 +7,7 @@ tags apart): so a span cannot be lost, duplicated, reordered or altered by it, a
 source's.
 
 A text between spans is translated when it holds a letter; one without (`, `, `!`, ` - `, `42`) is kept as it
-is, and so is the whitespace around each text, so that `Hello {name}, welcome!` keeps its spacing. With
+is, as is a sentence without one, and the whitespace around each text, so that `Hello {name}, welcome!` keeps its spacing. With
 sentence splitting, each text between spans is split into sentences apart: a sentence never holds a span, so a
 split cannot fall inside one.
 
@@ -63,8 +63,9 @@ def cut_at_spans(text: str) -> list[tuple[str, bool]]:
 @dataclass
 class Layout:
     """How a protected row's translation is put together: `items` in order, each a string kept as it is (a
-    span, whitespace, a text without a letter), or the gaps of a text's sentences (split_text's: one more than
-    its sentences), whose translations come in the row's order."""
+    span, whitespace, a text without a letter), or a text's sentences as (gaps, kept): split_text's gaps (one
+    more than its sentences) and each sentence's own text where it is kept (one without a letter: `!`), None
+    where its translation goes, which come in the row's order."""
 
     items: list
     source: str  # the row's text, whose spans the translation must hold (check_spans)
@@ -85,22 +86,24 @@ def protected_layout(text: str, split: bool) -> tuple[list[str], Layout]:
             body = piece.strip()
             start = len(piece) - len(piece.lstrip())
             found, gaps = [body], [piece[:start], piece[start + len(body):]]
-        sentences += found
-        items.append(gaps)
+        kept = [None if LETTER.search(sentence) else sentence for sentence in found]
+        sentences += [sentence for sentence, keep in zip(found, kept) if keep is None]
+        items.append((gaps, kept))
     return sentences, Layout(items, text)
 
 
 def restore(layout: Layout, translations: list[str], tgt: str) -> str:
     """The row's translation: its kept pieces, and its sentences' `translations` (in order) joined as
     join_sentences joins a row's, each text's own leading and trailing whitespace kept."""
-    parts, taken = [], 0
+    parts: list[str] = []
+    given = iter(translations)
     for item in layout.items:
         if isinstance(item, str):
             parts.append(item)
             continue
-        count = len(item) - 1
-        parts += [item[0], join_sentences(translations[taken:taken + count], item, tgt), item[-1]]
-        taken += count
+        gaps, kept = item
+        texts = [next(given) if keep is None else keep for keep in kept]
+        parts += [gaps[0], join_sentences(texts, gaps, tgt), gaps[-1]]
     return "".join(parts)
 
 
