@@ -316,7 +316,7 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
     The format comes from each file's extension (.jsonl, .ndjson, .json,
-    .parquet, .txt, .csv, .tsv, each optionally .gz or .zst) or
+    .parquet, .txt, .csv, .tsv, .po, .pot, each optionally .gz or .zst) or
     --input-format and --output-format; stdin and other inputs are sniffed
     from their bytes (CSV and TSV are named), gzip and zstd decompressed.
     JSONL, Parquet, CSV and TSV rows keep every field and gain the
