@@ -14,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from nllbcli.cli import cli
+from nllbcli.errors import NllbError
+from nllbcli.io.po import fill_catalogue, read_catalogue
 from nllbcli.job.signals import Stopped
 
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
@@ -183,3 +185,13 @@ def test_a_po_output_needs_a_po_input(fake, here):
     result = invoke("in.txt", "out.po")
     assert result.exit_code == 2
     assert "INPUT must be a PO file, not text" in result.output
+
+
+
+def test_a_charset_that_cannot_hold_the_translations_is_refused_in_one_sentence():
+    catalogue = read_catalogue(b'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=ASCII\\n"\n\n'
+                               b'msgid "Coffee"\nmsgstr ""\n', "app.po")
+    with pytest.raises(NllbError) as error:
+        fill_catalogue(catalogue, iter([b'{"entry": 0, "form": "msgid", "translation": "Caf\\u00e9"}\n']))
+    assert str(error.value).startswith("the catalogue's charset ASCII cannot hold its translations (")
+    assert str(error.value).endswith("): convert it to UTF-8 first (msgconv -t UTF-8).")

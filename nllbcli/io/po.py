@@ -129,7 +129,12 @@ def fill_catalogue(catalogue, frames: Iterator[bytes]) -> bytes:
             entry.msgstr = forms["msgid"]
         if "fuzzy" not in entry.flags:
             entry.flags.insert(0, "fuzzy")  # first, as msgmerge writes it
-    return str(catalogue).encode(catalogue.encoding or "utf-8", "strict")
+    charset = catalogue.encoding or "utf-8"
+    try:
+        return str(catalogue).encode(charset)
+    except (LookupError, UnicodeEncodeError) as error:
+        raise NllbError(f"the catalogue's charset {charset} cannot hold its translations ({error}): convert it to "
+                        "UTF-8 first (msgconv -t UTF-8).") from None
 
 
 class PoSink:
