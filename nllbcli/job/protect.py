@@ -27,14 +27,18 @@ from ..model.split import join_sentences, split_text
 # Each kind of span, tried at each position in this order (a URL may hold `%20` and `&amp;`, a tag `{x}`):
 KINDS = {
     "url": r"(?:https?|ftp)://[^\s<>\"'{}]+[^\s<>\"'{}.,;:!?)\]]|www\.[^\s<>\"'{}]+[^\s<>\"'{}.,;:!?)\]]",
-    "email": r"(?:mailto:)?[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
+    # from the start of a run of its characters only, so that a long run without an @ is scanned once, not once a
+    # character
+    "email": r"(?:mailto:)?(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}",
     "template": r"\{\{[^{}]*\}\}|\{%[^{}]*%\}",  # Jinja's and Mustache's {{ var }}, {% tag %}
     "brace": r"\{[^{}\s]*\}",  # Python's str.format and ICU's simple arguments: {}, {0}, {name}, {x:>10}
-    "named_percent": r"%\([^()\s]+\)[-#0+ ]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[diouxXeEfFgGcrsa%]",  # %(name)s
+    # a width never begins with 0, the flag: the flags and the width cannot both take a run of zeros
+    "named_percent": r"%\([^()\s]+\)[-#0+ ]*(?:[1-9]\d*|\*)?(?:\.(?:\d+|\*))?[diouxXeEfFgGcrsa%]",  # %(name)s
     # printf's %s, %5.2f, %1$s, %lld and %%; no ' ' flag, so that "50 % of" is text
-    "percent": r"%(?:\d+\$)?[-#0+']*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcrsaAp%@]",
+    "percent": r"%(?:[1-9]\d*\$)?[-#0+']*(?:[1-9]\d*|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|q|j|z|t)?[diouxXeEfFgGcrsaAp%@]",
     "comment": r"<!--.*?-->",
-    "tag": r"</?[A-Za-z][\w:.-]*(?:\s+[^<>]*?)?\s*/?>",  # <b>, </b>, <br/>, <a href="...">, <x:y/>
+    # <b>, </b>, <br/>, <a href="...">, <x:y/>; its attributes one run up to the next < or >, which is scanned once
+    "tag": r"</?[A-Za-z][\w:.-]*(?:\s[^<>]*)?/?>",
     "entity": r"&(?:[A-Za-z][A-Za-z0-9]*|#[0-9]+|#[xX][0-9A-Fa-f]+);",  # &amp; &#39; &#x2014;
 }
 SPANS = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in KINDS.items()), re.DOTALL)
