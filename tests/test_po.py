@@ -6,6 +6,8 @@ untranslated and named. The fake translator reverses each text."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import signal
 from pathlib import Path
 
@@ -195,3 +197,20 @@ def test_a_charset_that_cannot_hold_the_translations_is_refused_in_one_sentence(
         fill_catalogue(catalogue, iter([b'{"entry": 0, "form": "msgid", "translation": "Caf\\u00e9"}\n']))
     assert str(error.value).startswith("the catalogue's charset ASCII cannot hold its translations (")
     assert str(error.value).endswith("): convert it to UTF-8 first (msgconv -t UTF-8).")
+
+
+SAMPLE = str(Path(__file__).resolve().parent.parent / "data" / "samples" / "model")
+
+
+def test_two_workers_write_a_one_device_jobs_catalogue(tmp_path):
+    """--devices: the workers protect the *-format entries and the main process writes the same catalogue."""
+    (tmp_path / "app.po").write_text(HEADER.replace("{nplurals}", "2") + "".join(
+        f'\n#, python-format\nmsgid "{text} %(n)s"\nmsgstr ""\n' for text in
+        ["Tom went to Rome in May.", "My birthday is on the fourth of November.", "The wedding is in June."]))
+    base = [sys.executable, "-m", "nllbcli", "translate", "-q", "-m", SAMPLE, "--src", "en", "--tgt", "fr",
+            "--beam-size", "1", "--max-length", "24", "--chunk-rows", "1", "app.po"]
+    one = subprocess.run([*base, "one.po", "--device", "cpu"], cwd=tmp_path, capture_output=True, text=True)
+    two = subprocess.run([*base, "two.po", "--devices", "cpu:2"], cwd=tmp_path, capture_output=True, text=True)
+    assert (one.returncode, two.returncode) == (0, 0), one.stderr + two.stderr
+    assert (tmp_path / "two.po").read_text() == (tmp_path / "one.po").read_text()
+    assert 'msgstr "Tom est allé à Rome en mai. %(n)s"' in (tmp_path / "one.po").read_text()
