@@ -187,6 +187,9 @@ def test_a_po_output_needs_a_po_input(fake, here):
     result = invoke("in.txt", "out.po")
     assert result.exit_code == 2
     assert "INPUT must be a PO file, not text" in result.output
+    result = invoke("--po-overwrite", "in.txt", "out.txt")
+    assert result.exit_code == 2
+    assert result.stderr == "Error: --po-overwrite goes with a PO INPUT, and INPUT is text.\n"
 
 
 

@@ -30,6 +30,8 @@ def check_paths(job: Job) -> None:
     if job.output_format == "po" and job.input_format != "po":
         raise NllbError(f"a PO output is its input's catalogue with the translations filled in: INPUT must be a PO "
                         f"file, not {job.input_format}.")
+    if job.po_overwrite and job.input_format != "po":
+        raise NllbError(f"--po-overwrite goes with a PO INPUT, and INPUT is {job.input_format}.")
     if job.output_format == "po" and job.targets:
         raise NllbError("a PO output holds one language: translate into each of several --tgt languages apart.")
     written = []
