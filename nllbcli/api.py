@@ -94,17 +94,18 @@ def load(model: str | ModelOptions | None = None, device: str = "auto", adapter:
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
               decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
-              max_input_length: int | None = None, progress: bool = False) -> list[Result]:
+              max_input_length: int | None = None, protect: bool = False, progress: bool = False) -> list[Result]:
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA; src
     "auto": each text's language detected, in Result.detected, a text whose language cannot be detected failing);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
-    device's (the CLI's); `max_input_length` is --max-input-length; `progress` shows the bar on stderr."""
+    device's (the CLI's); `max_input_length` is --max-input-length; `protect` is --protect (placeholders and markup
+    come back exactly, or the text fails); `progress` shows the bar on stderr."""
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
     if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a list of strings, not {described(texts)}"
                         + (": put one text in a list, [text]." if isinstance(texts, str) else "."))
-    job = text_job(translator, src, tgt, split, max_input_length)
+    job = text_job(translator, src, tgt, split, max_input_length, protect)
     records = list(text_records(texts, job))
     return [result_of(o) for _, o in run_records(translator, records, job, model_decode(translator, decode), batching,
                                                  progress)]
@@ -112,7 +113,7 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
 
 def translate_iterable(translator: Translator, texts: Iterable[str], src: str, tgt: str,
                        decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
-                       max_input_length: int | None = None) -> Iterator[Result]:
+                       max_input_length: int | None = None, protect: bool = False) -> Iterator[Result]:
     """translate's Results for a stream of texts (any iterable: a file's lines, a generator), yielded in order as
     each chunk of `batching.read_chunk_rows` texts is translated: memory holds a chunk at a time, whatever the
     stream's length. The texts are taken as the results are asked for; the arguments are checked at the call."""
@@ -120,12 +121,13 @@ def translate_iterable(translator: Translator, texts: Iterable[str], src: str, t
     check_options(decode, batching, False)
     if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be an iterable of strings, not {described(texts)}.")
-    job, decode = text_job(translator, src, tgt, split, max_input_length), model_decode(translator, decode)
+    job = text_job(translator, src, tgt, split, max_input_length, protect)
+    decode = model_decode(translator, decode)
     chunks = chunk_outcomes(translator, text_records(texts, job), job, decode, batching, False)
     return (result_of(outcome) for _, outcomes in chunks for outcome in outcomes)
 
 
-def text_job(translator: Translator, src, tgt, split: bool, max_input_length: int | None) -> Job:
+def text_job(translator: Translator, src, tgt, split: bool, max_input_length: int | None, protect: bool = False) -> Job:
     """The job of translate's texts: one row each, its text in the record's field, every failure a value."""
     from .model.langid import resolve_source
     from .model.langs import resolve_lang
@@ -136,7 +138,7 @@ def text_job(translator: Translator, src, tgt, split: bool, max_input_length: in
     check_type("tgt", tgt, str, "a language code (a str), such as fra_Latn or fr")
     known = translator.tokenizer.lang_codes
     return Job(src=resolve_source(src, known), tgt=resolve_lang(tgt, known), split=split, on_error="skip",
-               output_format="jsonl", overwrite_field=True, max_input_length=max_input_length)
+               output_format="jsonl", overwrite_field=True, max_input_length=max_input_length, protect=protect)
 
 
 def text_records(texts: Iterable, job: Job) -> Iterator[Record]:
@@ -190,7 +192,8 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     split: bool = True, overwrite_field: bool = False, batching: BatchOptions | None = None,
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
                     prefix_field: str | None = None, targets_as: str = "columns", on_error: str | None = None,
-                    detected_field: str | None = None, progress: bool = False) -> pa.Table:
+                    detected_field: str | None = None, protect: bool = False,
+                    progress: bool = False) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
     `decode.num_hypotheses` above 1). A row that cannot be translated keeps its place by default: `on_error`
@@ -202,7 +205,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
     (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
     `tgt_field`). src="auto" (or "auto" in a row's `src_field`) detects each row's language; `detected_field`
-    (--detected-field) names a struct column that gets it, {lang, confidence}."""
+    (--detected-field) names a struct column that gets it, {lang, confidence}. `protect`: --protect."""
     from .model.langid import resolve_source
     from .model.langs import resolve_targets
 
@@ -217,7 +220,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
                     split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
-                    targets_as=targets_as, on_error=on_error, detected_field=detected_field)
+                    targets_as=targets_as, on_error=on_error, detected_field=detected_field, protect=protect)
     check_text_column(schema, TABLE, field)
     check_added_columns(schema, job, API_NAMES)
     position = Position()
@@ -232,7 +235,7 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               status_field: str | None, error_field: str | None, src_field: str, tgt_field: str, split: bool,
               overwrite_field: bool, max_input_length: int | None, score_field: str, log_prob_field: str,
               prefix_field: str | None, targets_as: str, on_error: str | None = None,
-              detected_field: str | None = None) -> Job:
+              detected_field: str | None = None, protect: bool = False) -> Job:
     """translate_table's job from its arguments (`targets`: the model's codes of `tgt`), its fields checked as
     the command checks its options' (job.spec.check_fields): a field named twice, or the translation over the
     text without `overwrite_field`, raises NllbError. `error_field` takes the errors file's place: a failed row
@@ -255,7 +258,7 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               status_field=status_field, error_field=error_field, overwrite_field=overwrite_field,
               max_input_length=max_input_length, score_field=score_field if decode.scores else None,
               log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,
-              prefix_field=prefix_field, detected_field=detected_field)
+              prefix_field=prefix_field, detected_field=detected_field, protect=protect)
     check_fields(job, API_NAMES)
     return job
 

@@ -154,12 +154,12 @@ class RecordOption(click.Option):
 
 HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options of each (by their parameter names)
     "Input and output": ("output_option", "input_format", "output_format", "text_layout", "field", "target_field",
-                         "target_file", "output_field", "status_field", "overwrite_field", "force"),
+                         "target_file", "output_field", "status_field", "overwrite_field", "po_overwrite", "force"),
     "Languages": ("src", "tgt", "targets_as", "src_lang_field", "tgt_lang_field", "detected_field"),
     "Decoding": ("beam_size", "max_length", "length_penalty", "no_repeat_ngram_size", "repetition_penalty",
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
                  "sampling_temperature", "seed", "prefix_field", "scores", "score_field", "log_prob_field",
-                 "token_scores", "max_input_length", "no_split", "split"),
+                 "token_scores", "max_input_length", "no_split", "split", "protect"),
     "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
                                     "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
     "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
@@ -300,11 +300,13 @@ def cli():
 @into("job", "--log-prob-field", help="With --scores: the JSONL field or Parquet or CSV column of the sum of log-probabilities. [default: log_prob]")
 @into("job", "--max-input-length", type=int, help="Cut each source sentence to this many tokens (the language token and </s> included), as a sentence longer than the model's positions is cut: the row's status says cut. [default: the model's positions]")
 @into("job", "--no-split", field="split", convert=operator.not_, is_flag=True, help="Translate each row whole instead of sentence by sentence.")
+@into("job", "--po-overwrite", is_flag=True, help="A PO INPUT's entries translated already (fuzzy ones too) are translated again; without it only untranslated entries are.")
+@into("job", "--protect", is_flag=True, help="Keep placeholders and markup out of the model's hands: {name}, %s, %(name)s, {{var}}, HTML/XML tags and entities, URLs and e-mail addresses come back exactly, in their order, and only the text between them is translated; a row whose translation would not keep them fails (--on-error). PO entries flagged python-format or c-format are protected without it. See docs/FORMATS.md, Protected spans.")
 @into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
 @into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (its own, each BLAS call on one thread, so the output does not depend on their number; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
-@into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors]")
+@into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors; skip for a PO INPUT, whose failed entries stay untranslated]")
 @into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
 @into("job", "--no-record", field="record", convert=operator.not_, is_flag=True, help="Leave no record of the job beside OUTPUT once it has finished (.NAME.nllb-state.json, kept otherwise): a --resume then translates it again, and another job replaces OUTPUT only with --force.")
 @click.option("--resume", is_flag=True, help="Continue an interrupted job on OUTPUT where it stopped; a job that finished already, on the same input with the same options, is not run again (starts afresh when there is nothing to continue).")
@@ -316,7 +318,7 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     Translate INPUT into OUTPUT (both default to -, stdin and stdout).
 
     The format comes from each file's extension (.jsonl, .ndjson, .json,
-    .parquet, .txt, .csv, .tsv, each optionally .gz or .zst) or
+    .parquet, .txt, .csv, .tsv, .po, .pot, each optionally .gz or .zst) or
     --input-format and --output-format; stdin and other inputs are sniffed
     from their bytes (CSV and TSV are named), gzip and zstd decompressed.
     JSONL, Parquet, CSV and TSV rows keep every field and gain the
@@ -342,13 +344,14 @@ def translate(job: dict, decode: dict, batching: dict, model: ModelOptions, run:
     if run.on_ray:
         return translate_on_ray(base, decoding, batching, model, run)
     # as given: several targets go to a text output as rows by default (checked_job)
-    run_jobs(base, decoding, batching, model, run, job["targets_as"])
+    run_jobs(base, decoding, batching, model, run, job["targets_as"], job["on_error"] is None and not job["errors"])
 
 
 def run_jobs(base: Job, decoding: DecodeOptions, batching: dict, model: ModelOptions, run: Run,
-             targets_as: str | None = None) -> None:
+             targets_as: str | None = None, default_on_error: bool = False) -> None:
     """The command's jobs, an INPUT and its OUTPUT each, on the one model the command loads (or its --devices
-    workers); exits with the worst exit code of them (0, 1 or 3)."""
+    workers); exits with the worst exit code of them (0, 1 or 3). `default_on_error`: --on-error was not given
+    (nor --errors), and a PO input's failed entries are skipped."""
     from dataclasses import replace
 
     for option, given in (("--ray-address", run.ray_address), ("--ray-actors", run.ray_actors)):
@@ -363,6 +366,8 @@ def run_jobs(base: Job, decoding: DecodeOptions, batching: dict, model: ModelOpt
     jobs = [checked_job(replace(base, input=input, output=output), run.input_format, run.output_format, run.resume,
                         targets_as)
             for input, output in pairs]
+    if default_on_error:  # a catalogue's failed entry stays untranslated, named on stderr
+        jobs = [replace(each, on_error="skip") if each.input_format == "po" else each for each in jobs]
     if len(pairs) > 1:
         os.makedirs(os.path.dirname(pairs[0][1]) or ".", exist_ok=True)
     languages = resolved_languages(model.model, base.src, base.tgt, base.targets)
@@ -638,7 +643,7 @@ def output_name(path: str, output_format: str | None) -> str:
     if output_format is None:
         return name
     compressed = os.path.splitext(name)[1] if compression_of(name) else ""  # in.jsonl.gz: in.txt.gz
-    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt", "csv": ".csv", "tsv": ".tsv"}[output_format]
+    extension = {"jsonl": ".jsonl", "parquet": ".parquet", "text": ".txt", "csv": ".csv", "tsv": ".tsv", "po": ".po"}[output_format]
     return os.path.splitext(without_compression(name))[0] + extension + compressed
 
 

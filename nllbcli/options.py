@@ -267,6 +267,9 @@ class Job:
     #                              io.target_column), or each row once per target, its language in tgt_field (rows)
     text_layout: str = "plain"  # a text output's lines: the translations (plain), or ROW ||| TRANSLATION |||
     #                             log_prob= LOG_PROB ||| SCORE, a hypothesis a line (nbest: marian's n-best layout)
+    protect: bool = False  # placeholders, markup, URLs and e-mail addresses are kept out of the model's hands and
+    #                        come back exactly (job/protect.py); a row whose translation would not keep them fails
+    po_overwrite: bool = False  # a PO input's entries translated already (fuzzy ones too) are translated again
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
     task: str = "translate"  # translate each row, or score (`nllb score`) the translation its target_field holds
@@ -282,7 +285,8 @@ class Job:
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
         "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field", "task",
-        "target_field", "target_file", "token_scores_field", "detected_field"})
+        "target_field", "target_file", "token_scores_field", "detected_field",
+        "protect", "po_overwrite"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:

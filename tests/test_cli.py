@@ -397,7 +397,7 @@ def test_unknown_extension(fake, tmp_path):
     result = CliRunner().invoke(cli, TRANSLATE + [str(tmp_path / "in.txt"), str(tmp_path / "out.xlsx")])
     assert result.exit_code == 2
     assert result.stderr.startswith(f"Error: cannot tell the format of OUTPUT {tmp_path / 'out.xlsx'} from its extension "
-                                    "(tried: .xlsx; known: .jsonl, .ndjson, .json, .parquet, .txt, .csv, .tsv, each "
+                                    "(tried: .xlsx; known: .jsonl, .ndjson, .json, .parquet, .txt, .csv, .tsv, .po, .pot, each "
                                     "optionally + .gz or .zst): name it with --output-format.")
     assert result.stderr.count("\n") == 1
     assert fake.loaded == []

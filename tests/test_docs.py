@@ -148,6 +148,9 @@ def make_files(where: Path) -> None:
         "en.txt": "".join(row["text"] + "\n" for row in bitext),
         "fr.txt": "".join(row["translation"] + "\n" for row in bitext),
         "in.csv": "id,text\n" + "".join(f'{n},"{text}"\n' for n, text in enumerate(english, 1)),
+        "templates.jsonl": json.dumps({"text": f"{english[0]} See <b>{{name}}</b> at https://example.com."}) + "\n",
+        "messages.pot": 'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+                        + "".join(f'#, python-format\nmsgid "{text} %(n)d"\nmsgstr ""\n\n' for text in english),
     }
     for name, text in files.items():
         (where / name).parent.mkdir(parents=True, exist_ok=True)

@@ -24,9 +24,9 @@ from .records import STDIN_NAME, Added, Input, Position, Record  # noqa: F401 - 
 from .streams import (READ_ERRORS, Lines, Replay, compression_in, compression_of, decompressing, describe_head,
                       is_terminal, read_error, read_magic, sniff, without_compression)
 
-FORMATS = ("jsonl", "parquet", "text", "csv", "tsv")
+FORMATS = ("jsonl", "parquet", "text", "csv", "tsv", "po")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".txt": "text",
-              ".csv": "csv", ".tsv": "tsv"}
+              ".csv": "csv", ".tsv": "tsv", ".po": "po", ".pot": "po"}
 KNOWN = ", ".join(EXTENSIONS) + ", each optionally + .gz or .zst"  # the extensions, as messages list them
 SIDES = {"input": "INPUT", "output": "OUTPUT"}
 
@@ -138,11 +138,11 @@ def input_compression(path: str, name: str, head: bytes) -> str | None:
 
 @contextmanager
 def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, count: bool = False,
-               start: Position | None = None) -> Iterator[Input]:
+               start: Position | None = None, retranslate: bool = False) -> Iterator[Input]:
     """Open a file (or stdin for `-`) as an Input, gzip or zstd decompressed (found from its first bytes);
     `count` asks for the row total when it is cheap to get; `start` continues after the rows an earlier run
-    read (--resume)."""
-    from . import delimited, jsonl, parquet, text
+    read (--resume); `retranslate`: a PO input's translated entries are rows too (--po-overwrite)."""
+    from . import delimited, jsonl, parquet, po, text
 
     name = STDIN_NAME if path == "-" else path
     start = Position(**vars(start)) if start else Position()
@@ -166,6 +166,12 @@ def open_input(path: str, fmt: str, field: str, stdin: BinaryIO | None = None, c
             # Parquet needs to seek: a stream or a compressed file is spooled to a temporary file, not held in memory
             source = path if regular and compression is None else stack.enter_context(spool(stream, name))
             yield parquet.open_parquet(source, name, field, start, identity)
+            return
+        if fmt == "po":  # a catalogue is read whole: its output is written from it
+            try:
+                yield po.open_po(stream, name, field, start, identity, retranslate)
+            except READ_ERRORS as error:
+                raise read_error(name, error) from None
             return
         arrived = None
         if not regular and compression is None:
@@ -317,12 +323,15 @@ def one_line(text: str) -> str:
     return LINE_BREAKS.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
-def open_sink(stream: BinaryIO, fmt: str, added: Added, schema: pa.Schema | None, field: str, bom: bool = False):
+def open_sink(stream: BinaryIO, fmt: str, added: Added, schema: pa.Schema | None, field: str, bom: bool = False,
+              document=None):
     """The writer of one format on a stream: `write(records, values) -> failed rows`, `close`, `abort`; values
     holds each row's added fields (Added) by name, None for a failed row. `bom`: a CSV or TSV output begins with
-    a byte-order mark (its input did)."""
-    from . import delimited, parquet
+    a byte-order mark (its input did); `document`: a PO output's catalogue (Input.document)."""
+    from . import delimited, parquet, po
 
+    if fmt == "po":
+        return po.PoSink(stream, added.translation, document)
     if fmt == "parquet":
         return parquet.ParquetSink(stream, schema, added, field)
     if fmt in delimited.FORMATS:

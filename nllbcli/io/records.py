@@ -31,6 +31,8 @@ class Record:
     row: int = 0
     raw: str | None = None  # a line that could not be read as a row (not JSON, not UTF-8), as text, for --errors
     tgt: str | None = None  # the target language the job gives this copy of the row (one of several: --tgt a,b)
+    protect: bool = False  # its placeholders and markup are kept out of the model's hands (job/protect.py) without
+    #                        --protect: a PO entry flagged python-format or c-format
 
 
 @dataclass
@@ -54,6 +56,7 @@ class Input:
     # for a pipe or terminal, whether its next line is there or comes within a timeout (seconds); else None
     arrived: Callable[[float], bool] | None = None
     bom: bool = False  # it began with a UTF-8 byte-order mark, which a CSV or TSV output keeps (Excel's files have one)
+    document: object = None  # a PO input's catalogue (polib.POFile), which a PO output is written from
 
 
 def record_of(index: int, fields: dict, field: str, where: str) -> Record:

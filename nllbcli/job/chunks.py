@@ -16,7 +16,8 @@ from ..model.engine.numerics import sentence_keys
 from ..errors import NllbError
 from ..io import Record
 from ..options import BatchOptions, DecodeOptions, Job
-from .rows import Outcome, Sentence, each_target, gather_targets, join_outcomes, prepare_records
+from .rows import (Outcome, Sentence, check_placeholders, each_target, gather_targets, join_outcomes,
+                   prepare_records)
 
 if TYPE_CHECKING:
     from .reader import Finisher
@@ -157,7 +158,12 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         else:
             outputs = record_failures(generated[n], batch, records, outcomes, job)
         run(lambda batch=batch, outputs=outputs: finish_batch(batch.positions, outputs))
-    run(lambda: join_outcomes(outcomes, sentences, texts, found, decode, job))
+
+    def join() -> None:
+        join_outcomes(outcomes, sentences, texts, found, decode, job)
+        check_placeholders(records, outcomes, job)
+
+    run(join)
 
 
 @dataclass

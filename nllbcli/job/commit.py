@@ -130,7 +130,7 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
             output.stream.flush()
             sink.resume(output.partial)
         return sink
-    if job.output_format != "parquet":
+    if job.output_format != "parquet":  # a PO output's frames too (io/po.py): written whole by finish_converter
         return open_sink(output.stream, job.output_format, job.added, None, job.field)
     sink = parquet.FrameSink(output.stream, source.schema, job.added, job.field)
     if saved is not None:
@@ -141,11 +141,11 @@ def open_frames(output: PartialFile, job: Job, source: Input, saved: Saved | Non
 
 def finish_converter(job: Job, source: Input):
     """How a finished partial file becomes OUTPUT when it is not simply renamed: Parquet written from its frames,
-    and a .gz or .zst output compressed (the partial file is written plain, so that --resume can cut it back to
-    a commit); None when a rename does."""
-    from ..io import file_mode, parquet
+    a PO catalogue from its input's and the frames' translations, and a .gz or .zst output compressed (the
+    partial file is written plain, so that --resume can cut it back to a commit); None when a rename does."""
+    from ..io import file_mode, parquet, po
 
-    if job.output_format != "parquet" and job.output_compression is None:
+    if job.output_format not in ("parquet", "po") and job.output_compression is None:
         return None
 
     def convert(partial: str, path: str) -> None:
@@ -156,6 +156,9 @@ def finish_converter(job: Job, source: Input):
             with compressing(target, job.output_compression) as sink:
                 if job.output_format == "parquet":
                     parquet.frames_to_parquet(partial, sink, source.schema, job.added, job.field)
+                elif job.output_format == "po":
+                    with open(partial, "rb") as frames:
+                        sink.write(po.fill_catalogue(source.document, frames))
                 else:
                     with open(partial, "rb") as lines:
                         shutil.copyfileobj(lines, sink, 1 << 20)

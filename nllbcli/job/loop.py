@@ -107,7 +107,8 @@ def translate_file(
                 return counters
             saved = files.saved
             source = stack.enter_context(open_input(job.input, job.input_format, job.field, count=mode != "none",
-                                                    start=saved.position if saved else None))
+                                                    start=saved.position if saved else None,
+                                                    retranslate=job.po_overwrite))
             check_columns(source.schema, job.input, job.output_format,
                           {"--field": job.field, "--output-field": job.output_field, "--src-lang-field": job.src_field,
                            "--tgt-lang-field": job.tgt_field, "--status-field": job.status_field})
@@ -176,7 +177,7 @@ def run(translator, job: Job, decode: DecodeOptions, batching: BatchOptions, sou
     compressor = ExitStack()  # a stream's compression, ended after its last row
     if state is None:  # a stream: written as it goes
         stream = compressor.enter_context(compressing(output.stream, job.output_compression))
-        sink = open_sink(stream, job.output_format, job.added, source.schema, job.field, source.bom)
+        sink = open_sink(stream, job.output_format, job.added, source.schema, job.field, source.bom, source.document)
     else:
         sink = open_frames(output, job, source, saved)
 

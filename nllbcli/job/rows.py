@@ -18,6 +18,7 @@ from ..model.langid import AUTO, Detection, detect_languages
 from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
+from .protect import Layout, check_spans, placeholders_error, protected_layout, restore
 
 if TYPE_CHECKING:
     from ..model.search import Hypothesis
@@ -59,6 +60,7 @@ class Outcome:
     #                                          (a row of several sentences: theirs in turn)
     detected: tuple[str, float] | None = None  # a row of source auto: its detected language(s) and the confidence
     #                                            (detected_value)
+    layout: Layout | None = None  # a protected row's (--protect): its spans and how its sentences fit between them
 
 
 def status_of(outcome: Outcome) -> str:
@@ -231,6 +233,8 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
                 row_texts, row_targets = scoring_pairs(record, job)
                 outcome.given = record.fields[job.target_field]
                 scored[position] = row_targets
+            elif job.protect or record.protect:
+                row_texts, outcome.layout = protected_layout(record.text, job.split)
             elif job.split:
                 row_texts, outcome.gaps = split_text(record.text)
             else:
@@ -375,7 +379,9 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
         joined = []
         for k in range(decode.num_hypotheses):
             parts = [texts[k] for texts in outcome.parts]
-            if outcome.gaps is None:
+            if outcome.layout is not None:
+                joined.append(restore(outcome.layout, parts, outcome.tgt))
+            elif outcome.gaps is None:
                 joined.append(parts[0] if parts else "")
             else:
                 joined.append(join_sentences(parts, outcome.gaps, outcome.tgt))
@@ -389,6 +395,23 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
                 outcome.log_prob, outcome.score = [lp for lp, _ in scored], [sc for _, sc in scored]
             else:
                 (outcome.log_prob, outcome.score), = scored
+
+
+def check_placeholders(records: list[Record], outcomes: list[Outcome], job: Job) -> None:
+    """Fail each protected row whose translation (any of its hypotheses) does not hold its source's spans exactly
+    (protect.check_spans): it is never written with a placeholder lost or added. With --on-error fail the first
+    such row raises NllbError."""
+    for record, outcome in zip(records, outcomes):
+        if outcome.layout is None or outcome.error is not None:
+            continue
+        for text in outcome.hypotheses or [outcome.translation]:
+            reason = check_spans(outcome.layout.source, text)
+            if reason is not None:
+                message = placeholders_error(record.where, reason)
+                if job.on_error == "fail":
+                    raise NllbError(message)
+                outcome.translation, outcome.hypotheses, outcome.error = None, None, message
+                break
 
 
 SCORED_AS_BEAMS = DecodeOptions(beam_size=2)  # score_of a score job's rows: their scores are beam search's

@@ -26,7 +26,14 @@ def follow_link(path: str | None) -> str | None:
 def check_paths(job: Job) -> None:
     """Refuse a job that would write over its own input: OUTPUT, the errors file and the files written beside
     them (partial, state) are each another file than INPUT, and the errors file another than OUTPUT, also
-    through a symbolic or hard link."""
+    through a symbolic or hard link. A PO output is written from a PO input's catalogue, in one language."""
+    if job.output_format == "po" and job.input_format != "po":
+        raise NllbError(f"a PO output is its input's catalogue with the translations filled in: INPUT must be a PO "
+                        f"file, not {job.input_format}.")
+    if job.po_overwrite and job.input_format != "po":
+        raise NllbError(f"--po-overwrite goes with a PO INPUT, and INPUT is {job.input_format}.")
+    if job.output_format == "po" and job.targets:
+        raise NllbError("a PO output holds one language: translate into each of several --tgt languages apart.")
     written = []
     if job.output != "-":
         written.append(("OUTPUT", job.output))
