@@ -230,6 +230,8 @@ def usable_cores() -> int:
 ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
 TARGETS_AS = ("columns", "rows")  # what --targets-as takes
 TEXT_LAYOUTS = ("plain", "nbest")  # what --text-layout takes
+ON_FLAG = ("write", "record", "fail")  # what --on-flag takes
+ROW_FLAGS = ("repetition", "wrong_language", "length_ratio", "low_score", "copy")  # what --flags takes (job/flags.py)
 
 
 @dataclass(frozen=True)
@@ -267,13 +269,26 @@ class Job:
     #                             log_prob= LOG_PROB ||| SCORE, a hypothesis a line (nbest: marian's n-best layout)
     error_field: str | None = None  # the API's: the column that gets each failed row's reason, every row kept (the
     #                                 command records failed rows in --errors instead)
+    flags: tuple[str, ...] = ()  # the row flags computed besides cut and max_length (ROW_FLAGS; job/flags.py);
+    #                              min_score and a length_ratio band turn theirs on too
+    on_flag: str = "write"  # write, record or fail: what a flagged row does (written; also in --errors; failed)
+    min_score: float | None = None  # low_score: a translation's log-probability per token below this; None: off
+    length_ratio_min: float | None = None  # length_ratio: the band of translation / source pieces a row keeps
+    length_ratio_max: float | None = None  #   within; None: the direction's measured band (flags.length_band)
+    retry_flagged: bool = False  # a flagged row is translated again with the retry's options, the better kept
+    retry_beam_size: int = 4  # the retry's beams ...
+    retry_no_repeat_ngram_size: int = 3  # ... its n-gram ban ...
+    retry_repetition_penalty: float = 1.2  # ... and its repetition penalty (DecodeOptions' meanings)
 
     # input: by its file's identity (job.spec.input_identity), so that a new day's file under the same name is
     # another job
     SHAPING: ClassVar[frozenset[str]] = frozenset({
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
-        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field"})
+        "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field",
+        # a row's status names its flags, --on-flag fail leaves flagged rows out, and the retry changes translations
+        "flags", "on_flag", "min_score", "length_ratio_min", "length_ratio_max", "retry_flagged", "retry_beam_size",
+        "retry_no_repeat_ngram_size", "retry_repetition_penalty"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
@@ -286,8 +301,14 @@ class Job:
             raise ValueError(f"--on-error is one of {', '.join(ON_ERROR)}, not {self.on_error}.")
         if self.on_error == "record" and not self.errors:
             raise ValueError("--on-error record needs --errors FILE to record the failed rows in.")
-        if self.errors and self.on_error != "record":
-            raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
+        if self.on_flag not in ON_FLAG:
+            raise ValueError(f"--on-flag is one of {', '.join(ON_FLAG)}, not {self.on_flag}.")
+        if self.on_flag == "record" and not self.errors:
+            raise ValueError("--on-flag record needs --errors FILE to record the flagged rows in.")
+        if self.errors and "record" not in (self.on_error, self.on_flag):
+            raise ValueError(f"--errors is only written with --on-error record (or --on-flag record), not "
+                             f"{self.on_error}.")
+        check_flags(self)
         if self.targets_as not in TARGETS_AS:
             raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
         if self.text_layout not in TEXT_LAYOUTS:
@@ -298,6 +319,26 @@ class Job:
         if self.max_input_length is not None and self.max_input_length > MAX_LENGTH:
             raise ValueError(f"--max-input-length is at most {MAX_LENGTH:,} (no model has more positions), not "
                              f"{self.max_input_length}.")
+
+    @property
+    def row_flags(self) -> tuple[str, ...]:
+        """The flags computed besides cut and max_length, in ROW_FLAGS' order: those named, low_score with
+        min_score, length_ratio with a band given."""
+        wanted = set(self.flags) | ({"low_score"} if self.min_score is not None else set()) | (
+            {"length_ratio"} if self.length_ratio_min is not None or self.length_ratio_max is not None else set())
+        return tuple(name for name in ROW_FLAGS if name in wanted)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether the rows' log-probabilities are computed for the flags or the retry (not written without
+        --scores)."""
+        return "low_score" in self.row_flags or self.retry_flagged
+
+    def retry_decode(self, decode: DecodeOptions) -> DecodeOptions:
+        """The retry's decoding: beam search with its n-gram ban and repetition penalty, one hypothesis, scores."""
+        return replace(decode, beam_size=self.retry_beam_size, no_repeat_ngram_size=self.retry_no_repeat_ngram_size,
+                       repetition_penalty=self.retry_repetition_penalty, num_hypotheses=1, scores=True,
+                       sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=None)
 
     @property
     def added(self) -> Added:
@@ -312,6 +353,30 @@ class Job:
         if self.targets_as == "columns":
             return replace(added, targets=self.targets)
         return replace(added, target=self.tgt_field)
+
+
+def check_flags(job: Job) -> None:
+    """Refuse flag options that mean nothing or cannot be met (Job's flags to retry_repetition_penalty)."""
+    unknown = [name for name in job.flags if name not in ROW_FLAGS]
+    if unknown:
+        raise ValueError(f"--flags takes {', '.join(ROW_FLAGS)} (or all), not {', '.join(unknown)}.")
+    if "low_score" in job.flags and job.min_score is None:
+        raise ValueError("the low_score flag needs --min-score: the log-probability per token below which a "
+                         "translation is flagged (docs/FLAGS.md).")
+    low, high = job.length_ratio_min, job.length_ratio_max
+    if (low is None) != (high is None) or low is not None and not 0 <= low < high:
+        raise ValueError(f"--length-ratio is MIN,MAX with 0 <= MIN < MAX, not {low},{high}.")
+    if job.retry_flagged and job.hypotheses > 1:
+        raise ValueError("--retry-flagged keeps one translation a row: it does not go with --num-hypotheses above 1.")
+    check_range("retry_beam_size", job.retry_beam_size, 1, MAX_BEAMS)
+    check_range("retry_no_repeat_ngram_size", job.retry_no_repeat_ngram_size, 0, MAX_LENGTH)
+    check_range("retry_repetition_penalty", job.retry_repetition_penalty, *FACTOR_RANGE)
+    if "wrong_language" in job.row_flags:
+        import importlib.util
+
+        if importlib.util.find_spec("nllbcli.model.langid") is None:
+            raise ValueError("the wrong_language flag needs nllbcli's language detector (nllbcli/model/langid.py), "
+                             "which this install lacks.")
 
 
 @dataclass(frozen=True)
