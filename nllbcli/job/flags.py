@@ -3,7 +3,7 @@
 the flags here are computed, where the job asks for them (Job.row_flags), from a row's sentences once they are
 joined: its source pieces, its best hypotheses' pieces and log-probabilities, its texts.
 
-    repetition      a translation's sentence repeats an n-gram of pieces back to back more than its source does
+    repetition      the translation repeats an n-gram of words back to back more than its source does
     wrong_language  the translation's detected language is not the target (a detector passed in)
     length_ratio    translation pieces / source pieces outside the direction's band
     low_score       log-probability per generated token below --min-score
@@ -30,9 +30,9 @@ Detect = Callable[[list[str], tuple[str, ...]], list[tuple[str | None, float]]] 
 
 STATUS_ORDER = ("cut", "max_length", "repetition", "wrong_language", "length_ratio", "low_score", "copy")
 
-REPEAT_NGRAM = 12  # repetition: n-grams of 1 to this many pieces are looked for (a loop of a short sentence)
-REPEAT_RUN = 4  # ... a translation's sentence with one back to back this many times or more is a loop, unless
-#                 its source has as long a run
+REPEAT_NGRAM = 8  # repetition: n-grams of 1 to this many words (characters: twice as many) are looked at ...
+REPEAT_RUN = 4  # ... one back to back this many times or more is a loop, unless the source repeats an n-gram of
+#                 a like size (half to twice as many words) as many times
 COPY_SIMILARITY = 0.9  # copy: difflib's ratio of the two texts' letters (casefolded) at least this ...
 COPY_MIN_LETTERS = 8  # ... where the source has this many letters or more (names, codes and numbers pass)
 WRONG_LANGUAGE_CONFIDENCE = 0.5  # wrong_language: the detector's confidence at least this
@@ -40,27 +40,65 @@ LENGTH_RATIO_MIN_PIECES = 4  # length_ratio: sources of fewer pieces than this a
 
 # length_ratio's bands, translation pieces / source pieces, by direction: the sample model's 100 held-out sentences
 # each way (python -m bench.length_ratio --bands), their least ratio / 1.25 to their largest x 1.25 (docs/FLAGS.md)
-LENGTH_BANDS: dict[tuple[str, str], tuple[float, float]] = {}
+LENGTH_BANDS: dict[tuple[str, str], tuple[float, float]] = {
+    ("deu_Latn", "eng_Latn"): (0.55, 2.0),
+    ("deu_Latn", "fra_Latn"): (0.62, 2.04),
+    ("deu_Latn", "ita_Latn"): (0.55, 1.61),
+    ("deu_Latn", "spa_Latn"): (0.7, 1.88),
+    ("eng_Latn", "deu_Latn"): (0.5, 1.79),
+    ("eng_Latn", "fra_Latn"): (0.56, 1.67),
+    ("eng_Latn", "ita_Latn"): (0.45, 1.48),
+    ("eng_Latn", "spa_Latn"): (0.51, 1.61),
+    ("fra_Latn", "deu_Latn"): (0.49, 1.61),
+    ("fra_Latn", "eng_Latn"): (0.6, 1.78),
+    ("fra_Latn", "ita_Latn"): (0.45, 1.43),
+    ("fra_Latn", "spa_Latn"): (0.6, 1.61),
+    ("ita_Latn", "deu_Latn"): (0.62, 1.79),
+    ("ita_Latn", "eng_Latn"): (0.67, 2.23),
+    ("ita_Latn", "fra_Latn"): (0.7, 2.23),
+    ("ita_Latn", "spa_Latn"): (0.7, 1.95),
+    ("spa_Latn", "deu_Latn"): (0.53, 1.43),
+    ("spa_Latn", "eng_Latn"): (0.62, 1.94),
+    ("spa_Latn", "fra_Latn"): (0.62, 1.67),
+    ("spa_Latn", "ita_Latn"): (0.51, 1.43),
+}
 GENERAL_BAND = (0.4, 2.5)  # any other direction
 
 
-def longest_run(units: Sequence, longest: int = REPEAT_NGRAM) -> int:
-    """The most times an n-gram of 1 to `longest` units occurs back to back in `units` (1: none repeats).
-    For each n, units[i] == units[i - n] along a streak of m positions is the n-gram repeated 1 + m // n times."""
-    best = 1
+def runs(units: Sequence, longest: int) -> list[int]:
+    """runs[n]: the most times an n-gram of `units` occurs back to back (1: none repeats), for n 1 to `longest`
+    (runs[0] is 1). Along a streak of m positions where units[i] == units[i - n], the n-gram repeats 1 + m // n
+    times."""
+    found = [1] * (longest + 1)
     for n in range(1, min(longest, len(units) // 2) + 1):
         streak = 0
         for i in range(n, len(units)):
             streak = streak + 1 if units[i] == units[i - n] else 0
-            best = max(best, 1 + streak // n)
-    return best
+            found[n] = max(found[n], 1 + streak // n)
+    return found
 
 
-def is_repetition(source: Sequence, translation: Sequence, run: int = REPEAT_RUN) -> bool:
-    """repetition: the translation has an n-gram (of up to REPEAT_NGRAM units) back to back `run` times or more,
-    more times than the source's longest such run (a source that says "ha ha ha ha" may be translated so)."""
-    found = longest_run(translation)
-    return found >= run and found > longest_run(source)
+def repetition_units(text: str) -> list[str]:
+    """What repetition counts in: a text's words, casefolded, without the punctuation around them; the
+    characters (spaces left out) of a text written mostly without spaces (under one space in 10 characters:
+    Chinese, Japanese, Thai)."""
+    words = [word.strip(PUNCTUATION) for word in text.casefold().split()]
+    if len(text) > 10 * len(words):
+        return [c for c in text.casefold() if not c.isspace()]
+    return [word for word in words if word]
+
+
+PUNCTUATION = ".,;:!?¿¡\"'«»“”„‘’()[]{}-–—…。、，！？"
+
+
+def is_repetition(source: str, translation: str, run: int = REPEAT_RUN) -> bool:
+    """repetition: the translation has an n-gram (of 1 to REPEAT_NGRAM words) back to back `run` times or
+    more, more times than the source repeats any n-gram of half to twice its size (a source that says "ha ha
+    ha ha", or a phrase five times over, may be translated so)."""
+    target, origin = repetition_units(translation), repetition_units(source)
+    longest = REPEAT_NGRAM if len(translation) <= 10 * max(1, len(translation.split())) else 2 * REPEAT_NGRAM
+    found, given = runs(target, longest), runs(origin, 2 * longest)
+    return any(count >= run and count > max(given[(n + 1) // 2:2 * n + 1]) for n, count in enumerate(found) if n)
 
 
 def letters(text: str) -> str:
@@ -143,7 +181,7 @@ def flag_rows(outcomes: list[Outcome], sentences: list[Sentence], found: dict[in
     for n, is_wrong in zip(rows, wrong):
         outcome, source, output = outcomes[n], sources.get(n, []), outputs.get(n, [])
         checks = {
-            "repetition": lambda: any(is_repetition(s, o) for s, o in zip(source, output)),
+            "repetition": lambda: is_repetition(records[n].text, outcome.translation),
             "wrong_language": lambda: is_wrong,
             "length_ratio": lambda: is_length_off(sum(map(len, source)), sum(map(len, output)),
                                                   length_band(job, outcome.src, outcome.tgt)),
