@@ -328,7 +328,7 @@ def cli():
 @into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
 @into("job", "--flags", convert=flag_list, metavar="LIST", help=f"Flags to compute for each row besides cut and max_length, comma-separated: {', '.join(ROW_FLAGS)} (each defined in docs/FLAGS.md). A row's flags go to its --status-field and the summary's counts; the row is written all the same (see --on-flag). [default: none; --min-score and --length-ratio turn theirs on]")
 @into("job", "--min-score", type=Between(-1e30, 0), help="low_score: flag a translation whose log-probability per generated token is below this (about -1.5 for loops and nonsense on the sample model: docs/FLAGS.md). [default: off]")
-@into("job", "--length-ratio", type=Band(), help="length_ratio: flag a row whose translation pieces / source pieces fall outside MIN,MAX. [default: the direction's band measured on the sample model, else 0.4,2.5; off unless --flags length_ratio or this is given]")
+@into("job", "--length-ratio", field="length_ratio_min", type=Band(), help="length_ratio: flag a row whose translation pieces / source pieces fall outside MIN,MAX. [default: the direction's band measured on the sample model, else 0.4,2.5; off unless --flags length_ratio or this is given]")
 @into("job", "--on-flag", type=click.Choice(ON_FLAG), default="write", show_default=True, help="A flagged row is written (write); written and also recorded in --errors with its flags and translation (record); or failed, which --on-error then deals with (fail).")
 @into("job", "--retry-flagged", is_flag=True, help="Translate each flagged row (cut alone aside) again, sentence by sentence, with beam search, an n-gram ban and a repetition penalty (--retry-*), and keep the translation with fewer flags, then the better log-probability per token; its status adds retried.")
 @into("job", "--retry-beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), default=Job.retry_beam_size, show_default=True, help="With --retry-flagged: the retry's beams.")
@@ -420,7 +420,7 @@ def option_records(job: dict, decode: dict, model: str) -> tuple[Job, DecodeOpti
     another (--score-field goes with --scores, --seed with sampling, several --tgt languages), then the records'
     own checks, each a usage error."""
     job, decode = dict(job), dict(decode)
-    job["length_ratio_min"], job["length_ratio_max"] = job.pop("length_ratio", None) or (None, None)
+    job["length_ratio_min"], job["length_ratio_max"] = job["length_ratio_min"] or (None, None)  # --length-ratio's band
     for option, name in (("--score-field", "score_field"), ("--log-prob-field", "log_prob_field")):
         if job[name] is not None and not decode["scores"]:
             raise InvalidUsage(f"{option} goes with --scores.")

@@ -274,7 +274,7 @@ class Job:
     on_flag: str = "write"  # write, record or fail: what a flagged row does (written; also in --errors; failed)
     min_score: float | None = None  # low_score: a translation's log-probability per token below this; None: off
     length_ratio_min: float | None = None  # length_ratio: the band of translation / source pieces a row keeps
-    length_ratio_max: float | None = None  #   within; None: the direction's measured band (flags.length_band)
+    length_ratio_max: float | None = None  #   within; None: that end of the direction's band (flags.length_band)
     retry_flagged: bool = False  # a flagged row is translated again with the retry's options, the better kept
     retry_beam_size: int = 4  # the retry's beams ...
     retry_no_repeat_ngram_size: int = 3  # ... its n-gram ban ...
@@ -306,8 +306,8 @@ class Job:
         if self.on_flag == "record" and not self.errors:
             raise ValueError("--on-flag record needs --errors FILE to record the flagged rows in.")
         if self.errors and "record" not in (self.on_error, self.on_flag):
-            raise ValueError(f"--errors is only written with --on-error record (or --on-flag record), not "
-                             f"{self.on_error}.")
+            raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}, or with "
+                             "--on-flag record.")
         check_flags(self)
         if self.targets_as not in TARGETS_AS:
             raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
@@ -355,6 +355,26 @@ class Job:
         return replace(added, target=self.tgt_field)
 
 
+FLAG_FIELDS = ("flags", "on_flag", "min_score", "length_ratio_min", "length_ratio_max", "retry_flagged",
+               "retry_beam_size", "retry_no_repeat_ngram_size", "retry_repetition_penalty")  # Job's, the API's flags
+
+
+def with_flags(job: Job, flags) -> Job:
+    """The API's job with its `flags` mapping (Job's FLAG_FIELDS by name: {"flags": ["repetition"],
+    "min_score": -0.5, "retry_flagged": True}) over it. on_flag "record" writes an errors file, which the API
+    has none of: a Result's status (translate_table's status_field) names the flags."""
+    if flags is None:
+        return job
+    if not hasattr(flags, "items") or set(flags) - set(FLAG_FIELDS):
+        raise TypeError(f"flags must be a mapping of {', '.join(FLAG_FIELDS)}, not {described(flags)}.")
+    if flags.get("on_flag") == "record":
+        raise ValueError("on_flag='record' writes the flagged rows to an errors file, which the API has none of: "
+                         "read each row's status.")
+    given = {name: tuple(value) if name == "flags" and isinstance(value, (list, tuple)) else value
+             for name, value in flags.items()}
+    return replace(job, **given)
+
+
 def check_flags(job: Job) -> None:
     """Refuse flag options that mean nothing or cannot be met (Job's flags to retry_repetition_penalty)."""
     unknown = [name for name in job.flags if name not in ROW_FLAGS]
@@ -364,7 +384,7 @@ def check_flags(job: Job) -> None:
         raise ValueError("the low_score flag needs --min-score: the log-probability per token below which a "
                          "translation is flagged (docs/FLAGS.md).")
     low, high = job.length_ratio_min, job.length_ratio_max
-    if (low is None) != (high is None) or low is not None and not 0 <= low < high:
+    if low is not None and low < 0 or high is not None and (high <= 0 or low is not None and low >= high):
         raise ValueError(f"--length-ratio is MIN,MAX with 0 <= MIN < MAX, not {low},{high}.")
     if job.retry_flagged and job.hypotheses > 1:
         raise ValueError("--retry-flagged keeps one translation a row: it does not go with --num-hypotheses above 1.")

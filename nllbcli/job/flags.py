@@ -118,10 +118,11 @@ def is_copy(source: str, translation: str) -> bool:
 
 
 def length_band(job: Job, src: str, tgt: str) -> tuple[float, float]:
-    """length_ratio's band for a direction: the job's (--length-ratio), else the measured one, else GENERAL_BAND."""
-    if job.length_ratio_min is not None:
-        return job.length_ratio_min, job.length_ratio_max
-    return LENGTH_BANDS.get((src, tgt), GENERAL_BAND)
+    """length_ratio's band for a direction: the job's ends (--length-ratio), else the measured band's, else
+    GENERAL_BAND's."""
+    low, high = LENGTH_BANDS.get((src, tgt), GENERAL_BAND)
+    return (low if job.length_ratio_min is None else job.length_ratio_min,
+            high if job.length_ratio_max is None else job.length_ratio_max)
 
 
 def is_length_off(source_pieces: int, translation_pieces: int, band: tuple[float, float]) -> bool:
