@@ -379,7 +379,7 @@ def check_flags(job: Job) -> None:
     """Refuse flag options that mean nothing or cannot be met (Job's flags to retry_repetition_penalty)."""
     unknown = [name for name in job.flags if name not in ROW_FLAGS]
     if unknown:
-        raise ValueError(f"--flags takes {', '.join(ROW_FLAGS)} (or all), not {', '.join(unknown)}.")
+        raise ValueError(f"--flags takes {', '.join(ROW_FLAGS)}, not {', '.join(unknown)}.")
     if "low_score" in job.flags and job.min_score is None:
         raise ValueError("the low_score flag needs --min-score: the log-probability per token below which a "
                          "translation is flagged (docs/FLAGS.md).")
