@@ -321,6 +321,12 @@ class Job:
                              f"{self.max_input_length}.")
 
     @property
+    def records_errors(self) -> bool:
+        """Whether the job writes an errors file: its failed rows (--on-error record), its flagged ones (--on-flag
+        record), or both."""
+        return bool(self.errors) and "record" in (self.on_error, self.on_flag)
+
+    @property
     def row_flags(self) -> tuple[str, ...]:
         """The flags computed besides cut and max_length, in ROW_FLAGS' order: those named, low_score with
         min_score, length_ratio with a band given."""

@@ -179,6 +179,10 @@ def test_on_flag_record_writes_the_flagged_rows_to_the_errors_file(looping):
     assert len(jsonl("out.jsonl")) == 2  # written all the same
     assert jsonl("flagged.jsonl") == [{"row": 2, "flags": ["repetition"], "translation": LOOP,
                                        "input": {"text": "a loop"}}]
+    # beside --on-error fail too
+    result = CliRunner().invoke(cli, TRANSLATE + ["-q", "--flags", "repetition", "--on-flag", "record", "--on-error",
+                                                  "fail", "--errors", "only.jsonl", "in.jsonl", "out2.jsonl"])
+    assert result.exit_code == 0 and jsonl("only.jsonl") == jsonl("flagged.jsonl")
 
 
 def test_on_flag_fail_fails_the_row(looping):
