@@ -284,3 +284,19 @@ def test_the_sample_models_loop_is_flagged_and_the_retry_clears_it(tmp_path):
     assert first["status"] == "repetition" and re.search(r"(vertes ){4}", first["translation"])
     again = json.loads(CliRunner().invoke(cli, args + ["--retry-flagged"]).stdout)
     assert again["status"] == "retried" and "vertes vertes" not in again["translation"]
+
+
+def test_worker_processes_give_the_same_flags_and_retries(tmp_path):
+    """--devices' workers run the same chunk worker: the same statuses, the same retried translations."""
+    import subprocess
+    import sys
+
+    (tmp_path / "in.txt").write_text(" ".join(["green"] * 10) + "\nMy uncle saw fourteen grey boxes in the park.\n")
+    args = [sys.executable, "-m", "nllbcli.cli", "translate", "-q", "-m", str(SAMPLE), "--src", "en", "--tgt", "fr",
+            "--beam-size", "1", "--flags", "repetition,length_ratio", "--min-score", "-0.5", "--retry-flagged",
+            "--status-field", "status", "in.txt"]
+    one = subprocess.run(args + ["one.jsonl"], cwd=tmp_path, capture_output=True, text=True)
+    two = subprocess.run(args + ["--devices", "cpu:1", "two.jsonl"], cwd=tmp_path, capture_output=True, text=True)
+    assert one.returncode == two.returncode == 0, one.stderr + two.stderr
+    assert (tmp_path / "one.jsonl").read_text() == (tmp_path / "two.jsonl").read_text()
+    assert [row["status"] for row in jsonl(tmp_path / "one.jsonl")] == ["low_score,retried", "ok"]
