@@ -130,7 +130,6 @@ def test_the_retry_keeps_fewer_flags_then_the_better_score_per_token():
 
 def test_status_names_every_flag_in_order():
     outcome = Outcome("x", cut=True, flags=["low_score", "repetition"], retried=True)
-    outcome.flags = ["repetition", "low_score"]
     assert status_of(outcome) == "cut,repetition,low_score,retried"
     assert status_of(Outcome("x")) == "ok"
 
@@ -148,6 +147,16 @@ def test_flags_go_to_the_status_and_the_summary(looping):
     # without --flags the rows are as they were
     assert CliRunner().invoke(cli, TRANSLATE + ["-q", "--status-field", "status", "in.jsonl", "plain.jsonl"]).exit_code == 0
     assert [row["status"] for row in jsonl("plain.jsonl")] == ["ok", "ok"]
+
+
+def test_each_target_gets_its_own_flags_and_the_summary_counts_the_row_once(looping):
+    Path("in.jsonl").write_text('{"text": "a loop"}\n')
+    result = CliRunner().invoke(cli, ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn,deu_Latn", "--flags",
+                                      "repetition", "--status-field", "status", "in.jsonl", "out.jsonl"])
+    assert result.exit_code == 0, result.output
+    row, = jsonl("out.jsonl")
+    assert (row["status_fra_Latn"], row["status_deu_Latn"]) == ("repetition", "repetition")
+    assert "1 flagged: 0 cut to fit the model, 0 stopped at --max-length, 1 repetition)" in result.stderr
 
 
 def test_min_score_flags_low_scores_without_writing_them(looping):

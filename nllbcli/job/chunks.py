@@ -122,6 +122,7 @@ class ChunkWorker:
                     raise NllbError(outcome.error)
 
     def codes(self) -> tuple[str, ...]:
+        """The model's language codes: those wrong_language's detector answers among."""
         return tuple(self.translator.tokenizer.lang_codes)
 
     def retry_rows(self, prepared: Prepared) -> None:
