@@ -26,7 +26,8 @@ from nllbcli.options import BatchOptions, DecodeOptions, Job
 
 ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "data" / "samples" / "heldout"
-MIN_SCORE = -0.5  # below every held-out translation's log-probability per token (least -0.38: bench.length_ratio --bands)
+MIN_SCORE = -0.5  # below every held-out translation's log-probability per token (the least: -0.38,
+#                   bench.length_ratio --bands)
 OUT_OF_DOMAIN = [
     "The mitochondria is the powerhouse of the cell.", "SELECT * FROM users WHERE id = 42;", "lol",
     "Ω≈ç√∫˜µ≤≥÷", "asdf qwer zxcv uiop hjkl", "I I I I I I I I I I I I", "12 12 12 12 12 12 12 12",

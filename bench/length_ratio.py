@@ -69,7 +69,8 @@ def print_bands(tr, langs: list[str], beam_size: int) -> None:
             found = [h[0] for h in tr.generate_hypotheses(ids, tgt, decode)]
             ratio = np.array([len(h.ids) / (len(s) - 2) for s, h in zip(ids, found)])
             per_token += [h.log_prob / (len(h.ids) + 1) for h in found]
-            band = (math.floor(ratio.min() / BAND_WIDENING * 100) / 100, math.ceil(ratio.max() * BAND_WIDENING * 100) / 100)
+            band = (math.floor(ratio.min() / BAND_WIDENING * 100) / 100,
+                    math.ceil(ratio.max() * BAND_WIDENING * 100) / 100)
             bands[(src, tgt)] = band
             print(f"| {src} → {tgt} | {ratio.min():.2f} | {np.median(ratio):.2f} | {ratio.max():.2f} | "
                   f"{band[0]:.2f}–{band[1]:.2f} |")

@@ -103,7 +103,8 @@ class ChunkWorker:
 
             generated, tally = self.on_engine(generate_all), None
         translate_prepared(self.translator, prepared.copies, prepared.outcomes, prepared.sentences, self.job,
-                           self.decode, tally, finisher, prepared.batches, generated, lambda found: self.finish_rows(prepared, found))
+                           self.decode, tally, finisher, prepared.batches, generated,
+                           lambda found: self.finish_rows(prepared, found))
 
     def finish_rows(self, prepared: Prepared, found: dict[int, list[Hypothesis]]) -> None:
         """The joined rows' flags, the retry of the flagged ones, --on-flag fail; the scores dropped where the

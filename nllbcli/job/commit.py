@@ -94,8 +94,8 @@ def flagged_lines(chunk: list[Record], outcomes: list[Outcome], job: Job) -> lis
     flagged = [(record, outcome) for record, outcome in zip(chunk, outcomes)
                if outcome.error is None and flag_names(outcome)]
     sources = failed_inputs([record for record, _ in flagged], job)
-    return [error_line(record, None, job, source, {"flags": flag_names(outcome) + (["retried"] if outcome.retried else []),
-                                                    "translation": outcome.translation})
+    return [error_line(record, None, job, source,
+                       {"flags": flag_names(outcome) + ["retried"] * outcome.retried, "translation": outcome.translation})
             for (record, outcome), source in zip(flagged, sources)]
 
 
