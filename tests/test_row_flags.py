@@ -233,6 +233,8 @@ def test_retry_flagged_translates_the_flagged_rows_again_and_keeps_the_better(lo
     (["--length-ratio", "2,1"], "'2,1' is not a band: 0 <= MIN < MAX."),
     (["--retry-flagged", "--beam-size", "2", "--num-hypotheses", "2"],
      "--retry-flagged keeps one translation a row: it does not go with --num-hypotheses above 1."),
+    (["--ray", "--flags", "repetition", "--on-flag", "record", "--errors", "e.jsonl"],
+     "--on-flag record is not written by a --ray job: find the flagged rows by their --status-field in its parts."),
 ])
 def test_flag_options_that_cannot_be_met_are_refused(looping, args, message):
     result = CliRunner().invoke(cli, TRANSLATE + args + ["in.jsonl", "out.jsonl"])
