@@ -33,7 +33,8 @@ from .environment import ENV
 from .errors import NllbError
 from .io import Position, Record
 from .io.parquet import batch_records, check_text_column
-from .options import MAX_THREADS, ON_ERROR, BatchOptions, DecodeOptions, Job, ModelOptions, cpu_threads, described
+from .options import (MAX_THREADS, ON_ERROR, BatchOptions, DecodeOptions, Job, ModelOptions, cpu_threads, described,
+                      with_flags)
 from .job.reader import read_chunks
 from .job.spec import check_added_columns, check_fields
 from .job.progress import Reporter
@@ -62,7 +63,8 @@ class Result:
 
     text: str | None  # the translation (the best, with several hypotheses); None when the row failed
     error: str | None = None  # why the row failed, naming it ("row 3: ..."), else None
-    status: str = "ok"  # ok, cut, max_length or cut,max_length (--status-field's values); failed with an error
+    status: str = "ok"  # ok, or the row's flags, comma-joined (--status-field's values: cut,max_length,
+    #                     repetition, ..., retried); failed with an error
     hypotheses: list[str] | None = None  # decode.num_hypotheses above 1: the translations, best first
     score: float | list[float] | None = None  # decode.scores: the score (a list with several hypotheses), as --scores
     log_prob: float | list[float] | None = None  # ... and the sum of log-probabilities
@@ -94,18 +96,21 @@ def load(model: str | ModelOptions | None = None, device: str = "auto", adapter:
 
 def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
               decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
-              max_input_length: int | None = None, protect: bool = False, progress: bool = False) -> list[Result]:
+              max_input_length: int | None = None, protect: bool = False, progress: bool = False,
+              flags: Mapping | None = None) -> list[Result]:
     """Each text's Result, in order. `src` and `tgt` take what --src and --tgt take (fra_Latn, fr, fr-CA; src
     "auto": each text's language detected, in Result.detected, a text whose language cannot be detected failing);
     `decode` defaults to the command's (the model's generation_config.json, else nllb's); `batching` to the
     device's (the CLI's); `max_input_length` is --max-input-length; `protect` is --protect (placeholders and markup
-    come back exactly, or the text fails); `progress` shows the bar on stderr."""
+    come back exactly, or the text fails); `progress` shows the bar on stderr.
+    `flags`: the row flags' options by Job's names (options.with_flags: {"flags": ["repetition"], "min_score":
+    -0.5, "retry_flagged": True}), each Result's status naming the flags of its row (docs/FLAGS.md)."""
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, progress)
     if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a list of strings, not {described(texts)}"
                         + (": put one text in a list, [text]." if isinstance(texts, str) else "."))
-    job = text_job(translator, src, tgt, split, max_input_length, protect)
+    job = with_flags(text_job(translator, src, tgt, split, max_input_length, protect), flags)
     records = list(text_records(texts, job))
     return [result_of(o) for _, o in run_records(translator, records, job, model_decode(translator, decode), batching,
                                                  progress)]
@@ -113,15 +118,17 @@ def translate(translator: Translator, texts: Sequence[str], src: str, tgt: str,
 
 def translate_iterable(translator: Translator, texts: Iterable[str], src: str, tgt: str,
                        decode: DecodeOptions | None = None, *, split: bool = True, batching: BatchOptions | None = None,
-                       max_input_length: int | None = None, protect: bool = False) -> Iterator[Result]:
+                       max_input_length: int | None = None, protect: bool = False,
+                       flags: Mapping | None = None) -> Iterator[Result]:
     """translate's Results for a stream of texts (any iterable: a file's lines, a generator), yielded in order as
     each chunk of `batching.read_chunk_rows` texts is translated: memory holds a chunk at a time, whatever the
-    stream's length. The texts are taken as the results are asked for; the arguments are checked at the call."""
+    stream's length. The texts are taken as the results are asked for; the arguments are checked at the call.
+    `flags` as translate's."""
     check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
     check_options(decode, batching, False)
     if isinstance(texts, (str, bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
         raise TypeError(f"texts must be an iterable of strings, not {described(texts)}.")
-    job = text_job(translator, src, tgt, split, max_input_length, protect)
+    job = with_flags(text_job(translator, src, tgt, split, max_input_length, protect), flags)
     decode = model_decode(translator, decode)
     chunks = chunk_outcomes(translator, text_records(texts, job), job, decode, batching, False)
     return (result_of(outcome) for _, outcomes in chunks for outcome in outcomes)
@@ -193,7 +200,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     max_input_length: int | None = None, score_field: str = "score", log_prob_field: str = "log_prob",
                     prefix_field: str | None = None, targets_as: str = "columns", on_error: str | None = None,
                     detected_field: str | None = None, protect: bool = False,
-                    progress: bool = False) -> pa.Table:
+                    progress: bool = False, flags: Mapping | None = None) -> pa.Table:
     """The table with the translation (and the status) as string columns, and with `decode.scores` the score
     and log-probability as double columns, as a Parquet output of the CLI has them (lists of them, with
     `decode.num_hypotheses` above 1). A row that cannot be translated keeps its place by default: `on_error`
@@ -205,7 +212,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
     commas between): each row is translated into each, as --tgt a,b does, with `targets_as` (--targets-as) columns
     (translation_fra_Latn, ...: io.target_column) or rows (each row once per target, its language in
     `tgt_field`). src="auto" (or "auto" in a row's `src_field`) detects each row's language; `detected_field`
-    (--detected-field) names a struct column that gets it, {lang, confidence}. `protect`: --protect."""
+    (--detected-field) names a struct column that gets it, {lang, confidence}. `protect`: --protect. `flags` as translate's: `status_field` gets each row's flags."""
     from .model.langid import resolve_source
     from .model.langs import resolve_targets
 
@@ -221,6 +228,7 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
                     targets_as=targets_as, on_error=on_error, detected_field=detected_field, protect=protect)
+    job = with_flags(job, flags)
     check_text_column(schema, TABLE, field)
     check_added_columns(schema, job, API_NAMES)
     position = Position()

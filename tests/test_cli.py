@@ -626,7 +626,7 @@ def test_on_error_skip_names_rows_on_stderr(fake):
     [
         (["--on-error", "record"], "--on-error record needs --errors FILE to record the failed rows in."),
         (["--resume"], "--resume needs an OUTPUT file: what went to stdout cannot be continued."),
-        (["--on-error", "skip", "--errors", "e.jsonl"], "--errors is only written with --on-error record, not skip."),
+        (["--on-error", "skip", "--errors", "e.jsonl"], "--errors is only written with --on-error record, not skip, or with --on-flag record."),
     ],
 )
 def test_usage_errors_of_the_new_options(fake, args, message):

@@ -68,7 +68,8 @@ def inputs(tmp_path_factory) -> tuple[str, str]:
 
 # values a field's type does not give: another model or adapter, a choice of a fixed list
 OTHER = {"model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8", "on_error": "skip",
-         "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn"), "text_layout": "nbest", "task": "score"}
+         "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn"), "text_layout": "nbest", "flags": ("repetition",),
+         "on_flag": "fail", "task": "score"}
 
 
 def another(record, name: str, inputs: tuple[str, str]):

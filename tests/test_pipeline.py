@@ -202,7 +202,8 @@ def test_progress_json_lines(monkeypatch):
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     assert [line["event"] for line in lines] == ["progress", "summary"]
     assert lines[0] == {"event": "progress", "done": 7, "rows": 5, "translated": 4, "failed": 1, "cut": 0,
-                        "max_length": 0, "flagged": 0, "sentences": 0, "tokens": 10, "seconds": 6.0,
+                        "max_length": 0, "flagged": 0, "repetition": 0, "wrong_language": 0, "length_ratio": 0,
+                        "low_score": 0, "copy": 0, "retried": 0, "sentences": 0, "tokens": 10, "seconds": 6.0,
                         "rows_per_s": 0.5, "tokens_per_s": 1.7, "eta_s": 26.0, "total": 20}  # the counters: committed
     assert lines[1]["rows"] == 5 and "done" not in lines[1]
     assert (lines[1]["output"], lines[1]["where"]) == ("out.jsonl", "the CPU")

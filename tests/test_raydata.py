@@ -187,7 +187,8 @@ def test_a_write_task_given_rows_apart_writes_a_part_for_each_run(tmp_path):
         "u_000007-00000-000000000009-2.jsonl", "u_000007-00001-000000000001-1.jsonl"]
     assert (tmp_path / "u_000007-00000-000000000009-2.jsonl").read_bytes() == b"9\n11\n"
     assert json.loads(record.getvalue()) == {"rows": 6, "translated": 5, "failed": 1, "cut": 1, "max_length": 0,
-                                             "flagged": 1, "sentences": 6, "tokens": 29}
+                                             "flagged": 1, "repetition": 0, "wrong_language": 0, "length_ratio": 0,
+                                             "low_score": 0, "copy": 0, "retried": 0, "sentences": 6, "tokens": 29}
 
 
 def write_task(staging: Path, task: int, lines: list[tuple[int, int, int, str | None]], digits: int) -> None:

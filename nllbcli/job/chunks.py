@@ -7,7 +7,7 @@ output. A sentence the translator cannot take even alone fails its row; the rest
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -16,6 +16,7 @@ from ..model.engine.numerics import sentence_keys
 from ..errors import NllbError
 from ..io import Record
 from ..options import BatchOptions, DecodeOptions, Job
+from .flags import Detect, better_of, flag_names, flag_rows
 from .rows import (Outcome, Sentence, check_placeholders, each_target, gather_targets, join_outcomes,
                    prepare_records)
 
@@ -51,13 +52,24 @@ class ChunkWorker:
 
     `on_engine` runs a task on the thread that runs the model (a --devices worker's or a Ray actor's, while their
     other threads prepare and decode other chunks); None: the calling thread. With --on-error fail the first bad
-    row raises NllbError before any of the chunk is translated."""
+    row raises NllbError before any of the chunk is translated.
+
+    Once a chunk is joined its rows get their flags (flags.flag_rows; `detect`: wrong_language's detector, None:
+    nllbcli/model/langid.py's), flagged rows are translated again with --retry-flagged (retry_rows) and failed
+    with --on-flag fail. The log-probabilities low_score and the retry need are computed whether or not the
+    job writes them (--scores)."""
 
     translator: Translator
     job: Job
     decode: DecodeOptions
     batching: BatchOptions
     on_engine: Callable[[Callable[[], list]], list] | None = None
+    detect: Detect | None = None
+
+    def __post_init__(self) -> None:
+        self.scores = self.decode.scores or self.job.task == "score"  # the rows' scores are the job's to write
+        if self.job.needs_scores and not self.decode.scores:
+            self.decode = replace(self.decode, scores=True)  # greedy search's tokens are the same with them
 
     def __call__(self, records: list[Record], advance: Advance = ignore) -> list[Outcome]:
         prepared = self.prepare(records)
@@ -74,7 +86,10 @@ class ChunkWorker:
 
     def translate(self, prepared: Prepared, advance: Advance = ignore, finisher: Finisher | None = None) -> None:
         """The prepared chunk through the model, its Outcomes filled in (with a finisher, once it has run what
-        this gives it)."""
+        this gives it). With --retry-flagged the chunk is decoded and joined on this thread: the retry calls the
+        model once the flags are known."""
+        if self.job.retry_flagged:
+            finisher = None
         tally = Tally(prepared.sentences, len(prepared.outcomes), max(1, len(self.job.targets)), advance)
         generated = None
         if self.on_engine is not None:  # every batch on the engine's thread, counted as each ends
@@ -89,7 +104,59 @@ class ChunkWorker:
 
             generated, tally = self.on_engine(generate_all), None
         translate_prepared(self.translator, prepared.copies, prepared.outcomes, prepared.sentences, self.job,
-                           self.decode, tally, finisher, prepared.batches, generated)
+                           self.decode, tally, finisher, prepared.batches, generated,
+                           lambda found: self.finish_rows(prepared, found))
+
+    def finish_rows(self, prepared: Prepared, found: dict[int, list[Hypothesis]]) -> None:
+        """The joined rows' flags, the retry of the flagged ones, --on-flag fail; the scores dropped where the
+        job does not write them."""
+        job, outcomes = self.job, prepared.outcomes
+        flag_rows(outcomes, prepared.sentences, found, prepared.copies, job, self.codes(), self.detect)
+        if job.retry_flagged:
+            self.retry_rows(prepared)
+        for record, outcome in zip(prepared.copies, outcomes):
+            if not self.scores:
+                outcome.log_prob = outcome.score = None
+            if job.on_flag == "fail" and outcome.error is None and flag_names(outcome):
+                outcome.error = f"{record.where}: flagged {','.join(flag_names(outcome))} (--on-flag fail)"
+                outcome.translation = outcome.hypotheses = None
+                if job.on_error == "fail":
+                    raise NllbError(outcome.error)
+
+    def codes(self) -> tuple[str, ...]:
+        """The model's language codes: those wrong_language's detector answers among."""
+        return tuple(self.translator.tokenizer.lang_codes)
+
+    def retry_rows(self, prepared: Prepared) -> None:
+        """--retry-flagged: each row flagged (but for cut alone) translated again, sentence by sentence, with
+        Job.retry_decode's beam search; its flags computed the same way, and the better translation
+        (flags.better_of) kept, with `retried` set."""
+        rows = [n for n, o in enumerate(prepared.outcomes)
+                if o.error is None and [name for name in flag_names(o) if name != "cut"]]
+        if not rows:
+            return
+        job = replace(self.job, split=True, on_error="skip", overwrite_field=True)  # rows that passed once
+        decode = job.retry_decode(self.decode)
+        records = [prepared.copies[n] for n in rows]
+        outcomes, sentences = prepare_records(self.translator, records, job)
+        batches = plan_chunk(sentences, self.batching.max_batch_tokens, self.batching.max_batch_sentences)
+        generated = None
+        if self.on_engine is not None:
+            generated = self.on_engine(
+                lambda: [generate_batch_hypotheses(self.translator, batch, decode, False) for batch in batches])
+        retried: dict[int, list[Hypothesis]] = {}
+        translate_prepared(self.translator, records, outcomes, sentences, job, decode, None, None, batches, generated,
+                           retried.update)
+        flag_rows(outcomes, sentences, retried, records, self.job, self.codes(), self.detect)
+        for n, again in zip(rows, outcomes):
+            first = prepared.outcomes[n]
+            kept = first if again.error is not None else better_of(first, again)
+            if kept is again:
+                again.cut, again.tokens = first.cut, first.tokens + again.tokens
+                prepared.outcomes[n] = again
+            else:
+                first.tokens += again.tokens
+            kept.retried = True
 
     def outcomes(self, prepared: Prepared) -> list[Outcome]:
         """Each row's Outcome, in the rows' order (with several target languages, its targets' together:
@@ -121,13 +188,14 @@ class Tally:
 
 def translate_prepared(translator: Translator, records: list[Record], outcomes: list[Outcome],
                        sentences: list[Sentence], job: Job, decode: DecodeOptions, tally: Tally | None,
-                       finisher: Finisher | None, batches: list[Batch], generated: list[Generated] | None) -> None:
+                       finisher: Finisher | None, batches: list[Batch], generated: list[Generated] | None,
+                       then: Callable[[dict[int, list[Hypothesis]]], None] | None = None) -> None:
     """ChunkWorker.translate's work: the prepared chunk (`records`: its rows as rows.each_target gives them,
     `outcomes` theirs) through the model, its `batches` (plan_chunk's) decoded and joined back into `outcomes`,
     rows in input order. With a finisher, each batch's decoding and the joining run there, behind the next
     batch's generate (the outcomes are complete once the finisher has run them). `generated`: each batch's
     generate_batch_hypotheses, made already (on the engine's thread, which counted them: `tally` None), instead
-    of the translator's."""
+    of the translator's. `then(found)` runs after the joining, given each sentence's hypotheses by number."""
     tokenizer = translator.tokenizer
 
     texts: dict[int, list[str]] = {}  # each sentence's hypotheses' texts
@@ -164,6 +232,8 @@ def translate_prepared(translator: Translator, records: list[Record], outcomes: 
         check_placeholders(records, outcomes, job)
 
     run(join)
+    if then is not None:
+        run(lambda: then(found))
 
 
 @dataclass

@@ -15,6 +15,7 @@ from ..io.parquet import TableMaker, output_schema
 from ..io.streams import compressing
 from ..options import Job
 from .progress import Counters, Reporter
+from .flags import flag_names
 from .rows import Outcome, written_rows
 from .state import NamedStream, PartialFile, Saved, converting_path, replaced_atomically
 
@@ -45,7 +46,7 @@ def write_chunk(chunk: list[Record], outcomes: list[Outcome], sink, errors: Part
     """Write a chunk's rows; count and report the failed ones (the writer may fail a row too)."""
     failed = commit_rows(chunk, outcomes, sink, job, reporter.counters)
     if errors is not None:
-        errors.stream.write(b"".join(error_lines(failed, job)))
+        errors.stream.write(b"".join(error_lines(failed, job) + flagged_lines(chunk, outcomes, job)))
     else:
         for record, error in failed:
             reporter.warn(skipped(error))
@@ -77,8 +78,25 @@ def commit_rows(chunk: list[Record], outcomes: list[Outcome], sink, job: Job, co
             counters.sentences += len(outcome.parts)
             counters.cut += outcome.cut
             counters.max_length += outcome.max_length
-            counters.flagged += outcome.cut or outcome.max_length
+            counters.flagged += bool(flag_names(outcome))
+            for name in outcome.flags:
+                setattr(counters, name, getattr(counters, name) + 1)
+            counters.retried += outcome.retried
     return failed
+
+
+def flagged_lines(chunk: list[Record], outcomes: list[Outcome], job: Job) -> list[bytes]:
+    """With --on-flag record, each written row that has flags as a line of the errors file, after the chunk's
+    failed rows: its number, its flags (a list), its translation and its input, as a failed row's
+    (error_line)."""
+    if job.on_flag != "record":
+        return []
+    flagged = [(record, outcome) for record, outcome in zip(chunk, outcomes)
+               if outcome.error is None and flag_names(outcome)]
+    sources = failed_inputs([record for record, _ in flagged], job)
+    return [error_line(record, None, job, source,
+                       {"flags": flag_names(outcome) + ["retried"] * outcome.retried, "translation": outcome.translation})
+            for (record, outcome), source in zip(flagged, sources)]
 
 
 def error_lines(failed: list[tuple[Record, str]], job: Job) -> list[bytes]:
@@ -104,12 +122,13 @@ def failed_inputs(records: list[Record], job: Job) -> list:
     return [r.raw if r.raw is not None else (r.text if job.input_format == "text" else fields.pop()) for r in records]
 
 
-def error_line(record: Record, error: str, job: Job, source) -> bytes:
+def error_line(record: Record, error: str | None, job: Job, source, flagged: dict | None = None) -> bytes:
     """A failed row's line in the errors file: its number, why it failed, and its input (as JSON can hold it:
-    left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again."""
+    left out where a value cannot be written, a Parquet NaN say), so that it can be fixed and run again. A
+    flagged row's (flagged_lines): its flags and translation in place of the error."""
     from ..io.jsonl import Unwritable, strict_json
 
-    head = json.dumps({"row": record.index + 1, "error": error}, ensure_ascii=False)
+    head = json.dumps({"row": record.index + 1, **(flagged or {"error": error})}, ensure_ascii=False)
     if source is NO_INPUT:
         return (head + "\n").encode("utf-8", "backslashreplace")
     try:

@@ -90,7 +90,7 @@ def translate_file(
             if pool is not None:
                 pool.check(identity)
             warn = lambda message: print(message, file=reporter_stream or sys.stderr, flush=True)  # noqa: E731
-            files = open_job_files(job.output, job.errors if job.on_error == "record" else None, identity,
+            files = open_job_files(job.output, job.errors if job.records_errors else None, identity,
                                    resume, warn)
             stack.callback(files.close)
             if files.already:

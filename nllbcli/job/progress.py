@@ -40,7 +40,13 @@ class Counters:
     failed: int = 0  # rows left out (or an empty line in text) for an error
     cut: int = 0  # rows with a sentence longer than the model's positions, cut to fit
     max_length: int = 0  # rows with a sentence whose translation stopped at --max-length
-    flagged: int = 0  # rows cut or stopped or both, each once
+    flagged: int = 0  # rows with any flag (cut, max_length, those below), each once
+    repetition: int = 0  # rows flagged by the flags the job asks for (job/flags.py), each flag's
+    wrong_language: int = 0
+    length_ratio: int = 0
+    low_score: int = 0
+    copy: int = 0
+    retried: int = 0  # rows translated again for their flags (--retry-flagged)
     sentences: int = 0  # sentences translated
     tokens: int = 0  # tokens generated
     seconds: float = 0.0  # time spent, over every run of a resumed job
@@ -201,11 +207,20 @@ class Reporter:
         into = f" into {self.output}" if self.output else ""
         where = f" on {self.where}" if self.where else ""
         line = (f"Done: {counted(c.rows, 'row')}{into} ({c.translated:,} {self.finished_as}, {c.failed:,} failed, "
-                f"{c.flagged:,} flagged: {c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length), "
+                f"{c.flagged:,} flagged: {c.cut:,} cut to fit the model, {c.max_length:,} stopped at --max-length"
+                f"{flag_counts(c)}), "
                 f"{counted(c.sentences, 'sentence')}, {counted(c.tokens, 'token')} in {c.seconds:.1f} s{where}: "
                 f"{rates['rows_per_s']:,.1f} rows/s, {rates['tokens_per_s']:,.0f} tokens/s.")
         width = self.width()
         self.write(line if width is None else textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False))
+
+
+def flag_counts(c: Counters) -> str:
+    """The summary's counts of the flags a job asks for and of retried rows, those above 0: ", 2 repetition,
+    1 retried"."""
+    counts = [(name, getattr(c, name)) for name in ("repetition", "wrong_language", "length_ratio", "low_score",
+                                                     "copy", "retried")]
+    return "".join(f", {count:,} {name}" for name, count in counts if count)
 
 
 def counted(number: int, noun: str) -> str:

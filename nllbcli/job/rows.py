@@ -19,6 +19,7 @@ from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
 from .protect import Layout, check_spans, placeholders_error, protected_layout, restore
+from .flags import flag_names
 
 if TYPE_CHECKING:
     from ..model.search import Hypothesis
@@ -61,14 +62,19 @@ class Outcome:
     detected: tuple[str, float] | None = None  # a row of source auto: its detected language(s) and the confidence
     #                                            (detected_value)
     layout: Layout | None = None  # a protected row's (--protect): its spans and how its sentences fit between them
+    src: str = ""  # the row's source language
+    flags: list[str] = field(default_factory=list)  # the flags besides cut and max_length (flags.flag_rows)
+    token_log_prob: float | None = None  # where scores are computed: the best translation's log-probability per
+    #                                      generated token (its sentences' pieces and </s> each)
+    retried: bool = False  # translated again for its flags (--retry-flagged), the better kept (flags.better_of)
 
 
 def status_of(outcome: Outcome) -> str:
-    """A written row's status (--status-field): ok, or what flagged it: cut (a sentence was longer than the
-    model's positions and was cut to fit), max_length (a translation stopped at --max-length), or both, as
-    cut,max_length."""
-    flags = [name for name, flagged in (("cut", outcome.cut), ("max_length", outcome.max_length)) if flagged]
-    return ",".join(flags) or "ok"
+    """A written row's status (--status-field): ok, or what flagged it, comma-joined (cut,max_length): cut (a
+    sentence was longer than the model's positions and was cut to fit), max_length (a translation stopped at
+    --max-length), the flags the job asks for (flags.py: repetition, wrong_language, length_ratio, low_score,
+    copy), and retried where --retry-flagged translated it again."""
+    return ",".join(flag_names(outcome) + (["retried"] if outcome.retried else [])) or "ok"
 
 
 def added_values(added: Added, outcome: Outcome) -> dict | None:
@@ -129,7 +135,9 @@ def gather_targets(outcomes: list[Outcome], job: Job) -> list[Outcome]:
         error = next((o.error for o in copies if o.error is not None), None)
         rows.append(Outcome(None if error else copies[0].translation, error, any(o.cut for o in copies),
                             any(o.max_length for o in copies), [part for o in copies for part in o.parts],
-                            targets=copies, tokens=sum(o.tokens for o in copies), detected=copies[0].detected))
+                            targets=copies, tokens=sum(o.tokens for o in copies), detected=copies[0].detected,
+                            flags=list(dict.fromkeys(name for o in copies for name in o.flags)),
+                            retried=any(o.retried for o in copies)))
     return rows
 
 
@@ -227,7 +235,7 @@ def prepare_records(translator: Translator, records: list[Record], job: Job) -> 
             if record.batch is None and not job.overwrite_field and job.output_format != "text":
                 check_added_fields(record, job)
             src, tgt = row_languages(record, job, known)
-            outcome.tgt = tgt
+            outcome.src, outcome.tgt = src, tgt
             check_text(record, job.field, record.text)
             if job.task == "score":
                 row_texts, row_targets = scoring_pairs(record, job)
@@ -388,6 +396,9 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
         outcome.translation = joined[0]
         if decode.num_hypotheses > 1:
             outcome.hypotheses = joined
+        if decode.scores and rows.get(row):
+            best = [hypotheses[0] for hypotheses in rows[row]]
+            outcome.token_log_prob = sum(h.log_prob for h in best) / sum(len(h.ids) + 1 for h in best)
         if decode.scores:
             scored = [score_of([hypotheses[k] for hypotheses in rows.get(row, [])], decode)
                       for k in range(decode.num_hypotheses)]

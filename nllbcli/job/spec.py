@@ -40,7 +40,7 @@ def check_paths(job: Job) -> None:
         if not is_stream(job.output):
             written += [*(("OUTPUT's partial file", p) for p in partial_paths(job.output)),
                         ("OUTPUT's temporary file", converting_path(job.output))]
-    if job.on_error == "record" and job.errors:
+    if job.records_errors:
         if job.errors == "-":
             raise NllbError("--errors needs a file: - is not one (--on-error skip names the failed rows on stderr).")
         if job.output != "-" and not is_stream(job.errors) and same_file(job.errors, job.output):
