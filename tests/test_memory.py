@@ -18,7 +18,7 @@ HERE = Path(__file__).parent
 SCRIPT = """
 import resource, sys
 sys.path.insert(0, {tests!r})
-from conftest import FakeTranslator
+from fakes import FakeTranslator
 import nllbcli.cli as cli
 translator = FakeTranslator()
 translator.generate = lambda sources, tgt, options: [ids[1:-1][::-1] for ids in sources]  # keeps no history

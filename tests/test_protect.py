@@ -21,7 +21,7 @@ from nllbcli.job.chunks import ChunkWorker
 from nllbcli.job.protect import check_spans, cut_at_spans, find_spans, protected_layout, restore
 from nllbcli.options import BatchOptions, DecodeOptions, Job
 
-from conftest import FakeTranslator
+from fakes import FakeTranslator
 
 TRANSLATE = ["translate", "-q", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "samples" / "model"

@@ -21,7 +21,7 @@ from nllbcli.job.chunks import ChunkWorker
 from nllbcli.job.rows import Outcome, status_of
 from nllbcli.options import BatchOptions, DecodeOptions, Job
 
-from conftest import FakeTranslator
+from fakes import FakeTranslator
 
 TRANSLATE = ["translate", "--src", "eng_Latn", "--tgt", "fra_Latn"]
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "samples" / "model"

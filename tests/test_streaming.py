@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
-from conftest import FakeTranslator
+from fakes import FakeTranslator
 import nllbcli.cli as cli
 translator = FakeTranslator()
 cli.load_model = lambda model, device: translator

@@ -16,8 +16,8 @@ from ..model.engine.numerics import sentence_keys
 from ..errors import NllbError
 from ..io import Record
 from ..options import BatchOptions, DecodeOptions, Job
-from .flags import Detect, better_of, flag_names, flag_rows
-from .rows import (Outcome, Sentence, check_placeholders, each_target, gather_targets, join_outcomes,
+from .flags import Detect, better_of, flag_rows
+from .rows import (Outcome, Sentence, check_placeholders, each_target, flag_names, gather_targets, join_outcomes,
                    prepare_records)
 
 if TYPE_CHECKING:

@@ -15,8 +15,7 @@ from ..io.parquet import TableMaker, output_schema
 from ..io.streams import compressing
 from ..options import Job
 from .progress import Counters, Reporter
-from .flags import flag_names
-from .rows import Outcome, written_rows
+from .rows import Outcome, flag_names, written_rows
 from .state import NamedStream, PartialFile, Saved, converting_path, replaced_atomically
 
 class TableSink:

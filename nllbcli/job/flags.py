@@ -18,6 +18,7 @@ import difflib
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import NllbError
+from .rows import flag_names
 
 if TYPE_CHECKING:
     from ..io import Record
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 Detect = Callable[[list[str], tuple[str, ...]], list[tuple[str | None, float]]]  # texts, the model's codes ->
 #                                                         each text's detected code (None: unsure) and confidence
 
-STATUS_ORDER = ("cut", "max_length", "repetition", "wrong_language", "length_ratio", "low_score", "copy")
 
 REPEAT_NGRAM = 8  # repetition: n-grams of 1 to this many words (characters: twice as many) are looked at ...
 REPEAT_RUN = 4  # ... one back to back this many times or more is a loop, unless the source repeats an n-gram of
@@ -187,12 +187,6 @@ def flag_rows(outcomes: list[Outcome], sentences: list[Sentence], found: dict[in
             "copy": lambda: outcome.src != outcome.tgt and is_copy(records[n].text, outcome.translation),
         }
         outcome.flags = [name for name in wanted if checks[name]()]
-
-
-def flag_names(outcome: Outcome) -> list[str]:
-    """Every flag a row carries, in STATUS_ORDER: cut and max_length, then those flag_rows gave it."""
-    have = {"cut": outcome.cut, "max_length": outcome.max_length, **dict.fromkeys(outcome.flags, True)}
-    return [name for name in STATUS_ORDER if have.get(name)]
 
 
 def better_of(first: Outcome, retried: Outcome) -> Outcome:

@@ -19,7 +19,6 @@ from ..model.langs import resolve_lang
 from ..options import DecodeOptions, Job
 from ..model.split import join_sentences, split_text
 from .protect import Layout, check_spans, placeholders_error, protected_layout, restore
-from .flags import flag_names
 
 if TYPE_CHECKING:
     from ..model.search import Hypothesis
@@ -67,6 +66,16 @@ class Outcome:
     token_log_prob: float | None = None  # where scores are computed: the best translation's log-probability per
     #                                      generated token (its sentences' pieces and </s> each)
     retried: bool = False  # translated again for its flags (--retry-flagged), the better kept (flags.better_of)
+
+
+# a status names its flags in this order
+STATUS_ORDER = ("cut", "max_length", "repetition", "wrong_language", "length_ratio", "low_score", "copy")
+
+
+def flag_names(outcome: Outcome) -> list[str]:
+    """Every flag a row carries, in STATUS_ORDER: cut and max_length, then those flags.flag_rows gave it."""
+    have = {"cut": outcome.cut, "max_length": outcome.max_length, **dict.fromkeys(outcome.flags, True)}
+    return [name for name in STATUS_ORDER if have.get(name)]
 
 
 def status_of(outcome: Outcome) -> str:
