@@ -226,3 +226,17 @@ def test_devices_workers_score_what_one_process_scores(here):
     assert result.exit_code == 0, result.output
     assert "(6 scored, 0 failed" in result.stderr and "on 2 CPU workers" in result.stderr
     assert (here / "two.jsonl").read_bytes() == (here / "one.jsonl").read_bytes()
+
+
+def test_a_stream_scored_against_a_file_of_more_lines_is_refused_at_its_end(here):
+    rows = sample_pairs(3)
+    (here / "fr.txt").write_text("".join(r["translation"] + "\n" for r in rows), encoding="utf-8")
+    text = "".join(r["text"] + "\n" for r in rows[:2])
+    result = run(["score", "-m", SAMPLE, "--src", "en", "--tgt", "fr", "-", "--target-file", "fr.txt"], input=text)
+    assert result.exit_code == 1
+    assert result.stderr.endswith("Error: fr.txt has more lines than <stdin>: the translations to score go a line each, "
+                                  "the line of the text's own number.\n")
+    result = run(["score", "-m", SAMPLE, "--src", "en", "--tgt", "fr", "-", "--target-file", "fr.txt", "--on-error",
+                  "skip"], input=text + rows[2]["text"] + "\n" + "One line more.\n")
+    assert result.exit_code == 3
+    assert "<stdin>:4: fr.txt has no line 4 to score as its translation." in result.stderr

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Protocol
 
 from ..errors import NllbError
-from ..io import Input, Position, Record, is_regular_file, open_input, open_sink
+from ..io import STDIN_NAME, Input, Position, Record, is_regular_file, open_input, open_sink
 from ..io.parquet import check_columns
 from ..io.streams import compressing
 from ..options import BatchOptions, DecodeOptions, Job
@@ -165,6 +165,9 @@ def paired_lines(stack: ExitStack, source: Input, job: Job, done: int) -> Input:
             elif record.error is None:
                 record.fields[job.target_field] = target.text
             yield record
+        if next(lines, None) is not None:  # a stream's lines could not be counted before
+            raise NllbError(f"{job.target_file} has more lines than {STDIN_NAME if job.input == '-' else job.input}: "
+                            "the translations to score go a line each, the line of the text's own number.")
 
     return replace(source, records=paired())
 
