@@ -455,8 +455,8 @@ def reused(*names: str) -> Callable:
 @into("job", "--token-scores", field="token_scores_field", flag_value="token_scores", default=None, help="Add each token's log-probability, a list in the field token_scores (the translation's pieces in turn, </s>'s last), as marian's --word-scores; a text output's lines get them as a third column.")
 @into("decode", "--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help="The score is sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else 1]")
 @into("job", "--split", is_flag=True, help="Score sentence by sentence: the text's and the translation's sentences in pairs (a row whose sentences are not as many fails); the row's log-probability is their sum, its score their scores' mean. [default: each row whole]")
-@reused("max_input_length", "max_batch_tokens", "max_batch_sentences", "chunk_rows", "threads", "on_error", "errors",
-        "no_record", "resume", "progress", "quiet")
+@reused("max_input_length", "max_batch_tokens", "max_batch_sentences", "chunk_rows", "threads", "on_ray",
+        "ray_address", "ray_actors", "on_error", "errors", "no_record", "resume", "progress", "quiet")
 @with_records
 def score(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run):
     """
@@ -487,6 +487,8 @@ def score(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run
         base = Job(**job)
     except ValueError as error:
         raise InvalidUsage(str(error)) from None
+    if run.on_ray:
+        return translate_on_ray(base, decoding, batching, model, run)
     run_jobs(base, decoding, batching, model, run)
 
 
@@ -606,7 +608,8 @@ def translate_on_ray(base: Job, decode: DecodeOptions, batching: dict, model: Mo
                 warn=lambda message: click.echo(message, err=True))
     except Stopped as stop:
         exit_on_stop(stop, streamed=False)
-    ray.report(outcomes, output, summary=not run.quiet, mode=progress_mode(run.progress, output))
+    ray.report(outcomes, output, summary=not run.quiet, mode=progress_mode(run.progress, output),
+               finished_as=job.finished_as)
     command_done(3 if outcomes.counters.failed else 0)
 
 

@@ -365,6 +365,11 @@ class Job:
                        sampling_topk=1, sampling_topp=1.0, sampling_temperature=1.0, seed=None)
 
     @property
+    def finished_as(self) -> str:
+        """What the summary calls a row done: translated, or scored."""
+        return "scored" if self.task == "score" else "translated"
+
+    @property
     def added(self) -> Added:
         """The fields (columns) the job adds to each row: the translation, and the status and scores where asked
         for."""

@@ -157,6 +157,21 @@ def test_several_targets_come_as_the_commands_columns(tmp_path):
                                                      "status_fra_Latn", "status_deu_Latn"]
 
 
+def test_a_score_job_on_ray_writes_the_commands_rows(tmp_path):
+    """nllb score --ray: the parts hold the plain score job's rows, its scores to the bit."""
+    rows = [{"id": n, "text": TEXTS[n % len(TEXTS)], "translation": TEXTS[(n + n // 3) % len(TEXTS)]} for n in range(17)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    score = ["score", "-m", SAMPLE, "--device", "cpu", "--src", "en", "--tgt", "fr", "--token-scores"]
+    plain = CliRunner().invoke(cli, [*score, "-q", str(tmp_path / "pairs.jsonl"), str(tmp_path / "plain.jsonl")])
+    assert plain.exit_code == 0, plain.output
+    result = CliRunner().invoke(cli, [*score, "--chunk-rows", "5", "--ray", str(tmp_path / "pairs.jsonl"),
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"Done: 17 rows into {tmp_path / 'out'} (17 scored, 0 failed")
+    got = b"".join(p.read_bytes() for p in parts(tmp_path / "out", ".jsonl"))
+    assert got == (tmp_path / "plain.jsonl").read_bytes()
+
+
 def test_the_actors_are_given_blocks_of_chunk_rows_rows(tmp_path):
     # a block smaller than --chunk-rows is an actor call with too little for the GPU while the next is prepared:
     # one file's rows come in blocks of exactly 8 but the last, whatever blocks the read gave

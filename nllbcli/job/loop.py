@@ -117,7 +117,7 @@ def translate_file(
                 source = paired_lines(stack, source, job, saved.position.rows if saved else 0)
             counters = Counters(**saved.counters) if saved else Counters()
             reporter = Reporter(mode, source.total, counters, stream=reporter_stream, summary=summary, label=job_label(job),
-                                output=output_name(job), where=where, finished_as="scored" if job.task == "score" else "translated")
+                                output=output_name(job), where=where, finished_as=job.finished_as)
             stack.enter_context(fewer_collections())
             if threads is not None:
                 from threadpoolctl import threadpool_limits

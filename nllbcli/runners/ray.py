@@ -824,15 +824,15 @@ def input_rows(files: list[str], compressions: list[str | None], fmt: str) -> in
 
 
 def report(outcomes: Outcomes, output: str, summary: bool = True, stream: TextIO | None = None,
-           mode: str = "none") -> None:
+           mode: str = "none", finished_as: str = "translated") -> None:
     """A --ray job's summary on stderr (or `stream`), unless not `summary`: the command's line (progress.Reporter;
-    a JSON object in `mode` json) over the job's counts, naming the actors that ran it; or that the job had
-    finished before."""
+    a JSON object in `mode` json) over the job's counts, naming the actors that ran it (`finished_as`: what it
+    calls a row done, Job.finished_as); or that the job had finished before."""
     count = len(outcomes.workers)
     where = (f"{count} Ray actor{'s' if count > 1 else ''} ({', '.join(outcomes.workers)})" if count else
              "no Ray actor this run (every row had been written)")
     reporter = Reporter(mode, counters=outcomes.counters, stream=stream, summary=summary, output=output, where=where,
-                        live=False)
+                        live=False, finished_as=finished_as)
     if outcomes.already:
         if summary:
             reporter.write(f"Already finished: {output} holds this job's rows, and its inputs and options are "

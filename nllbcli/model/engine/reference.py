@@ -466,11 +466,11 @@ class ReferenceEngine:
 
     def step_log_probs(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, ids) -> np.ndarray:
         """Forced decoding: feed one token per row and return each row's log-probability of ids[row] as its next
-        token (N,): the token's logit less the row's log-sum-exp (log_softmax at the token, without the rest)."""
-        logits = self.step(encoded, state, tokens)
-        top = logits.max(axis=1)
-        lse = top + np.log(np.exp(logits - top[:, None]).sum(axis=1))
-        return logits[np.arange(len(logits)), to_host(ids)] - lse
+        token (N,): numerics.log_softmax's arithmetic at the token alone, so that a translation scores to the bit
+        what greedy search's scores gave it."""
+        shifted = self.step(encoded, state, tokens)
+        shifted -= shifted.max(axis=1, keepdims=True)
+        return shifted[np.arange(len(shifted)), to_host(ids)] - np.log(np.exp(shifted).sum(axis=1))
 
     def last_log_probs(self, state: DecoderState, ids) -> np.ndarray:
         """Each row's log-probability of ids[row] (N,) at the last step_topk."""
