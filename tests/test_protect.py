@@ -57,10 +57,14 @@ def test_finding_spans_takes_time_linear_in_the_text(text):
 
 
 def test_only_the_text_between_spans_goes_to_the_model():
-    """Texts without a letter, and the whitespace around each text, are kept as they are."""
+    """Texts without a letter, the whitespace around each text and the punctuation a text after a span begins
+    with are kept as they are."""
     sentences, layout = protected_layout("Hello {name}, see <b>the docs</b>! Bye. ", split=True)
-    assert sentences == ["Hello", ", see", "the docs", "Bye."]
-    assert restore(layout, ["A", "B", "C", "D"], "fra_Latn") == "A {name}B <b>C</b>! D "
+    assert sentences == ["Hello", "see", "the docs", "Bye."]
+    assert restore(layout, ["A", "B", "C", "D"], "fra_Latn") == "A {name}, B <b>C</b>! D "
+    sentences, layout = protected_layout(", see {name};  Bye", split=False)  # a row's own first comma is text
+    assert sentences == [", see", "Bye"]
+    assert restore(layout, ["A", "B"], "fra_Latn") == "A {name};  B"
 
 
 def test_sentences_are_split_between_spans_never_across_one():
@@ -78,7 +82,7 @@ def test_check_spans_names_what_is_lost_added_or_moved():
 def test_protect_translates_around_the_spans(fake):
     result = invoke("--protect", input="Hello {name}, see <b>the docs</b>!\nMail tom@example.org now.\n")
     assert result.exit_code == 0, result.output
-    assert result.output == "olleH {name}ees , <b>scod eht</b>!\nliaM tom@example.org .won\n"
+    assert result.output == "olleH {name}, ees <b>scod eht</b>!\nliaM tom@example.org .won\n"
 
 
 def test_without_protect_the_spans_go_to_the_model(fake):

@@ -7,7 +7,8 @@ tags apart): so a span cannot be lost, duplicated, reordered or altered by it, a
 source's.
 
 A text between spans is translated when it holds a letter; one without (`, `, `!`, ` - `, `42`) is kept as it
-is, as is a sentence without one, and the whitespace around each text, so that `Hello {name}, welcome!` keeps its spacing. With
+is, as is a sentence without one, and the whitespace around each text, so that `Hello {name}, welcome!` keeps its
+spacing; so is the punctuation a text after a span begins with (`, ` there), which goes on the sentence. With
 sentence splitting, each text between spans is split into sentences apart: a sentence never holds a span, so a
 split cannot fall inside one.
 
@@ -43,6 +44,9 @@ KINDS = {
 }
 SPANS = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in KINDS.items()), re.DOTALL)
 LETTER = re.compile(r"[^\W\d_]")  # a text without one (punctuation, digits, spaces) is not translated
+# punctuation that goes on a sentence after a span (`{name}, welcome`): kept where it is, not given to the model,
+# which would start a translation with it no more than it starts one with a comma
+CONTINUING = re.compile(r"[,;:]+\s*")
 
 
 def find_spans(text: str) -> list[str]:
@@ -84,6 +88,10 @@ def protected_layout(text: str, split: bool) -> tuple[list[str], Layout]:
         if protected or not LETTER.search(piece):
             items.append(piece)
             continue
+        continuing = CONTINUING.match(piece) if items else None
+        if continuing:
+            items.append(continuing.group())
+            piece = piece[continuing.end():]
         if split:
             found, gaps = split_text(piece)
         else:
