@@ -454,6 +454,7 @@ def reused(*names: str) -> Callable:
 @into("job", "--log-prob-field", default="log_prob", show_default=True, help="The field or column of the sum of the tokens' log-probabilities (</s>'s included, the forced language token's not).")
 @into("job", "--token-scores", field="token_scores_field", flag_value="token_scores", default=None, help="Add each token's log-probability, a list in the field token_scores (the translation's pieces in turn, </s>'s last), as marian's --word-scores; a text output's lines get them as a third column.")
 @into("decode", "--length-penalty", type=Between(-LENGTH_PENALTY_LIMIT, LENGTH_PENALTY_LIMIT), help="The score is sum(log p) / length ** this. [default: the model's generation_config.json length_penalty, else 1]")
+@reused("flags", "min_score", "length_ratio", "on_flag")
 @into("job", "--split", is_flag=True, help="Score sentence by sentence: the text's and the translation's sentences in pairs (a row whose sentences are not as many fails); the row's log-probability is their sum, its score their scores' mean. [default: each row whole]")
 @reused("max_input_length", "max_batch_tokens", "max_batch_sentences", "chunk_rows", "threads", "on_ray",
         "ray_address", "ray_actors", "on_error", "errors", "no_record", "resume", "progress", "quiet")
@@ -478,6 +479,8 @@ def score(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run
         nllb score --src en --tgt fr en.txt --target-file fr.txt > scores.tsv
         nllb translate --src en --tgt fr in.jsonl out.jsonl && nllb score --src en --tgt fr out.jsonl scored.jsonl
     """
+    job = dict(job)
+    job["length_ratio_min"], job["length_ratio_max"] = job["length_ratio_min"] or (None, None)  # --length-ratio's band
     job = {**job, "task": "score", "split": job["split"], "on_error": job["on_error"] or ("record" if job["errors"] else "fail"),
            "target_field": job["target_field"] or ("target" if job["target_file"] else "translation")}
     try:

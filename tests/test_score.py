@@ -242,3 +242,20 @@ def test_a_stream_scored_against_a_file_of_more_lines_is_refused_at_its_end(here
                   "skip"], input=text + rows[2]["text"] + "\n" + "One line more.\n")
     assert result.exit_code == 3
     assert "<stdin>:4: fr.txt has no line 4 to score as its translation." in result.stderr
+
+
+def test_a_score_job_flags_the_pairs_not_to_trust(here):
+    """The row flags on given translations: a copy, another language, a cut, all unlikely; --on-flag record lists
+    them in --errors."""
+    text = "They will find twelve yellow umbrellas on the third of November."
+    translations = ["Ils trouveront douze parapluies jaunes le trois novembre.", text,
+                    "Sie werden am dritten November zwölf gelbe Regenschirme finden.", "Ils trouveront."]
+    write_jsonl(here / "pairs.jsonl", [{"text": text, "translation": t} for t in translations])
+    result = run(["score", "-m", SAMPLE, "--src", "en", "--tgt", "fr", "--flags", "copy,wrong_language,length_ratio,"
+                  "low_score", "--min-score", "-0.5", "--status-field", "status", "--on-flag", "record", "--errors",
+                  "flagged.jsonl", "pairs.jsonl", "scored.jsonl"])
+    assert result.exit_code == 0, result.output
+    assert [row["status"] for row in read_jsonl(here / "scored.jsonl")] == [
+        "ok", "wrong_language,low_score,copy", "wrong_language,low_score", "length_ratio,low_score"]
+    assert [row["row"] for row in read_jsonl(here / "flagged.jsonl")] == [2, 3, 4]
+    assert "(4 scored, 0 failed, 3 flagged:" in result.stderr

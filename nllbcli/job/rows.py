@@ -390,6 +390,7 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
             scored = [hypotheses[0] for hypotheses in rows.get(row, [])]
             outcome.translation = outcome.given  # the row's translation, as given: its scores are written
             outcome.log_prob, outcome.score = score_of(scored, SCORED_AS_BEAMS)
+            outcome.token_log_prob = outcome.log_prob / max(1, sum(len(h.ids) + 1 for h in scored))  # low_score's
             if job.token_scores_field is not None:
                 outcome.token_scores = [lp for h in scored for lp in h.token_log_probs]
             continue
