@@ -1,8 +1,8 @@
 """nllbcli: translate text, JSONL and Parquet with NLLB-200 and M2M-100 models, from the shell (`nllb`) or from
-Python: `nllbcli.load`, `nllbcli.translate`, `nllbcli.translate_iterable`, `nllbcli.translate_table` and
-`nllbcli.score` (nllbcli/api.py)."""
+Python: `nllbcli.load`, `nllbcli.translate`, `nllbcli.translate_iterable`, `nllbcli.translate_table`,
+`nllbcli.score` and `nllbcli.score_table` (nllbcli/api.py)."""
 
-API = ("Result", "load", "score", "translate", "translate_iterable", "translate_table")
+API = ("Result", "load", "score", "score_table", "translate", "translate_iterable", "translate_table")
 OPTIONS = ("BatchOptions", "DecodeOptions", "ModelOptions")
 __all__ = [*API, *OPTIONS]
 

@@ -228,11 +228,50 @@ def translate_table(translator: Translator, table: pa.Table | pa.RecordBatch | I
                     split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
                     score_field=score_field, log_prob_field=log_prob_field, prefix_field=prefix_field,
                     targets_as=targets_as, on_error=on_error, detected_field=detected_field, protect=protect)
-    job = with_flags(job, flags)
-    check_text_column(schema, TABLE, field)
+    return run_table(translator, schema, batches, with_flags(job, flags), decode, batching, progress)
+
+
+def score_table(translator: Translator, table: pa.Table | pa.RecordBatch | Iterable[pa.RecordBatch],
+                src: str | None = None, tgt: str | None = None, *, field: str = "text",
+                target_field: str = "translation", score_field: str = "score", log_prob_field: str = "log_prob",
+                token_scores_field: str | None = None, status_field: str | None = None,
+                error_field: str | None = ERROR_FIELD, src_field: str = "src_lang", tgt_field: str = "tgt_lang",
+                split: bool = False, overwrite_field: bool = False, batching: BatchOptions | None = None,
+                max_input_length: int | None = None, length_penalty: float | None = None, on_error: str | None = None,
+                progress: bool = False, flags: Mapping | None = None) -> pa.Table:
+    """`nllb score` on a table: each row's translation (the column `target_field`) scored as the text's
+    (`field`), the table given back with the score and log-probability as double columns (and each token's, a
+    list of doubles, in `token_scores_field` where named), as a Parquet output of `nllb score` has them. Failed
+    rows, `on_error`, `error_field`, the languages and `flags` as translate_table's; `length_penalty` as score's."""
+    from .model.langid import resolve_source
+    from .model.langs import resolve_lang
+
+    check_type("translator", translator, Translator, "a Translator, what nllbcli.load gives")
+    check_options(None, batching, progress)
+    schema, batches = table_batches(table)
+    check_languages(src, tgt)
+    if isinstance(tgt, (list, tuple)) or isinstance(tgt, str) and "," in tgt:
+        raise NllbError(f"score_table takes one target language, not {tgt!r}: a row's translation is in one.")
+    check_type("length_penalty", length_penalty, (int, float, type(None)), "a number or None")
+    known = translator.tokenizer.lang_codes
+    decode = DecodeOptions(beam_size=1, length_penalty=model_decode(translator).length_penalty
+                           if length_penalty is None else length_penalty)
+    job = table_job(replace(decode, scores=True), src and resolve_source(src, known),
+                    () if tgt is None else (resolve_lang(tgt, known),), field=field, output_field="translation",
+                    status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
+                    split=split, overwrite_field=overwrite_field, max_input_length=max_input_length,
+                    score_field=score_field, log_prob_field=log_prob_field, prefix_field=None, targets_as="columns",
+                    on_error=on_error, task="score", target_field=target_field, token_scores_field=token_scores_field)
+    return run_table(translator, schema, batches, with_flags(job, flags), decode, batching, progress)
+
+
+def run_table(translator: Translator, schema: pa.Schema, batches: list[pa.RecordBatch], job: Job,
+              decode: DecodeOptions, batching: BatchOptions | None, progress: bool) -> pa.Table:
+    """A table's rows through the job, committed into a table as a Parquet output's (commit.TableSink)."""
+    check_text_column(schema, TABLE, job.field)
     check_added_columns(schema, job, API_NAMES)
     position = Position()
-    records = [record for batch in batches for record in batch_records(batch, TABLE, field, position)]
+    records = [record for batch in batches for record in batch_records(batch, TABLE, job.field, position)]
     sink = TableSink(schema, job)
     run_records(translator, records, job, decode, batching, progress,
                 lambda chunk, outcomes, counters: commit_rows(chunk, outcomes, sink, job, counters))
@@ -243,11 +282,11 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               status_field: str | None, error_field: str | None, src_field: str, tgt_field: str, split: bool,
               overwrite_field: bool, max_input_length: int | None, score_field: str, log_prob_field: str,
               prefix_field: str | None, targets_as: str, on_error: str | None = None,
-              detected_field: str | None = None, protect: bool = False) -> Job:
-    """translate_table's job from its arguments (`targets`: the model's codes of `tgt`), its fields checked as
-    the command checks its options' (job.spec.check_fields): a field named twice, or the translation over the
-    text without `overwrite_field`, raises NllbError. `error_field` takes the errors file's place: a failed row
-    is kept (and skipped by the chunk worker)."""
+              detected_field: str | None = None, protect: bool = False, **score) -> Job:
+    """translate_table's job from its arguments (`targets`: the model's codes of `tgt`; `score`: a score job's
+    fields, score_table's), its fields checked as the command checks its options' (job.spec.check_fields): a
+    field named twice, or the translation over the text without `overwrite_field`, raises NllbError.
+    `error_field` takes the errors file's place: a failed row is kept (and skipped by the chunk worker)."""
     if error_field is ERROR_FIELD and on_error in ("fail", "skip"):
         error_field = None  # the default column goes with the default, record
     error_field = None if error_field is None else str(error_field)
@@ -266,7 +305,7 @@ def table_job(decode: DecodeOptions, src: str | None, targets: tuple[str, ...], 
               status_field=status_field, error_field=error_field, overwrite_field=overwrite_field,
               max_input_length=max_input_length, score_field=score_field if decode.scores else None,
               log_prob_field=log_prob_field if decode.scores else None, hypotheses=decode.num_hypotheses,
-              prefix_field=prefix_field, detected_field=detected_field, protect=protect)
+              prefix_field=prefix_field, detected_field=detected_field, protect=protect, **score)
     check_fields(job, API_NAMES)
     return job
 

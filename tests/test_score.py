@@ -259,3 +259,24 @@ def test_a_score_job_flags_the_pairs_not_to_trust(here):
         "ok", "wrong_language,low_score,copy", "wrong_language,low_score", "length_ratio,low_score"]
     assert [row["row"] for row in read_jsonl(here / "flagged.jsonl")] == [2, 3, 4]
     assert "(4 scored, 0 failed, 3 flagged:" in result.stderr
+
+
+def test_score_table_gives_the_commands_parquet_rows(here):
+    import pyarrow as pa
+
+    import nllbcli
+
+    rows = sample_pairs(4)
+    rows[2]["translation"] = None
+    write_jsonl(here / "pairs.jsonl", rows)
+    result = run(["score", "-m", SAMPLE, "--src", "en", "--tgt", "fr", "--token-scores", "--on-error", "skip",
+                  "--status-field", "status", "pairs.jsonl", "scored.parquet"])
+    assert result.exit_code == 3, result.output
+    model = nllbcli.load(SAMPLE, device="cpu")
+    table = nllbcli.score_table(model, pa.Table.from_pylist(rows), "en", "fr", token_scores_field="token_scores",
+                                status_field="status", on_error="skip")
+    assert table.to_pylist() == pq.read_table(here / "scored.parquet").to_pylist()
+    kept = nllbcli.score_table(model, pa.Table.from_pylist(rows), "en", "fr")  # failed rows kept, with their reason
+    assert kept.column_names == ["id", "text", "translation", "score", "log_prob", "error"]
+    assert kept.column("error").to_pylist() == [None, None, "the table: row 3: field 'translation' is null, not a "
+                                                            "translation to score.", None]
