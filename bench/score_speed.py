@@ -103,7 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shape", default="600M")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=1)  # bench.e2e's: its model directory is reused
     parser.add_argument("--sentences", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=3)
