@@ -7,7 +7,7 @@ translations it made, on the same length-sorted batches; each warmed up once, th
 Whole jobs: `nllb translate --beam-size 1 --scores` on the sentences, then `nllb score` on its output, the rows/s
 and tokens/s of each one's summary line. One JSON line per measurement into --out.
 
-On the GPU (600M shape; about 2-3 minutes with the model built and the kernels compiled on the first run):
+On the GPU (the 600M shape; about 2-3 minutes with the model built and the kernels compiled on the first run):
 
     python3 -m bench.score_speed --model-dir /tmp/e2e-model --cache-dir /tmp/e2e-cupy --out $OUT/score.jsonl
 
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.e2e import make_sentences, model_and_cache, summary_of
+from nllbcli.model.shapes import DEFAULT
 
 NEW_TOKENS = 40  # generated tokens a sentence, the language token included (the random model never ends sooner)
 
@@ -102,7 +103,7 @@ def whole_jobs(args, model_dir: Path, cache_dir: Path, lines: list[str], work: P
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--shape", default="600M")
+    parser.add_argument("--shape", default=DEFAULT)  # bench.e2e's shapes: nllbcli/model/shapes.py's, or tiny
     parser.add_argument("--seed", type=int, default=1)  # bench.e2e's: its model directory is reused
     parser.add_argument("--sentences", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=2048)
