@@ -4,7 +4,7 @@ in one run: CPU seconds at one thread, wall seconds at --threads threads, greedy
 translations each engine gives identical to nllb's and to transformers'.
 
     python -m bench.cpu [--models sample,600M] [--sentences N] [--threads T] [--engines nllb,transformers,ct2,ct2-int8]
-                        [--other-python /tmp/tfenv/bin/python] [--model-dir /tmp/cpu-600M] [--repeats 3]
+                        [--other-python /tmp/tfenv/bin/python] [--model-dir /tmp/nllb-cpu-600M] [--repeats 3]
                         [--profile] --out FILE.jsonl
 
 nllb runs in this interpreter (nllbcli.load(model, device="cpu", threads=1), nllbcli.translate with
@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also where nllb's CPU time goes (cProfile)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    engines = args.engines.split(",")
+    engines = [e for e in args.engines.split(",") if e]  # none: --profile alone
     if unknown := set(engines) - set(ENGINES):
         parser.error(f"unknown engines {sorted(unknown)}: pick among {', '.join(ENGINES)}")
     beams = [int(b) for b in args.beams.split(",")]
@@ -278,7 +278,7 @@ def main() -> None:
             elif model == "600M":
                 from bench.e2e import build_model
 
-                built = build_model(Path(args.model_dir), "600M", 0)
+                built = build_model(Path(args.model_dir), "nllb-200-distilled-600M", 0)
                 emit({"what": "build", **built})
                 model_dir, max_length, n = args.model_dir, args.max_length_600M, args.sentences or 20
             else:
