@@ -24,10 +24,12 @@ language token included (transformers' max_new_tokens; CTranslate2's max_decodin
 prefix, the language token).
 
 --profile adds, per model and beam size, where nllb's CPU time goes: cProfile of the API call at one thread, the
-engine's parts told apart by cProfile's callers (bench.cpu.breakdown).
+engine's parts told apart by cProfile's callers (breakdown), and what the decoder's per-row products would take
+as one matrix product a step (products_as_gemm).
 
-On the 2-core machine: `--models sample --sentences 500` takes about 4 minutes; `--models 600M --sentences 20`
-about 6 (plus 1 to build the model).
+On the 2-core machine, busy with other work, with --profile: `--models sample --sentences 500 --repeats 3` took 8
+minutes, `--models 600M --sentences 20 --repeats 2` 36 (its model built in 7 s); `--sentences 10
+--max-length-600M 16 --repeats 1` makes the 600M run a few times shorter.
 
 Results are JSON lines on stdout and --out: setup, then per model and beam size one line per engine (times,
 agreement) and, with --profile, one line per model and beam size of nllb's breakdown.
