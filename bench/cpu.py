@@ -63,7 +63,8 @@ ENGINES = ("nllb", "transformers", "ct2", "ct2-int8")
 
 
 def directions(n: int) -> list[dict]:
-    """The n sentences by direction, in the order bench.cpu numbers them within each direction."""
+    """The first n sentences by direction: sentence i is held-out line i // 5 of the source language of direction
+    i % 5 (DIRECTIONS)."""
     lines = {src: (HELDOUT / f"{src}.txt").read_text(encoding="utf-8").splitlines() for src, _ in DIRECTIONS}
     out = [{"src": src, "tgt": tgt, "texts": []} for src, tgt in DIRECTIONS]
     for i in range(n):
