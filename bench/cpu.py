@@ -28,8 +28,8 @@ engine's parts told apart by cProfile's callers (breakdown), and what the decode
 as one matrix product a step (products_as_gemm).
 
 On the 2-core machine, busy with other work, with --profile: `--models sample --sentences 500 --repeats 3` took 8
-minutes, `--models 600M --sentences 20 --repeats 2` 36 (its model built in 7 s); `--sentences 10
---max-length-600M 16 --repeats 1` makes the 600M run a few times shorter.
+minutes, `--models 600M --sentences 20 --repeats 2` 36 (its model built in 7 s); without --profile,
+`--models 600M --sentences 10 --max-length-600M 16 --repeats 1` took 10.
 
 Results are JSON lines on stdout and --out: setup, then per model and beam size one line per engine (times,
 agreement) and, with --profile, one line per model and beam size of nllb's breakdown.
