@@ -183,8 +183,7 @@ def score(translator: Translator, texts: Sequence[str], translations: Sequence[s
     job = replace(text_job(translator, src, tgt, split, max_input_length), task="score", target_field="translation",
                   score_field="score", log_prob_field="log_prob",
                   token_scores_field="token_scores" if token_scores else None)
-    decode = DecodeOptions(beam_size=1, length_penalty=model_decode(translator).length_penalty
-                           if length_penalty is None else length_penalty)
+    decode = scoring_decode(translator, length_penalty)
     records = list(text_records(texts, job))
     for record, translation in zip(records, translations):
         record.fields[job.target_field] = translation
@@ -254,8 +253,7 @@ def score_table(translator: Translator, table: pa.Table | pa.RecordBatch | Itera
         raise NllbError(f"score_table takes one target language, not {tgt!r}: a row's translation is in one.")
     check_type("length_penalty", length_penalty, (int, float, type(None)), "a number or None")
     known = translator.tokenizer.lang_codes
-    decode = DecodeOptions(beam_size=1, length_penalty=model_decode(translator).length_penalty
-                           if length_penalty is None else length_penalty)
+    decode = scoring_decode(translator, length_penalty)
     job = table_job(replace(decode, scores=True), src and resolve_source(src, known),
                     () if tgt is None else (resolve_lang(tgt, known),), field=field, output_field="translation",
                     status_field=status_field, error_field=error_field, src_field=src_field, tgt_field=tgt_field,
@@ -364,6 +362,12 @@ def model_decode(translator: Translator, decode: DecodeOptions | None = None) ->
 
     given = {} if decode is None else {name: getattr(decode, name) for name in decode.given}
     return decode_options(Path(translator.model_dir) if translator.model_dir else None, **given)
+
+
+def scoring_decode(translator: Translator, length_penalty: float | None) -> DecodeOptions:
+    """A score job's decoding options: its length penalty (None: the model's generation_config.json's, else 1)."""
+    return DecodeOptions(beam_size=1, length_penalty=model_decode(translator).length_penalty
+                         if length_penalty is None else length_penalty)
 
 
 def run_records(translator: Translator, records: list[Record], job: Job, decode: DecodeOptions,

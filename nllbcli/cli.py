@@ -481,7 +481,7 @@ def score(job: dict, decode: dict, batching: dict, model: ModelOptions, run: Run
     """
     job = dict(job)
     job["length_ratio_min"], job["length_ratio_max"] = job["length_ratio_min"] or (None, None)  # --length-ratio's band
-    job = {**job, "task": "score", "split": job["split"], "on_error": job["on_error"] or ("record" if job["errors"] else "fail"),
+    job = {**job, "task": "score", "on_error": job["on_error"] or ("record" if job["errors"] else "fail"),
            "target_field": job["target_field"] or ("target" if job["target_file"] else "translation")}
     try:
         penalty = decode["length_penalty"]  # the one decoding option a score takes: the model's where not given

@@ -55,7 +55,7 @@ class FakeTranslator:
         self.languages.append(tgt_lang)
         return [ids[1:-1][::-1] for ids in sources]  # the pieces reversed, without the language token and </s>
 
-    def generate_hypotheses(self, sources, tgt_lang, options, keys=None, prefixes=None):
+    def generate_hypotheses(self, sources, tgt_lang, options, keys=None, prefixes=None, targets=None):
         """generate's ids first, then as many more as asked, each with a digit more ("1", "2", ...); scores that
         fall with the length and the rank."""
         from nllbcli.model.search import Hypothesis

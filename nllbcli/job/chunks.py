@@ -290,8 +290,7 @@ def generate_batch_hypotheses(translator, batch: Batch, decode: DecodeOptions, s
                 keys = sentence_keys(decode.seed, places[:, 0], places[:, 1])
             prefixes = [sentences[i].prefix for i in todo] if any(sentences[i].prefix for i in todo) else None
             given = [sentences[i].target for i in todo] if sentences and sentences[0].target is not None else None
-            found = translator.generate_hypotheses(sources, targets, decode, keys, prefixes, **(
-                {"targets": given} if given is not None else {}))  # a translator made without scoring still translates
+            found = translator.generate_hypotheses(sources, targets, decode, keys, prefixes, given)
             for i, hypotheses in zip(todo, found):
                 outputs[i] = hypotheses
             break

@@ -389,7 +389,7 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
         if job is not None and job.task == "score":
             scored = [hypotheses[0] for hypotheses in rows.get(row, [])]
             outcome.translation = outcome.given  # the row's translation, as given: its scores are written
-            outcome.log_prob, outcome.score = score_of(scored, SCORED_AS_BEAMS)
+            outcome.log_prob, outcome.score = score_of(scored, averaged=True)
             outcome.token_log_prob = outcome.log_prob / max(1, sum(len(h.ids) + 1 for h in scored))  # low_score's
             if job.token_scores_field is not None:
                 outcome.token_scores = [lp for h in scored for lp in h.token_log_probs]
@@ -410,7 +410,7 @@ def join_outcomes(outcomes: list[Outcome], sentences: list[Sentence], texts: dic
             best = [hypotheses[0] for hypotheses in rows[row]]
             outcome.token_log_prob = sum(h.log_prob for h in best) / sum(len(h.ids) + 1 for h in best)
         if decode.scores:
-            scored = [score_of([hypotheses[k] for hypotheses in rows.get(row, [])], decode)
+            scored = [score_of([hypotheses[k] for hypotheses in rows.get(row, [])], decode.beam_size > 1)
                       for k in range(decode.num_hypotheses)]
             if decode.num_hypotheses > 1:
                 outcome.log_prob, outcome.score = [lp for lp, _ in scored], [sc for _, sc in scored]
@@ -435,17 +435,15 @@ def check_placeholders(records: list[Record], outcomes: list[Outcome], job: Job)
                 break
 
 
-SCORED_AS_BEAMS = DecodeOptions(beam_size=2)  # score_of a score job's rows: their scores are beam search's
-
-
-def score_of(hypotheses: list[Hypothesis], decode: DecodeOptions) -> tuple[float, float]:
+def score_of(hypotheses: list[Hypothesis], averaged: bool) -> tuple[float, float]:
     """A row's (log_prob, score) from its sentences' hypotheses: the sum of their log-probabilities, and the
-    score of a row of one sentence; of several, beam search's the mean of theirs, greedy search's the sum (its
-    score is the log-probability). A row without a sentence (empty text) has 0 and 0."""
+    score of a row of one sentence; of several, the mean of theirs where scores are `averaged` (beam search's, a
+    score job's), else the sum (greedy search's score is the log-probability). A row without a sentence (empty
+    text) has 0 and 0."""
     log_prob = float(sum(h.log_prob for h in hypotheses))
     if len(hypotheses) == 1:
         return log_prob, float(hypotheses[0].score)
-    if decode.beam_size == 1 or not hypotheses:
+    if not averaged or not hypotheses:
         return log_prob, log_prob
     return log_prob, float(sum(h.score for h in hypotheses) / len(hypotheses))
 
