@@ -15,7 +15,7 @@ allocator held during that configuration (ours: the weights, the KV pool sized f
 the arrays of a batch).
 
 A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
-sample, sample-scores, topk10, topp0.9; tgt3: each source translated into three target languages in one batch,
+sample, sample-scores, topk10, topk50, topp0.9; tgt3: each source translated into three target languages in one batch,
 as --tgt a,b,c does, its encoder run once for the three, so tokens/s above the plain search's is the encoder
 shared; fp8: --compute-type float8, the same weights in FP8 E4M3), to time it against the plain search in the
 same run:
@@ -57,6 +57,7 @@ VARIANTS = {
     "sample": {"sampling_topk": 0, "seed": 1},
     "sample-scores": {"sampling_topk": 0, "seed": 1, "scores": True},
     "topk10": {"sampling_topk": 10, "seed": 1},
+    "topk50": {"sampling_topk": 50, "seed": 1},  # past the fused top-k lists: each step's logits written whole
     "topp0.9": {"sampling_topk": 0, "sampling_topp": 0.9, "seed": 1},
     "tgt3": {},  # each source into three target languages in one batch (--tgt a,b,c): the encoder once for them
     "fp8": {},  # --compute-type float8: the same model's matrices in FP8 E4M3 (quantized on the GPU as uploaded)
