@@ -24,8 +24,7 @@ language token included (transformers' max_new_tokens; CTranslate2's max_decodin
 prefix, the language token).
 
 --profile adds, per model and beam size, where nllb's CPU time goes: cProfile of the API call at one thread, the
-engine's parts told apart by cProfile's callers (breakdown), and what the decoder's per-row products would take
-as one matrix product a step (products_as_gemm).
+engine's parts told apart by cProfile's callers (breakdown).
 
 On the 2-core machine, busy with other work, with --profile: `--models sample --sentences 500 --repeats 3` took 8
 minutes, `--models 600M --sentences 20 --repeats 2` 36 (its model built in 7 s); without --profile,
@@ -112,23 +111,33 @@ def profile_nllb(model_dir: str, parts: list[dict], beam: int, max_length: int) 
     translator = nllbcli.load(model_dir, device="cpu", threads=1)
     decode = DecodeOptions(beam_size=beam, max_length=max_length)
     lm_head = translator.engine.w["lm_head.weight"]
-    linear_rows = reference.linear_rows
+    linear = reference.linear
 
-    # the decoder's products and the output projection both go through linear_rows: two names cProfile tells apart
-    def decoder_product(x, weight, bias=None, spread=reference.ALONE):
-        return linear_rows(x, weight, bias, spread)
+    # every product goes through reference.linear: three names that cProfile tells apart
+    def encoder_product(*args, **kwargs):
+        return linear(*args, **kwargs)
 
-    def output_projection(x, weight, bias=None, spread=reference.ALONE):
-        return linear_rows(x, weight, bias, spread)
+    def decoder_product(*args, **kwargs):
+        return linear(*args, **kwargs)
 
-    rows_by_shape: dict[tuple, list] = {}  # weight shape: [a weight of it, calls, rows in all]
+    def output_projection(*args, **kwargs):
+        return linear(*args, **kwargs)
 
-    def product(x, weight, bias=None, spread=reference.ALONE):
-        seen = rows_by_shape.setdefault(weight.shape, [weight, 0, 0])
-        seen[1:] = seen[1] + 1, seen[2] + x.size // x.shape[-1]
-        if weight is lm_head:
-            return output_projection(x, weight, bias, spread)
-        return decoder_product(x, weight, bias, spread)
+    phase = ["decoder"]
+
+    def product(x, weight, *args, **kwargs):
+        if phase[0] == "encoder":
+            return encoder_product(x, weight, *args, **kwargs)
+        return (output_projection if weight is lm_head else decoder_product)(x, weight, *args, **kwargs)
+
+    encode = translator.engine.encode
+
+    def encoding(*args, **kwargs):
+        phase[0] = "encoder"
+        try:
+            return encode(*args, **kwargs)
+        finally:
+            phase[0] = "decoder"
 
     def once() -> None:
         for part in parts:
@@ -138,45 +147,16 @@ def profile_nllb(model_dir: str, parts: list[dict], beam: int, max_length: int) 
     start = time.process_time()
     once()
     plain_s = time.process_time() - start
-    reference.linear_rows = product
+    reference.linear, translator.engine.encode = product, encoding
     try:
         profiler = cProfile.Profile()  # perf_counter: process_time as its timer costs a system call a call
         profiler.enable()
         once()
         profiler.disable()
     finally:
-        reference.linear_rows = linear_rows
-    return {"cpu_s_unprofiled": round(plain_s, 3), **breakdown(pstats.Stats(profiler)),
-            "products_as_gemm": products_as_gemm(rows_by_shape, linear_rows)}
-
-
-def products_as_gemm(rows_by_shape: dict[tuple, list], linear_rows, repeats: int = 3) -> dict:
-    """What the decoder's products (output projection included) would take as one matrix product a step: per
-    weight shape, linear_rows and x @ weight.T timed at the mean rows a call (best of `repeats`, one thread),
-    scaled to all its rows (both grow with the rows). A model of the products' floor, not a change of the engine:
-    one product over all rows gives a row bits that move with the batch."""
-    from threadpoolctl import threadpool_limits
-
-    out = {"rows_s": 0.0, "gemm_s": 0.0, "shapes": {}}
-    rng = np.random.default_rng(0)
-    with threadpool_limits(limits=1, user_api="blas"):
-        for shape, (weight, calls, rows) in rows_by_shape.items():
-            mean = max(1, round(rows / calls))
-            x = rng.standard_normal((mean, 1, shape[1])).astype(np.float32)
-            times = []
-            for fn in (lambda: linear_rows(x, weight), lambda: x[:, 0] @ weight.T):
-                best = float("inf")
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    fn()
-                    best = min(best, time.perf_counter() - start)
-                times.append(best * rows / mean)
-            out["shapes"]["x".join(map(str, shape))] = {"calls": calls, "mean_rows": mean, "rows_s": round(times[0], 3),
-                                                        "gemm_s": round(times[1], 3)}
-            out["rows_s"] += times[0]
-            out["gemm_s"] += times[1]
-    out["rows_s"], out["gemm_s"] = round(out["rows_s"], 3), round(out["gemm_s"], 3)
-    return out
+        reference.linear = linear
+        del translator.engine.encode
+    return {"cpu_s_unprofiled": round(plain_s, 3), **breakdown(pstats.Stats(profiler))}
 
 
 def breakdown(stats: pstats.Stats) -> dict:
@@ -197,7 +177,7 @@ def breakdown(stats: pstats.Stats) -> dict:
     total = cum("api.py", "translate")
     generate = cum("translator.py", "generate_part")
     encode = cum("reference.py", "encode")
-    encoder_products = cum("reference.py", "linear")
+    encoder_products = cum("cpu.py", "encoder_product")
     step = cum("reference.py", "step_rows")
     products = cum("cpu.py", "decoder_product")
     projection = cum("cpu.py", "output_projection")
@@ -211,8 +191,8 @@ def breakdown(stats: pstats.Stats) -> dict:
     parts = {
         "encoder products": encoder_products,
         "encoder, the rest": encode - encoder_products,
-        "decoder products (linear_rows)": products,
-        "output projection (linear_rows)": projection,
+        "decoder products": products,
+        "output projection": projection,
         "decoder attention": attention,
         "decoder step, the rest (layernorm, embedding, residuals)": step - products - projection - attention,
         "log-softmax, top-k, argmax": pick,

@@ -1,8 +1,10 @@
-"""What the CPU engine's batch invariance costs its matrix products: the decoder's per-row products
-(reference.linear_rows, a matrix-vector product a row, whose bits never depend on the rows beside it) against
-NumPy's matrix product of all the rows at once (BLAS's GEMM), and whether a GEMM keeps each row's bits when the
-rows beside it change: over random subsets of the rows, and in calls of a fixed number of rows (zero-padded), a
-row then at another place of its call. One BLAS thread, CPU milliseconds (median of --repeats).
+"""The CPU engine's matrix products against the others it could use, and whether each keeps a row's bits when the
+rows beside it change (the engine's batch invariance): over random subsets of the rows, and in calls of a fixed
+number of rows (zero-padded), a row then at another place of its call. `mlas`: the engine's (products.Products,
+onnxruntime's MLAS on a packed weight); `gemm`: NumPy's matrix product of all the rows at once (BLAS's GEMM);
+`rows`: a matrix-vector product a row and block of 256 KB of the weight (what the engine used before MLAS, whose
+bits never depend on the rows beside it either); `calls_of_R`: BLAS's GEMM on R rows at a time. One thread, CPU
+milliseconds (median of --repeats).
 
     .venv/bin/python -m bench.cpu_products            # about 30 seconds on 2 cores
 """
@@ -18,9 +20,18 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from nllbcli.model.engine.reference import linear_rows
+from nllbcli.model.engine.products import Products
 
 SHAPES = [(256, 256), (256, 1024), (1024, 256), (256, 3208), (1024, 4096)]  # (K, N): the sample model's, 600M's FFN
+
+
+def by_rows(x: np.ndarray, w: np.ndarray, block_values: int = 1 << 16) -> np.ndarray:
+    """x @ w.T as a matrix-vector product a row, a block of w's rows at a time (block_values values: 256 KB)."""
+    rows, block = x[:, None, :], max(1, block_values // w.shape[1])
+    y = np.empty((len(x), w.shape[0]), np.float32)
+    for first in range(0, w.shape[0], block):
+        y[:, first : first + block] = (rows @ w[first : first + block].T)[:, 0]
+    return y
 
 
 def in_calls(x: np.ndarray, w: np.ndarray, rows: int) -> np.ndarray:
@@ -65,7 +76,8 @@ def main() -> int:
             w = rng.standard_normal((n, k), dtype=np.float32)
             x = rng.standard_normal((args.rows, k), dtype=np.float32)
             record = {"K": k, "N": n, "rows": args.rows}
-            products = {"linear_rows": lambda a: linear_rows(a, w), "gemm": lambda a: a @ w.T,
+            mlas = Products()
+            products = {"mlas": lambda a: mlas(a, w), "gemm": lambda a: a @ w.T, "rows": lambda a: by_rows(a, w),
                         **{f"calls_of_{r}": (lambda a, r=r: in_calls(a, w, r)) for r in (4, 8, 16, 64)}}
             for name, product in products.items():
                 record[f"{name}_ms"] = round(cpu_ms(lambda: product(x), args.repeats), 3)

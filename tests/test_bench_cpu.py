@@ -33,7 +33,7 @@ def test_the_nllb_side_alone(tmp_path, monkeypatch, capsys):
 def test_the_profile_tells_the_engine_s_parts_apart():
     found = cpu.profile_nllb(str(cpu.SAMPLE), cpu.directions(5), 4, 200)
     parts = found["parts_s"]
-    assert parts["decoder products (linear_rows)"] > parts["output projection (linear_rows)"] > 0
+    assert parts["decoder products"] > parts["output projection"] > 0
     assert parts["encoder products"] > 0 and parts["beams' cache copies (gather_rows)"] > 0
     assert parts["log-softmax, top-k, argmax"] > 0
     assert abs(sum(parts.values()) - found["profiled_s"]) < 0.01

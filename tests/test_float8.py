@@ -105,9 +105,10 @@ def test_the_reference_fp8_product_rounds_its_input_a_row_at_a_time():
     rows = x.reshape(10, 64)
     codes, scales = quantize_e4m3(rows)
     want = dequantize_e4m3(codes, scales) @ w.dequantize().T + bias
-    assert np.allclose(linear(x, w, bias).reshape(10, 48), want, rtol=1e-5, atol=1e-5)
+    # float32 sums of 64 terms of up to a few hundred, in another order than NumPy's: within 1e-3
+    assert np.allclose(linear(x, w, bias).reshape(10, 48), want, rtol=1e-5, atol=1e-3)
     plain = rows @ w.dequantize().T + bias
-    assert not np.allclose(linear(x, w, bias).reshape(10, 48), plain, rtol=1e-5, atol=1e-5)  # the input was rounded
+    assert not np.allclose(linear(x, w, bias).reshape(10, 48), plain, rtol=1e-5, atol=1e-3)  # the input was rounded
 
 
 def test_fp8_translations_of_the_sample_model_agree_with_bf16s():

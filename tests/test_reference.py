@@ -1,5 +1,6 @@
 """The NumPy reference model's operations against plain float64 formulas, and its cache against a full recompute."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from nllbcli.model.checkpoint import load_checkpoint
 from nllbcli.model.engine import numerics
 from nllbcli.model.engine import reference as ref
+from nllbcli.model.engine.products import Products
 
 HERE = Path(__file__).parent
 rng = np.random.default_rng(0)
@@ -95,16 +97,19 @@ def test_padding_does_not_change_a_source(engine):
 
 
 def test_a_rows_product_does_not_depend_on_the_other_rows():
-    """linear_rows gives each row what it gives the row alone, bit for bit, whatever the number of rows and the
-    row's place (x @ w.T need not: BLAS picks its kernels by the number of rows), across several of its blocks;
-    and it is the product, as float64 says."""
-    w = rng.normal(size=(3 * ref.ROW_BLOCK_VALUES // 96 + 5, 96)).astype(np.float32)  # 3 blocks and a part
+    """linear gives each row what it gives the row alone, bit for bit, whatever the number of rows and the row's
+    place (x @ w.T need not: BLAS picks its kernels by the number of rows), at K past MLAS's K stride and N past
+    its N stride, on one thread and spread over two; and it is the product, as float64 says."""
+    w = rng.normal(size=(3 * 128 + 5, 300)).astype(np.float32)
     bias = rng.normal(size=w.shape[0]).astype(np.float32)
-    x = rng.normal(size=(40, 96)).astype(np.float32)
-    alone = np.stack([ref.linear_rows(row[None], w, bias)[0] for row in x])
-    for rows in ([0], [3, 1], list(range(7)), list(range(40)), [5] * 9 + [2]):
-        np.testing.assert_array_equal(ref.linear_rows(x[rows], w, bias), alone[rows])
-    np.testing.assert_array_equal(ref.linear_rows(x.reshape(8, 5, 96), w, bias), alone.reshape(8, 5, -1))
+    x = rng.normal(size=(40, 300)).astype(np.float32)
+    products = Products()
+    alone = np.stack([ref.linear(row[None], w, bias, products)[0] for row in x])
+    with ThreadPoolExecutor(2) as pool:
+        for spread in (ref.ALONE, ref.Spread(2, pool.map)):
+            for rows in ([0], [3, 1], list(range(7)), list(range(40)), [5] * 9 + [2], list(range(39, -1, -1))):
+                np.testing.assert_array_equal(ref.linear(x[rows], w, bias, products, spread), alone[rows])
+    np.testing.assert_array_equal(ref.linear(x.reshape(8, 5, 300), w, bias, products), alone.reshape(8, 5, -1))
     np.testing.assert_allclose(alone, x.astype(np.float64) @ w.T.astype(np.float64) + bias, rtol=1e-5, atol=1e-4)
 
 

@@ -4,12 +4,13 @@ It is the oracle for the GPU engine and what runs where there is no GPU. The ope
 transformers' M2M100ForConditionalGeneration step by step (same order of float32 operations where it matters).
 
 A sentence's arithmetic does not depend on its batch, so neither do its translation and scores, to the last bit:
-the encoder takes the sources of each length together, unpadded (encode); the decoder multiplies each row by
-the weights on its own (linear_rows) and attends over a padded source in an order the padding leaves alone
-(attention_over_padding). A matrix product over several sentences' rows would let BLAS pick its kernels and
-blockings by their number (and a row's bits follow its place among them), and NumPy's pairwise sums group their
-terms by the length summed, padding included. Nor does it depend on the number of threads: BLAS runs every
-product on one thread, and the engine spreads the products over its own threads (ProductThreads).
+the encoder takes the sources of each length together, unpadded (encode); every matrix product goes through
+products.Products (onnxruntime's MLAS on a packed weight), which gives a row the bits it gives the row alone; and
+the decoder attends over a padded source in an order the padding leaves alone (attention_over_padding). NumPy's
+own matrix product over several sentences' rows would let BLAS pick its kernels and blockings by their number
+(and a row's bits follow its place among them), and NumPy's pairwise sums group their terms by the length summed,
+padding included. Nor does it depend on the number of threads: each product runs on one thread, and the engine
+spreads a product's rows over its own threads (ProductThreads).
 
 Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
 D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
@@ -28,6 +29,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
+from .products import Products
 from .numerics import (E4M3Matrix, dequantize_e4m3, gumbel_noise, inverse_temperature, log_softmax, quantize_e4m3,
                        sinusoidal_positions, step_keys, to_host, topk_desc)
 
@@ -46,15 +48,6 @@ def layernorm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float = 
     return centred / np.sqrt(var + np.float32(eps)) * weight + bias
 
 
-def linear(x: np.ndarray, weight, bias: np.ndarray | None = None) -> np.ndarray:
-    """x @ weight.T + bias, weight stored (out, in) as torch's nn.Linear. An E4M3Matrix weight (--compute-type
-    float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
-    if isinstance(weight, E4M3Matrix):
-        x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
-    y = x @ weight.T
-    return y if bias is None else y + bias
-
-
 @dataclass(frozen=True)
 class Spread:
     """How work is spread: over `threads` threads, by `map` (the results in order)."""
@@ -67,10 +60,11 @@ ALONE = Spread()  # on the calling thread
 
 
 class ProductThreads:
-    """The threads of the engine's matrix products: each BLAS call on one thread, the calls spread over as many
-    Python threads as BLAS was given (--threads holds BLAS to that number while a job runs; else the library's
-    own). BLAS would split a product among its own threads by their number, and the result's last bits would
-    follow: --threads 1 and 2, or --devices workers given a share of the threads, would give other scores."""
+    """The threads of the engine's matrix products: each product's rows shared among as many Python threads as BLAS
+    was given (--threads holds BLAS to that number while a job runs; else the library's own), each part on one
+    thread, and BLAS held to one thread meanwhile (NumPy's attention products). A library splitting a product
+    among its own threads may split the sums by their number, and the result's last bits would follow: --threads
+    1 and 2, or --devices workers given a share of the threads, would give other scores."""
 
     def __init__(self):
         self.blas = ThreadpoolController().select(user_api="blas")
@@ -98,35 +92,27 @@ def split_evenly(count: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-ROW_BLOCK_VALUES = 1 << 16  # weight values linear_rows multiplies a row by at once (256 KB of float32)
-SPREAD_WORK = 1 << 20  # multiply-adds below which linear_rows stays on the calling thread (handing out costs more)
+SPREAD_WORK = 1 << 20  # multiply-adds below which a product stays on the calling thread (handing out costs more)
 
 
-def linear_rows(x: np.ndarray, weight, bias: np.ndarray | None = None, spread: Spread = ALONE) -> np.ndarray:
-    """linear() of each row of x (..., K) on its own: one matrix-vector product a row and block of the weight's
-    rows, the blocks fixed by the weight's shape, so that a row's result is the same whatever rows come with it
-    (x @ weight.T over several rows takes other BLAS kernels as their number changes, and a row's last bits
-    with them). A block stays in cache while the rows pass, so the weight is read once, not once a row. The
-    blocks (and, where they are fewer than the threads, the rows) are shared among the threads."""
+def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, products: Products | None = None,
+           spread: Spread = ALONE) -> np.ndarray:
+    """x (..., K) @ weight.T + bias by `products` (a model's Products; a new one where None), the rows shared among
+    the spread's threads where the work is worth handing out. An E4M3Matrix weight (--compute-type float8) takes x
+    rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
-    rows = x.reshape(-1, 1, x.shape[-1])  # (R, 1, K): NumPy's matmul makes each row's product alone
-    n = weight.shape[0]
-    block = max(1, ROW_BLOCK_VALUES // weight.shape[1])
-    firsts = range(0, n, block)
-    y = np.empty((rows.shape[0], n), np.result_type(x, weight))
+    products = products or Products()
+    rows = x.reshape(-1, x.shape[-1])
+    if spread.threads == 1 or rows.shape[0] < 2 or rows.shape[0] * weight.size < SPREAD_WORK:
+        return products(x, weight, bias)
+    y = np.empty((rows.shape[0], weight.shape[0]), np.float32)
 
-    def multiply(part: tuple[slice, slice]) -> None:
-        at, blocks = part
-        for first in firsts[blocks]:
-            y[at, first : first + block] = (rows[at] @ weight[first : first + block].T)[:, 0]
+    def multiply(at: slice) -> None:
+        y[at] = products(rows[at], weight, bias)
 
-    spread = spread if rows.shape[0] * weight.size >= SPREAD_WORK else ALONE
-    # a run of blocks a thread, for all rows or, where the blocks are fewer than the threads, a part of them
-    row_parts = split_evenly(rows.shape[0], -(-spread.threads // len(firsts)))
-    list(spread.map(multiply, [(at, blocks) for blocks in split_evenly(len(firsts), spread.threads) for at in row_parts]))
-    y = y.reshape(x.shape[:-1] + (n,))
-    return y if bias is None else y + bias
+    list(spread.map(multiply, split_evenly(rows.shape[0], spread.threads)))
+    return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
@@ -276,6 +262,7 @@ class ReferenceEngine:
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
         self.threads = ProductThreads()
+        self.products = Products()
 
     def positions_for(self, length: int) -> np.ndarray:
         if length + self.config.pad_token_id + 1 > self.pos_table.shape[0]:
@@ -292,6 +279,9 @@ class ReferenceEngine:
 
     def release_sources(self, encoded: "EncoderOutput") -> None:
         """Nothing to give back."""
+
+    def product(self, x: np.ndarray, weight, bias: np.ndarray | None = None, spread: Spread = ALONE) -> np.ndarray:
+        return linear(x, weight, bias, self.products, spread)
 
     # -- encoder
 
@@ -337,21 +327,23 @@ class ReferenceEngine:
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}.encoder_attn."
-            cross_k.append(self.r(linear(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B', S', D)
-            cross_v.append(self.r(linear(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"])))
+            cross_k.append(self.r(self.product(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B', S', D)
+            cross_v.append(self.r(self.product(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"])))
         return mask, cross_k, cross_v
 
     def attention_block(self, prefix: str, x: np.ndarray, kv: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
         w = self.w
-        q = self.r(linear(x, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"]))
-        k = self.r(linear(kv, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"]))
-        v = self.r(linear(kv, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"]))
+        q = self.r(self.product(x, w[prefix + "q_proj.weight"], w[prefix + "q_proj.bias"]))
+        k = self.r(self.product(kv, w[prefix + "k_proj.weight"], w[prefix + "k_proj.bias"]))
+        v = self.r(self.product(kv, w[prefix + "v_proj.weight"], w[prefix + "v_proj.bias"]))
         out = self.r(attention(q, k, v, key_mask, heads))
-        return linear(out, w[prefix + "out_proj.weight"], w[prefix + "out_proj.bias"])
+        return self.product(out, w[prefix + "out_proj.weight"], w[prefix + "out_proj.bias"])
 
-    def ffn(self, prefix: str, x: np.ndarray, product=linear) -> np.ndarray:
-        """The feed-forward block, its matrix products by `product` (linear, or the decoder's linear_rows)."""
+    def ffn(self, prefix: str, x: np.ndarray, product=None) -> np.ndarray:
+        """The feed-forward block, its matrix products by `product` (self.product on the calling thread, or
+        spread over the threads)."""
         w = self.w
+        product = product or self.product
         hidden = self.r(activation(product(x, w[prefix + "fc1.weight"], w[prefix + "fc1.bias"]), self.config.activation_function))
         return product(hidden, w[prefix + "fc2.weight"], w[prefix + "fc2.bias"])
 
@@ -387,10 +379,10 @@ class ReferenceEngine:
         """Feed one token per row at position state.t; return the next-token logits (N, V) float32.
         (`encoded` is not read: each row's source K/V are in the state.)"""
         with self.threads.spreading() as spread:
-            return self.step_rows(state, tokens, want_logits, partial(linear_rows, spread=spread))
+            return self.step_rows(state, tokens, want_logits, partial(self.product, spread=spread))
 
     def step_rows(self, state: DecoderState, tokens: np.ndarray, want_logits: bool, product) -> np.ndarray | None:
-        """step(), its products by `product` (linear_rows spread over the threads)."""
+        """step(), its products by `product` (self.product spread over the threads)."""
         c, w = self.config, self.w
         t, heads = state.t, c.decoder_attention_heads
         n = len(t)
