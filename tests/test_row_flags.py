@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,24 @@ def with_langid(monkeypatch) -> None:
 
 
 # -- each flag's definition ---------------------------------------------------------------------------------------
+
+def test_runs_is_the_longest_streak_of_each_shift():
+    """runs against its definition, position by position, on random sequences of a few symbols (many streaks)."""
+    def by_definition(units, longest):
+        found = [1] * (longest + 1)
+        for n in range(1, min(longest, len(units) // 2) + 1):
+            streak = 0
+            for i in range(n, len(units)):
+                streak = streak + 1 if units[i] == units[i - n] else 0
+                found[n] = max(found[n], 1 + streak // n)
+        return found
+
+    rng = random.Random(1)
+    for trial in range(3000):
+        units = [rng.choice("ab" if trial % 2 else "abcd") for _ in range(rng.randint(0, 40))]
+        longest = rng.randint(1, 16)
+        assert flags.runs(units, longest) == by_definition(units, longest), (units, longest)
+
 
 def test_runs_counts_an_ngram_back_to_back():
     assert flags.runs("a b a b a b c".split(), 3) == [1, 1, 3, 1]

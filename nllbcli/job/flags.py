@@ -15,6 +15,10 @@ And the retry's choice between a row's two translations (better_of).
 from __future__ import annotations
 
 import difflib
+import operator
+import re
+from collections import Counter
+from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import NllbError
@@ -68,24 +72,39 @@ GENERAL_BAND = (0.4, 2.5)  # any other direction
 def runs(units: Sequence, longest: int) -> list[int]:
     """runs[n]: the most times an n-gram of `units` occurs back to back (1: none repeats), for n 1 to `longest`
     (runs[0] is 1). Along a streak of m positions where units[i] == units[i - n], the n-gram repeats 1 + m // n
-    times."""
+    times. (A shift's comparisons and streaks are counted in C: rows are judged by the hundred thousand.)"""
     found = [1] * (longest + 1)
     for n in range(1, min(longest, len(units) // 2) + 1):
-        streak = 0
-        for i in range(n, len(units)):
-            streak = streak + 1 if units[i] == units[i - n] else 0
-            found[n] = max(found[n], 1 + streak // n)
+        same = bytes(map(operator.eq, units[n:], units))  # 1 where units[i] == units[i - n]
+        found[n] = 1 + max(map(len, same.split(b"\0"))) // n
     return found
 
 
-def repetition_units(text: str) -> list[str]:
+def repeats(units: Sequence[str], longest: int, times: int) -> bool:
+    """Whether an n-gram of `units` (n 1 to `longest`) occurs `times` times back to back or more: runs' counts
+    reaching `times`, found by one regular expression over the units as characters (in C; most rows have none)."""
+    if not isinstance(units, str):  # words: each distinct one a character
+        codes: dict[str, int] = {}
+        numbers = [codes.setdefault(unit, len(codes)) for unit in units]
+        if len(codes) > 0x10FFFF:  # more distinct words than characters: let runs count
+            return True
+        units = "".join(map(chr, numbers))
+    return back_to_back(longest, times).search(units) is not None
+
+
+@lru_cache(maxsize=None)
+def back_to_back(longest: int, times: int) -> re.Pattern:
+    return re.compile(r"(.{1,%d})\1{%d}" % (longest, times - 1), re.S)
+
+
+def repetition_units(text: str) -> list[str] | str:
     """What repetition counts in: a text's words, casefolded, without the punctuation around them; the
-    characters (spaces left out) of a text written mostly without spaces (under one space in 10 characters:
-    Chinese, Japanese, Thai)."""
-    words = [word.strip(PUNCTUATION) for word in text.casefold().split()]
+    characters (spaces left out, as a string) of a text written mostly without spaces (under one space in 10
+    characters: Chinese, Japanese, Thai)."""
+    words = text.casefold().split()
     if len(text) > 10 * len(words):
-        return [c for c in text.casefold() if not c.isspace()]
-    return [word for word in words if word]
+        return "".join(words)
+    return [word for word in (word.strip(PUNCTUATION) for word in words) if word]
 
 
 PUNCTUATION = ".,;:!?¿¡\"'«»“”„‘’()[]{}-–—…。、，！？"
@@ -95,15 +114,19 @@ def is_repetition(source: str, translation: str, run: int = REPEAT_RUN) -> bool:
     """repetition: the translation has an n-gram (of 1 to REPEAT_NGRAM words) back to back `run` times or
     more, more times than the source repeats any n-gram of half to twice its size (a source that says "ha ha
     ha ha", or a phrase five times over, may be translated so)."""
-    target, origin = repetition_units(translation), repetition_units(source)
+    target = repetition_units(translation)
     longest = REPEAT_NGRAM if len(translation) <= 10 * max(1, len(translation.split())) else 2 * REPEAT_NGRAM
-    found, given = runs(target, longest), runs(origin, 2 * longest)
-    return any(count >= run and count > max(given[(n + 1) // 2:2 * n + 1]) for n, count in enumerate(found) if n)
+    if not repeats(target, longest, run):  # most rows: neither runs nor the source need be looked at
+        return False
+    found = runs(target, longest)
+    looping = [n for n, count in enumerate(found) if n and count >= run]
+    given = runs(repetition_units(source), 2 * longest)
+    return any(found[n] > max(given[(n + 1) // 2:2 * n + 1]) for n in looping)
 
 
 def letters(text: str) -> str:
     """A text's letters, casefolded: what copy compares (spaces, digits and punctuation left out)."""
-    return "".join(c for c in text.casefold() if c.isalpha())
+    return "".join(filter(str.isalpha, text.casefold()))
 
 
 def is_copy(source: str, translation: str) -> bool:
@@ -112,9 +135,14 @@ def is_copy(source: str, translation: str) -> bool:
     a, b = letters(source), letters(translation)
     if len(a) < COPY_MIN_LETTERS:
         return False
-    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    return matcher.real_quick_ratio() >= COPY_SIMILARITY and matcher.quick_ratio() >= COPY_SIMILARITY and \
-        matcher.ratio() >= COPY_SIMILARITY
+    # difflib's real_quick_ratio and quick_ratio (bounds of its ratio from the lengths and from the letters
+    # shared, counted in C here) before its ratio: most rows fail the bounds
+    total = len(a) + len(b)
+    if 2.0 * min(len(a), len(b)) / total < COPY_SIMILARITY:
+        return False
+    if 2.0 * sum((Counter(a) & Counter(b)).values()) / total < COPY_SIMILARITY:
+        return False
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= COPY_SIMILARITY
 
 
 def length_band(job: Job, src: str, tgt: str) -> tuple[float, float]:
