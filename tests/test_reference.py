@@ -99,14 +99,15 @@ def test_padding_does_not_change_a_source(engine):
 def test_a_rows_product_does_not_depend_on_the_other_rows():
     """linear gives each row what it gives the row alone, bit for bit, whatever the number of rows and the row's
     place (x @ w.T need not: BLAS picks its kernels by the number of rows), at K past MLAS's K stride and N past
-    its N stride, on one thread and spread over two; and it is the product, as float64 says."""
+    its N stride, on one thread and with the columns shared among 2 and 3 threads; and it is the product, as
+    float64 says."""
     w = rng.normal(size=(3 * 128 + 5, 300)).astype(np.float32)
     bias = rng.normal(size=w.shape[0]).astype(np.float32)
     x = rng.normal(size=(40, 300)).astype(np.float32)
     products = Products()
     alone = np.stack([ref.linear(row[None], w, bias, products)[0] for row in x])
-    with ThreadPoolExecutor(2) as pool:
-        for spread in (ref.ALONE, ref.Spread(2, pool.map)):
+    with ThreadPoolExecutor(3) as pool:
+        for spread in (ref.ALONE, ref.Spread(2, pool.map), ref.Spread(3, pool.map)):
             for rows in ([0], [3, 1], list(range(7)), list(range(40)), [5] * 9 + [2], list(range(39, -1, -1))):
                 np.testing.assert_array_equal(ref.linear(x[rows], w, bias, products, spread), alone[rows])
     np.testing.assert_array_equal(ref.linear(x.reshape(8, 5, 300), w, bias, products), alone.reshape(8, 5, -1))

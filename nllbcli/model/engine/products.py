@@ -10,9 +10,10 @@ bits are those of the row alone, at a GEMM's speed. tests/test_products.py holds
 shapes, and bench/cpu_products.py measures it beside OpenBLAS.
 
 One session a weight, made when the weight is first multiplied by; onnxruntime reads the weight where NumPy keeps
-it (an external initializer) and packs it into its own memory. Each call runs on one thread: the engine spreads a
-product's rows over its threads itself (reference.ProductThreads), so that the result never follows the number
-of threads either.
+it (an external initializer) and packs it into its own memory. Each call runs on one thread: the engine shares a
+product's output columns among its threads itself (reference.ProductThreads), each a session of its part of the
+weight, whose sums are those of the whole weight (the packing's strides are those of K alone), so that the result
+never follows the number of threads either, and each thread reads only its part of the weight.
 """
 
 from __future__ import annotations
@@ -67,29 +68,35 @@ def gemm_model(n: int, k: int, bias: bool) -> bytes:
 
 
 class Products:
-    """x @ weight.T + bias for the weights of one model, each by a session made at its first product."""
+    """x @ weight.T + bias for the weights of one model, each by a session made at its first product (one a part,
+    where a product's columns are shared among threads)."""
 
     def __init__(self):
-        self.sessions: dict[tuple[int, int | None], tuple] = {}  # (session, what it reads, weight, bias)
+        self.sessions: dict[tuple, tuple] = {}  # (session, what it reads, weight, bias)
         self.lock = threading.Lock()
 
-    def session(self, weight: np.ndarray, bias: np.ndarray | None):
-        key = (id(weight), None if bias is None else id(bias))
+    def session(self, weight: np.ndarray, bias: np.ndarray | None, columns: slice):
+        key = (id(weight), None if bias is None else id(bias), columns.start, columns.stop)
         found = self.sessions.get(key)
         if found is None:
             with self.lock:
                 found = self.sessions.get(key)
                 if found is None:
-                    found = self.sessions[key] = make_session(weight, bias) + (weight, bias)  # ids stay theirs
+                    part = weight[columns], None if bias is None else bias[columns]
+                    found = self.sessions[key] = make_session(*part) + (weight, bias)  # ids stay theirs
         return found[0]
 
-    def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        """x (..., K) @ weight (N, K).T + bias (N,), on the calling thread."""
+    def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
+                 columns: slice | None = None) -> np.ndarray:
+        """x (..., K) @ weight (N, K).T + bias (N,), on the calling thread; with `columns`, those output columns
+        alone (weight's rows: a part packed on its own, whose sums are the whole product's, bit for bit)."""
+        columns = columns or slice(0, weight.shape[0])
         rows = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
+        n = columns.stop - columns.start
         if rows.shape[0] == 0:
-            return np.zeros(x.shape[:-1] + (weight.shape[0],), np.float32)
-        y = self.session(weight, bias).run(None, {"x": rows})[0]
-        return y.reshape(x.shape[:-1] + (weight.shape[0],))
+            return np.zeros(x.shape[:-1] + (n,), np.float32)
+        y = self.session(weight, bias, columns).run(None, {"x": rows})[0]
+        return y.reshape(x.shape[:-1] + (n,))
 
 
 def make_session(weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:

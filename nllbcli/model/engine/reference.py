@@ -9,8 +9,8 @@ products.Products (onnxruntime's MLAS on a packed weight), which gives a row the
 the decoder attends over a padded source in an order the padding leaves alone (attention_over_padding). NumPy's
 own matrix product over several sentences' rows would let BLAS pick its kernels and blockings by their number
 (and a row's bits follow its place among them), and NumPy's pairwise sums group their terms by the length summed,
-padding included. Nor does it depend on the number of threads: each product runs on one thread, and the engine
-spreads a product's rows over its own threads (ProductThreads).
+padding included. Nor does it depend on the number of threads: the engine shares a product's output columns among
+its own threads (ProductThreads), each part's sums those of the whole product.
 
 Letters: B sources, S source length, N decoder rows (one per live sequence or beam), T decoder positions,
 D d_model, H heads, E head size (D / H), F FFN size, V vocabulary.
@@ -60,9 +60,9 @@ ALONE = Spread()  # on the calling thread
 
 
 class ProductThreads:
-    """The threads of the engine's matrix products: each product's rows shared among as many Python threads as BLAS
-    was given (--threads holds BLAS to that number while a job runs; else the library's own), each part on one
-    thread, and BLAS held to one thread meanwhile (NumPy's attention products). A library splitting a product
+    """The threads of the engine's matrix products: each product's output columns shared among as many Python
+    threads as BLAS was given (--threads holds BLAS to that number while a job runs; else the library's own), each
+    part on one thread, and BLAS held to one thread meanwhile (NumPy's attention products). A library splitting a product
     among its own threads may split the sums by their number, and the result's last bits would follow: --threads
     1 and 2, or --devices workers given a share of the threads, would give other scores."""
 
@@ -97,21 +97,21 @@ SPREAD_WORK = 1 << 20  # multiply-adds below which a product stays on the callin
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, products: Products | None = None,
            spread: Spread = ALONE) -> np.ndarray:
-    """x (..., K) @ weight.T + bias by `products` (a model's Products; a new one where None), the rows shared among
-    the spread's threads where the work is worth handing out. An E4M3Matrix weight (--compute-type float8) takes x
-    rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
+    """x (..., K) @ weight.T + bias by `products` (a model's Products; a new one where None), the output columns
+    shared among the spread's threads where the work is worth handing out. An E4M3Matrix weight (--compute-type
+    float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     products = products or Products()
     rows = x.reshape(-1, x.shape[-1])
-    if spread.threads == 1 or rows.shape[0] < 2 or rows.shape[0] * weight.size < SPREAD_WORK:
+    if spread.threads == 1 or rows.shape[0] * weight.size < SPREAD_WORK:
         return products(x, weight, bias)
     y = np.empty((rows.shape[0], weight.shape[0]), np.float32)
 
-    def multiply(at: slice) -> None:
-        y[at] = products(rows[at], weight, bias)
+    def multiply(columns: slice) -> None:
+        y[:, columns] = products(rows, weight, bias, columns)
 
-    list(spread.map(multiply, split_evenly(rows.shape[0], spread.threads)))
+    list(spread.map(multiply, split_evenly(weight.shape[0], spread.threads)))
     return y.reshape(x.shape[:-1] + (weight.shape[0],))
 
 
