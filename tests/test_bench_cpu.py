@@ -37,3 +37,15 @@ def test_the_profile_tells_the_engine_s_parts_apart():
     assert parts["encoder products"] > 0 and parts["beams' cache copies (gather_rows)"] > 0
     assert parts["log-softmax, top-k, argmax"] > 0
     assert abs(sum(parts.values()) - found["profiled_s"]) < 0.01
+
+
+def test_the_products_benchmark_times_each_product_and_counts_whose_bits_hold(monkeypatch, capsys):
+    from bench import cpu_products
+
+    monkeypatch.setattr(sys, "argv", ["bench.cpu_products", "--rows", "12", "--repeats", "1", "--trials", "2"])
+    assert cpu_products.main() == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["K"], r["N"]) for r in records] == cpu_products.SHAPES
+    for r in records:
+        assert r["mlas_keeps_bits"] == r["int8_keeps_bits"] == r["rows_keeps_bits"] == "2/2"
+        assert r["mlas_ms"] > 0 and r["int8_ms"] > 0 and 0 < r["int8_error"] < 0.05
