@@ -1,9 +1,9 @@
 """nllbcli's CPU engine (the NumPy float32 reference engine, through the API) against transformers' `generate`
 (torch float32) and CTranslate2 (float32 and int8, converted from the same model directory) on the same sentences
 in one run: CPU seconds at one thread, wall seconds at --threads threads, greedy and beam 4, and how many
-translations each engine gives identical to nllb's and to transformers'.
+translations each engine gives identical to nllb's and to transformers'. nllb-int8 is nllb with --compute-type int8.
 
-    python -m bench.cpu [--models sample,600M] [--sentences N] [--threads T] [--engines nllb,transformers,ct2,ct2-int8]
+    python -m bench.cpu [--models sample,600M] [--sentences N] [--threads T] [--engines nllb,nllb-int8,transformers,ct2,ct2-int8]
                         [--other-python /tmp/tfenv/bin/python] [--model-dir /tmp/nllb-cpu-600M] [--repeats 3]
                         [--profile] --out FILE.jsonl
 
@@ -58,7 +58,8 @@ SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
 DIRECTIONS = (("eng_Latn", "fra_Latn"), ("fra_Latn", "deu_Latn"), ("deu_Latn", "spa_Latn"), ("spa_Latn", "ita_Latn"),
               ("ita_Latn", "eng_Latn"))
-ENGINES = ("nllb", "transformers", "ct2", "ct2-int8")
+ENGINES = ("nllb", "nllb-int8", "transformers", "ct2", "ct2-int8")
+NLLB = {"nllb": "auto", "nllb-int8": "int8"}  # nllb's engines and their compute types
 
 
 def directions(n: int) -> list[dict]:
@@ -72,9 +73,10 @@ def directions(n: int) -> list[dict]:
     return [part for part in out if part["texts"]]
 
 
-def nllb_side(model_dir: str, parts: list[dict], beams: list[int], max_length: int, threads: int, repeats: int) -> dict:
+def nllb_side(model_dir: str, parts: list[dict], beams: list[int], max_length: int, threads: int, repeats: int,
+              compute_type: str = "auto") -> dict:
     """The nllb engine's times and translations, run as cpu_others runs the others'."""
-    translator = nllbcli.load(model_dir, device="cpu", threads=1)
+    translator = nllbcli.load(model_dir, device="cpu", threads=1, compute_type=compute_type)
 
     def translate(part: dict, beam: int) -> list[str]:
         decode = DecodeOptions(beam_size=beam, max_length=max_length)
@@ -268,10 +270,11 @@ def main() -> None:
                 parser.error(f"unknown model {model}: sample or 600M")
             parts = directions(n)
             results = {}
-            if "nllb" in engines:
-                results["nllb"] = {"setup": {"numpy": np.__version__}, "beams": nllb_side(
-                    model_dir, parts, beams, max_length, args.threads, args.repeats)}
-            others = [e for e in engines if e != "nllb"]
+            for name, compute_type in NLLB.items():
+                if name in engines:
+                    results[name] = {"setup": {"numpy": np.__version__}, "beams": nllb_side(
+                        model_dir, parts, beams, max_length, args.threads, args.repeats, compute_type)}
+            others = [e for e in engines if e not in NLLB]
             if others:
                 with tempfile.TemporaryDirectory(prefix="nllb-cpu-") as work:
                     results.update(others_side(args.other_python, others, model_dir, parts, beams, max_length,

@@ -77,7 +77,7 @@ def load(model: str | ModelOptions | None = None, device: str = "auto", adapter:
          compute_type: str = "auto", threads: int | None = None) -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
-    bfloat16 or float8 (FP8 matrix products on a Hopper GPU: load_translator). `model` may be the command's
+    bfloat16 or float8 (FP8 matrix products on a Hopper GPU), or int8 on the CPU (load_translator). `model` may be the command's
     record of these, a ModelOptions, in place of the four. `threads`: the BLAS threads the CPU engine computes
     with during each call, as --threads (None: $NLLB_THREADS, else half the cores, the command's default)."""
     if isinstance(model, ModelOptions):

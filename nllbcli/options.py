@@ -207,8 +207,9 @@ class BatchOptions:
                    default.read_chunk_rows if read_chunk_rows is None else read_chunk_rows, max_batch_sentences)
 
 
-# The GPU's matrix products (--compute-type; translator.load_translator): auto is float8 for a model stored in FP8
-COMPUTE_TYPES = ("auto", "bfloat16", "float8")
+# The matrix products (--compute-type; translator.load_translator): on a GPU, auto is float8 for a model stored in
+# FP8, else bfloat16; on the CPU, auto is float32, and int8 (the CPU's alone) takes the weights and inputs in int8
+COMPUTE_TYPES = ("auto", "bfloat16", "float8", "int8")
 
 # 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERFORMANCE.md, "Host side")
 GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)
@@ -439,7 +440,7 @@ class ModelOptions:
 
     model: str  # a model directory, or a hub id in the local Hugging Face cache ("" for a translator made without one)
     adapter: str | None = None  # a PEFT LoRA adapter directory, merged into the weights at load
-    compute_type: str = "auto"  # the GPU's matrix products: one of COMPUTE_TYPES (the CPU computes in float32)
+    compute_type: str = "auto"  # the matrix products: one of COMPUTE_TYPES (the CPU: float32, or int8)
     device: str = "auto"  # auto, cpu, cuda or cuda:N; as loaded, where it runs (cpu, cuda:0)
 
     # the model and the adapter by their files (checkpoint.model_identity); the CPU's float32 and a GPU's bfloat16

@@ -128,8 +128,9 @@ def test_the_compute_type_chosen(converted, monkeypatch):
     assert uses_float8("auto", "cuda:0", SAMPLE) is False  # a bf16 model stays bf16 by default
     with pytest.raises(NllbError, match="float8 runs on a Hopper GPU"):
         uses_float8("float8", "cpu", SAMPLE)
-    with pytest.raises(NllbError, match="unknown compute type 'int8'"):
-        uses_float8("int8", "cpu", SAMPLE)
+    with pytest.raises(NllbError, match="unknown compute type 'int4'"):
+        uses_float8("int4", "cpu", SAMPLE)
+    assert uses_float8("int8", "cpu", SAMPLE) is False  # the CPU's int8 (tests/test_int8.py)
     monkeypatch.setattr(translator_module, "float8_missing", lambda where: None)  # a Hopper GPU
     assert uses_float8("auto", "cuda:0", converted) is True and uses_float8("float8", "cuda:0", SAMPLE) is True
     monkeypatch.setattr(translator_module, "float8_missing", lambda where: "needs a Hopper GPU (compute capability 9.0)")

@@ -52,7 +52,7 @@ class Translator:
     engine: Engine  # engine.reference.ReferenceEngine or engine.cuda.CudaEngine
     device: str  # "cpu" or "cuda:N": where the engine runs
     model_dir: str = ""  # where the model was loaded from
-    compute_type: str = "bfloat16"  # the GPU's matrix products: bfloat16 or float8 (load_translator)
+    compute_type: str = "bfloat16"  # the matrix products: bfloat16 or float8 on a GPU, int8 on the CPU (load_translator)
     adapter: str | None = None  # the PEFT LoRA adapter directory merged into the weights, if any
     threads: int | None = None  # the BLAS threads the library's calls run the CPU engine with (nllbcli.load)
 
@@ -224,9 +224,12 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
     adapter directory merged into its weights when one is given. compute_type: the GPU's matrix products in
     bfloat16, or in float8 (FP8 E4M3 weights and activations, checkpoint.E4M3Matrix; Hopper only); auto is
     float8 where the model is stored so (`nllb convert --compute-type float8`) and the GPU has it, else
-    bfloat16. The CPU engine computes in float32 whatever the type, and refuses float8."""
+    bfloat16. The CPU engine computes in float32, or with int8 weights and inputs (int8, the CPU's alone), and
+    refuses float8."""
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
+    if compute_type == "int8" and where != "cpu":
+        raise NllbError("--compute-type int8 is the CPU engine's: on a GPU, leave it out, or use bfloat16 or float8")
     float8 = uses_float8(compute_type, where, model_dir)
     # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32); in
     # FP8, matrices stored so come as they are, the others are quantized on the GPU as they go there
@@ -239,7 +242,9 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
         weights = merge_lora(config, weights, Path(adapter))
     tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
-        return Translator(config, tokenizer, ReferenceEngine(config, weights), where, str(model_dir), adapter=adapter)
+        int8 = compute_type == "int8"
+        return Translator(config, tokenizer, ReferenceEngine(config, weights, int8=int8), where, str(model_dir),
+                          "int8" if int8 else "bfloat16", adapter)
     from .engine.cuda import CudaEngine
 
     return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1]), float8=float8), where,
@@ -249,7 +254,7 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
 def uses_float8(compute_type: str, where: str, model_dir) -> bool:
     """Whether the engine multiplies in FP8 (load_translator's compute_type), or why it cannot, in one line."""
     check_compute_type(compute_type)
-    if compute_type == "bfloat16" or (compute_type == "auto" and not stored_in_float8(model_dir)):
+    if compute_type in ("bfloat16", "int8") or (compute_type == "auto" and not stored_in_float8(model_dir)):
         return False
     why_not = float8_missing(where)
     if why_not and compute_type == "float8":
@@ -259,8 +264,13 @@ def uses_float8(compute_type: str, where: str, model_dir) -> bool:
 
 def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
     """The compute type workers elsewhere will take (--devices, --ray), for the job's identity, without probing
-    their GPUs: float8 where asked, or by auto for a model stored in FP8 on GPUs; else bfloat16."""
+    their GPUs: float8 where asked, or by auto for a model stored in FP8 on GPUs; int8 on CPUs where asked; else
+    bfloat16."""
     check_compute_type(compute_type)
+    if compute_type == "int8":
+        if on_gpu:
+            raise NllbError("--compute-type int8 is the CPU engine's: on a GPU, leave it out, or use bfloat16 or float8")
+        return "int8"
     float8 = compute_type == "float8" or (compute_type == "auto" and on_gpu and stored_in_float8(model_dir))
     return "float8" if float8 else "bfloat16"
 

@@ -83,7 +83,7 @@ class Products:
                 found = self.sessions.get(key)
                 if found is None:
                     part = weight[columns], None if bias is None else bias[columns]
-                    found = self.sessions[key] = make_session(*part) + (weight, bias)  # ids stay theirs
+                    found = self.sessions[key] = self.make(*part) + (weight, bias)  # ids stay theirs
         return found[0]
 
     def __call__(self, x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None,
@@ -98,17 +98,98 @@ class Products:
         y = self.session(weight, bias, columns).run(None, {"x": rows})[0]
         return y.reshape(x.shape[:-1] + (n,))
 
+    def make(self, weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:
+        return make_session(weight, bias)
+
+
+def session_options(ort):
+    """One thread a call, the graph run as written (nothing to fuse: a fusion could change the arithmetic), only
+    errors logged."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    return options
+
 
 def make_session(weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:
     """A session of gemm_model over weight and bias, and the arrays it reads (kept alive beside it)."""
     import onnxruntime as ort
 
     weight = np.ascontiguousarray(weight, dtype=np.float32)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # one node: nothing to fuse
-    options.log_severity_level = 3  # errors only
+    options = session_options(ort)
     arrays = [weight] if bias is None else [weight, np.ascontiguousarray(bias, dtype=np.float32)]
     options.add_external_initializers(["w", "b"][: len(arrays)], [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
     model = gemm_model(weight.shape[0], weight.shape[1], bias is not None)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), arrays
+
+
+# --compute-type int8 on the CPU: each weight in int8 with a scale an output channel, each input row quantized with
+# a scale of its own, MLAS's integer product, the scales applied after; all in one onnxruntime graph.
+INT8_GRAPH_OPSET = 13  # ReduceMax with its axes an attribute, Round, MatMulInteger
+
+
+def _node(op: str, inputs: tuple[str, ...], output: str, **attributes: int) -> bytes:
+    """An ONNX NodeProto; integer attributes (type INT) or one list of ints given as a tuple (type INTS)."""
+    body = b"".join(_field(1, name) for name in inputs) + _field(2, output) + _field(4, op)
+    for name, value in attributes.items():
+        if isinstance(value, tuple):
+            body += _field(5, _field(1, name) + b"".join(_field(8, v) for v in value) + _field(20, 7))
+        else:
+            body += _field(5, _field(1, name) + _field(3, value) + _field(20, 2))
+    return _field(1, body)
+
+
+def _scalar(name: str, data_type: int, raw: bytes) -> bytes:
+    """An ONNX TensorProto initializer of one value, its bytes given (little-endian)."""
+    return _field(5, _field(2, data_type) + _field(8, name) + _field(9, raw))
+
+
+def int8_model(n: int, k: int, bias: bool) -> bytes:
+    """y = (q(x) - 128) @ (w - 128) * x_scale * w_scale (+ b): x (M, K) float32 with M free; w (K, N) uint8 codes
+    (int8 values plus 128) and w_scale (1, N), b (N,) float32 initializers. x_scale (M, 1) is each row's largest
+    size / 127 (a row of zeros: 1), q(x) its values / x_scale rounded to even, plus 128. MatMulInteger's u8u8
+    kernels sum exactly in 32 bits (its u8s8 ones may saturate pairs in 16 bits on AVX2 without VNNI)."""
+    import struct
+
+    nodes = (_node("Abs", ("x",), "size") + _node("ReduceMax", ("size",), "top", axes=(1,), keepdims=1)
+             + _node("Div", ("top", "c127"), "ratio") + _node("Equal", ("ratio", "zero"), "empty")
+             + _node("Where", ("empty", "one", "ratio"), "x_scale")
+             + _node("Div", ("x", "x_scale"), "scaled") + _node("Round", ("scaled",), "rounded")
+             + _node("Add", ("rounded", "c128"), "shifted") + _node("Cast", ("shifted",), "q", to=2)
+             + _node("MatMulInteger", ("q", "w", "z128", "z128"), "sums") + _node("Cast", ("sums",), "wide", to=1)
+             + _node("Mul", ("wide", "x_scale"), "rows") + _node("Mul", ("rows", "w_scale"), "y" if not bias else "yb")
+             + (_node("Add", ("yb", "b"), "y") if bias else b""))
+    f32 = lambda value: struct.pack("<f", value)  # noqa: E731
+    weight = _outside("w", (k, n)).replace(_field(2, 1), _field(2, 2), 1)  # data type 2: uint8
+    initializers = (_field(5, weight) + _field(5, _outside("w_scale", (1, n))) + (_field(5, _outside("b", (n,))) if bias else b"")
+                    + _scalar("c127", 1, f32(127.0)) + _scalar("c128", 1, f32(128.0)) + _scalar("zero", 1, f32(0.0))
+                    + _scalar("one", 1, f32(1.0)) + _scalar("z128", 2, bytes([128])))
+    graph = (nodes + _field(2, "int8_product") + initializers + _field(11, _float_value("x", ("M", k)))
+             + _field(12, _float_value("y", ("M", n))))
+    return _field(1, 8) + _field(7, graph) + _field(8, _field(1, "") + _field(2, INT8_GRAPH_OPSET))
+
+
+def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A weight (N, K) as int8 codes plus 128, (K, N) uint8, and its scales (1, N) float32: each output channel's
+    largest size / 127 (a channel of zeros: 1), the values divided by it and rounded to even."""
+    weight = np.asarray(weight, dtype=np.float32)
+    scale = np.abs(weight).max(axis=1) / np.float32(127)
+    scale = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    codes = (np.rint(weight / scale[:, None]) + np.float32(128)).astype(np.uint8)
+    return np.ascontiguousarray(codes.T), scale.reshape(1, -1)
+
+
+class Int8Products(Products):
+    """Products with the weights in int8 (--compute-type int8): int8_model's session a weight (or a part)."""
+
+    def make(self, weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:
+        import onnxruntime as ort
+
+        codes, scale = quantize_int8(weight)
+        arrays = [codes, scale] + ([] if bias is None else [np.ascontiguousarray(bias, dtype=np.float32)])
+        options = session_options(ort)
+        options.add_external_initializers(["w", "w_scale", "b"][: len(arrays)],
+                                          [ort.OrtValue.ortvalue_from_numpy(a) for a in arrays])
+        model = int8_model(weight.shape[0], weight.shape[1], bias is not None)
+        return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]), arrays

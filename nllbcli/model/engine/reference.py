@@ -29,7 +29,7 @@ from threadpoolctl import ThreadpoolController
 
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
-from .products import Products
+from .products import Int8Products, Products
 from .numerics import (E4M3Matrix, dequantize_e4m3, gumbel_noise, inverse_temperature, log_softmax, quantize_e4m3,
                        sinusoidal_positions, step_keys, to_host, topk_desc)
 
@@ -253,7 +253,8 @@ class ReferenceEngine:
 
     xp = np  # where the search keeps its beam arrays
 
-    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False):
+    def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False,
+                 int8: bool = False):
         self.config = config
         self.w = weights
         # bf16_activations: round every GEMM input and every stored K/V to bfloat16 where the GPU engine does,
@@ -262,7 +263,8 @@ class ReferenceEngine:
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
         self.threads = ProductThreads()
-        self.products = Products()
+        # int8 (--compute-type int8): every matrix product with the weight in int8 and its input a row at a time
+        self.products = Int8Products() if int8 else Products()
 
     def positions_for(self, length: int) -> np.ndarray:
         if length + self.config.pad_token_id + 1 > self.pos_table.shape[0]:
