@@ -269,7 +269,7 @@ def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
     check_compute_type(compute_type)
     if compute_type == "int8":
         if on_gpu:
-            raise NllbError("--compute-type int8 is the CPU engine's: on a GPU, leave it out, or use bfloat16 or float8")
+            raise NllbError("--compute-type int8 is the CPU engine's: give --device cpu with it (a GPU takes bfloat16 or float8)")
         return "int8"
     float8 = compute_type == "float8" or (compute_type == "auto" and on_gpu and stored_in_float8(model_dir))
     return "float8" if float8 else "bfloat16"
