@@ -219,6 +219,9 @@ def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:
     return tokenizer_from_model_dir(resolve_model_dir(model))
 
 
+INT8_ON_GPU = "--compute-type int8 is the CPU engine's: give --device cpu with it (a GPU takes bfloat16 or float8)"
+
+
 def load_translator(model: str, device: str = "auto", adapter: str | None = None, compute_type: str = "auto") -> Translator:
     """Load a model directory (or a hub id from the local Hugging Face cache) onto a device, with a PEFT LoRA
     adapter directory merged into its weights when one is given. compute_type: the GPU's matrix products in
@@ -229,7 +232,7 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
     if compute_type == "int8" and where != "cpu":
-        raise NllbError("--compute-type int8 is the CPU engine's: on a GPU, leave it out, or use bfloat16 or float8")
+        raise NllbError(INT8_ON_GPU)
     float8 = uses_float8(compute_type, where, model_dir)
     # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32); in
     # FP8, matrices stored so come as they are, the others are quantized on the GPU as they go there
@@ -269,7 +272,7 @@ def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
     check_compute_type(compute_type)
     if compute_type == "int8":
         if on_gpu:
-            raise NllbError("--compute-type int8 is the CPU engine's: give --device cpu with it (a GPU takes bfloat16 or float8)")
+            raise NllbError(INT8_ON_GPU)
         return "int8"
     float8 = compute_type == "float8" or (compute_type == "auto" and on_gpu and stored_in_float8(model_dir))
     return "float8" if float8 else "bfloat16"

@@ -48,10 +48,10 @@ def _float_value(name: str, dims: tuple[int | str, ...]) -> bytes:
     return _field(1, name) + _field(2, _field(1, _field(1, 1) + _field(2, shape)))
 
 
-def _outside(name: str, dims: tuple[int, ...]) -> bytes:
-    """ONNX TensorProto of a float initializer whose values the session is given from memory
-    (SessionOptions.add_external_initializers), not from the model's bytes."""
-    return (b"".join(_field(1, d) for d in dims) + _field(2, 1) + _field(8, name) + _field(14, 1)
+def _outside(name: str, dims: tuple[int, ...], data_type: int = 1) -> bytes:
+    """ONNX TensorProto of an initializer (data_type 1: float32, 2: uint8) whose values the session is given from
+    memory (SessionOptions.add_external_initializers), not from the model's bytes."""
+    return (b"".join(_field(1, d) for d in dims) + _field(2, data_type) + _field(8, name) + _field(14, 1)
             + _field(13, _field(1, "location") + _field(2, f"{name}.bin")))
 
 
@@ -161,8 +161,8 @@ def int8_model(n: int, k: int, bias: bool) -> bytes:
              + _node("Mul", ("wide", "x_scale"), "rows") + _node("Mul", ("rows", "w_scale"), "y" if not bias else "yb")
              + (_node("Add", ("yb", "b"), "y") if bias else b""))
     f32 = lambda value: struct.pack("<f", value)  # noqa: E731
-    weight = _outside("w", (k, n)).replace(_field(2, 1), _field(2, 2), 1)  # data type 2: uint8
-    initializers = (_field(5, weight) + _field(5, _outside("w_scale", (1, n))) + (_field(5, _outside("b", (n,))) if bias else b"")
+    initializers = (_field(5, _outside("w", (k, n), data_type=2)) + _field(5, _outside("w_scale", (1, n)))
+                    + (_field(5, _outside("b", (n,))) if bias else b"")
                     + _scalar("c127", 1, f32(127.0)) + _scalar("c128", 1, f32(128.0)) + _scalar("zero", 1, f32(0.0))
                     + _scalar("one", 1, f32(1.0)) + _scalar("z128", 2, bytes([128])))
     graph = (nodes + _field(2, "int8_product") + initializers + _field(11, _float_value("x", ("M", k)))

@@ -62,9 +62,9 @@ ALONE = Spread()  # on the calling thread
 class ProductThreads:
     """The threads of the engine's matrix products: each product's output columns shared among as many Python
     threads as BLAS was given (--threads holds BLAS to that number while a job runs; else the library's own), each
-    part on one thread, and BLAS held to one thread meanwhile (NumPy's attention products). A library splitting a product
-    among its own threads may split the sums by their number, and the result's last bits would follow: --threads
-    1 and 2, or --devices workers given a share of the threads, would give other scores."""
+    part on one thread, and BLAS held to one thread meanwhile (NumPy's attention products). A library splitting a
+    product among its own threads may split the sums by their number, and the result's last bits would follow:
+    --threads 1 and 2, or --devices workers given a share of the threads, would give other scores."""
 
     def __init__(self):
         self.blas = ThreadpoolController().select(user_api="blas")
