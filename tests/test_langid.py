@@ -2,6 +2,7 @@
 model's codes; a row whose language cannot be detected, or that the model lacks, fails alone naming the guess."""
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -141,3 +142,73 @@ def test_sparks_schema_has_the_detected_struct():
     schema = translate.schema(StructType([StructField("text", StringType())]))
     assert schema["detected"].dataType == StructType([StructField("lang", StringType()),
                                                       StructField("confidence", DoubleType())])
+
+
+# -- where the detector runs: processes of its own (a call of PROCESS_MIN texts or more), else this one ----------
+
+def detection_cases():
+    """Texts of every kind of Detection: each held-out language's sentences, a mixed row, no letters, a language
+    NLLB lacks, a confidence below a threshold, the scripts told apart (Chinese, Serbian and Croatian)."""
+    texts = [line for lang in LANGS for line in (HELDOUT / f"{lang}.txt").read_text(encoding="utf-8").splitlines()]
+    return texts + [f"{heldout('fra_Latn', 1)} {heldout('spa_Latn', 2)}", "12 345", "", LATIN, "ok", "這是一個測試。",
+                    "这是一个测试。", "Ово је реченица.", "Ovo je rečenica, koju pišem danas.", "x" * 5000]
+
+
+@pytest.mark.parametrize("codes", [FLORES_200_CODES, tuple(LANGS)])
+@pytest.mark.parametrize("min_confidence", [langid.MIN_CONFIDENCE, 0.9])
+def test_the_detector_processes_give_the_detections_of_this_process(monkeypatch, codes, min_confidence):
+    texts = detection_cases()
+    here = langid.detect_here(texts, codes, min_confidence)
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    monkeypatch.setattr(langid, "PROCESS_PART", 100)  # several processes, where the machine has the CPUs
+    monkeypatch.setattr(langid, "detect_here", lambda *args: pytest.fail("detected in this process"))
+    found = langid.detect_languages(texts, codes, min_confidence)
+    assert found == here and [type(d) for d in found] == [langid.Detection] * len(texts)
+    assert any(d.code is None for d in found) and any(d.code is not None for d in found)
+
+
+def test_detection_goes_on_in_this_process_where_the_detector_processes_cannot_start_or_fail(monkeypatch):
+    texts = detection_cases()
+    expected = langid.detect_here(texts, FLORES_200_CODES, langid.MIN_CONFIDENCE)
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    monkeypatch.setattr(langid, "_processes", [])
+    monkeypatch.setattr(langid.sys, "executable", "/nonexistent/python")
+    assert langid.detect_languages(texts, FLORES_200_CODES) == expected
+    assert langid.detector_processes().children == []
+    monkeypatch.undo()
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    monkeypatch.setattr(langid, "_processes", [])
+    processes = langid.detector_processes()
+    processes.children[0].kill()  # dies: its pipe ends
+    processes.children[0].wait()
+    assert langid.detect_languages(texts, FLORES_200_CODES) == expected
+    assert processes.children == []
+
+
+def test_a_forked_process_starts_detector_processes_of_its_own():
+    first = langid.detector_processes()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: others' pipes are not its own
+        ok = langid.detector_processes() is not first and langid.detect_languages(
+            [heldout("fra_Latn", 1)] * langid.PROCESS_MIN, tuple(LANGS))[0].code == "fra_Latn"
+        os.write(writer, b"1" if ok else b"0")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(reader, 1) == b"1"
+    assert langid.detector_processes() is first
+
+
+def test_an_interrupt_between_a_request_and_its_reply_ends_the_detector_processes(monkeypatch):
+    """A reply left in a pipe would answer the next call: the processes end, and the next call detects here."""
+    texts = detection_cases()
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    monkeypatch.setattr(langid, "_processes", [])
+    processes = langid.detector_processes()
+    load = langid.pickle.load
+    monkeypatch.setattr(langid.pickle, "load", lambda pipe: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        langid.detect_languages(texts, tuple(LANGS))
+    monkeypatch.setattr(langid.pickle, "load", load)
+    assert processes.children == []
+    assert langid.detect_languages(texts[::-1], tuple(LANGS)) == langid.detect_here(texts[::-1], tuple(LANGS), 0.3)

@@ -90,6 +90,28 @@ def test_runs_counts_an_ngram_back_to_back():
     assert flags.runs([], 2) == [1, 1, 1]
 
 
+def test_repetition_looks_at_the_sources_runs_of_the_loops_sizes_only_and_answers_as_all_of_them():
+    """is_repetition against its definition with every run counted (runs of the translation and of the source
+    whole), on random texts of a few words (many loops, some the source's too)."""
+    def by_definition(source, translation, run=flags.REPEAT_RUN):
+        target = flags.repetition_units(translation)
+        longest = flags.REPEAT_NGRAM if len(translation) <= 10 * max(1, len(translation.split())) else 2 * flags.REPEAT_NGRAM
+        found = flags.runs(target, longest)
+        given = flags.runs(flags.repetition_units(source), 2 * longest)
+        return any(found[n] > max(given[(n + 1) // 2:2 * n + 1]) for n in range(1, longest + 1) if found[n] >= run)
+
+    rng = random.Random(2)
+    flagged = 0
+    for trial in range(3000):
+        words = "ab" if trial % 2 else "abcd"
+        source, translation = (" ".join(rng.choice(words) for _ in range(rng.randint(0, 40))) for _ in range(2))
+        if trial % 3 == 0:  # a script without spaces: characters
+            translation = translation.replace(" ", "")
+        flagged += flags.is_repetition(source, translation)
+        assert flags.is_repetition(source, translation) is by_definition(source, translation), (source, translation)
+    assert 100 < flagged < 2900
+
+
 @pytest.mark.parametrize("source, translation, flagged", [
     ("I am sorry.", "Je suis désolé. Je suis désolé. Je suis désolé. Je suis désolé.", True),  # a sentence loop
     ("Four grey tables.", "Quatre tables grises grises grises grises grises.", True),  # a word loop

