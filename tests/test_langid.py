@@ -159,6 +159,7 @@ def detection_cases():
 def test_the_detector_processes_give_the_detections_of_this_process(monkeypatch, codes, min_confidence):
     texts = detection_cases()
     here = langid.detect_here(texts, codes, min_confidence)
+    langid.detector_processes()  # started before: the first large call detects here while they start
     monkeypatch.setattr(langid, "PROCESS_MIN", 2)
     monkeypatch.setattr(langid, "PROCESS_PART", 100)  # several processes, where the machine has the CPUs
     monkeypatch.setattr(langid, "detect_here", lambda *args: pytest.fail("detected in this process"))
@@ -212,3 +213,18 @@ def test_an_interrupt_between_a_request_and_its_reply_ends_the_detector_processe
     monkeypatch.setattr(langid.pickle, "load", load)
     assert processes.children == []
     assert langid.detect_languages(texts[::-1], tuple(LANGS)) == langid.detect_here(texts[::-1], tuple(LANGS), 0.3)
+
+
+def test_the_detector_processes_start_at_the_first_large_call_which_detects_here(monkeypatch):
+    """Checking --src auto (resolve_source) and calls under PROCESS_MIN start no process: a Spark driver or a
+    few rows' API call has none idling; the first call of PROCESS_MIN texts starts them and does not wait."""
+    monkeypatch.setattr(langid, "_processes", [])
+    assert langid.resolve_source("auto", tuple(LANGS)) == "auto"
+    langid.detect_languages([heldout("fra_Latn", 1)] * (langid.PROCESS_MIN - 1), tuple(LANGS))
+    assert langid._processes == []
+    texts = detection_cases()
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    first = langid.detect_languages(texts, tuple(LANGS))
+    assert len(langid._processes) == 1
+    monkeypatch.setattr(langid, "detect_here", lambda *args: pytest.fail("detected in this process"))
+    assert langid.detect_languages(texts, tuple(LANGS)) == first

@@ -76,7 +76,6 @@ def resolve_source(code: str, known: tuple[str, ...]) -> str:
     the model's code (resolve_lang)."""
     if code.strip().lower() == AUTO:
         load_detector()
-        detector_processes()
         return AUTO
     return resolve_lang(code, known)
 
@@ -93,9 +92,11 @@ def detect_languages(texts: list[str], codes: tuple[str, ...], min_confidence: f
     load_detector()  # not installed: the NllbError is this process's to raise
     known = tuple(codes)
     if len(texts) >= PROCESS_MIN:
-        found = detector_processes().detect(texts, known, min_confidence)
-        if found is not None:
-            return found
+        processes = started_processes()
+        if processes is not None:
+            found = processes.detect(texts, known, min_confidence)
+            if found is not None:
+                return found
     return detect_here(texts, known, min_confidence)
 
 
@@ -277,9 +278,19 @@ PROCESSES_LOCK = threading.Lock()
 _processes: list[DetectorProcesses] = []  # this process's, once started
 
 
+def started_processes() -> DetectorProcesses | None:
+    """This process's DetectorProcesses where they were started before; else None, and they start now, loading the
+    detector while the caller detects its texts itself: the first call of PROCESS_MIN texts (a job's first chunk)
+    starts them, and a process that never detects so many (a Spark driver, an API call of a few rows) has none."""
+    with PROCESSES_LOCK:
+        if _processes and _processes[0].owner == os.getpid():
+            return _processes[0]
+    detector_processes()
+    return None
+
+
 def detector_processes() -> DetectorProcesses:
-    """This process's DetectorProcesses, started at the first call (a job with --src auto starts them as it
-    checks its options: resolve_source, so that they are ready by its first chunk)."""
+    """This process's DetectorProcesses, started at the first call (started_processes)."""
     with PROCESSES_LOCK:
         if not _processes or _processes[0].owner != os.getpid():
             try:
