@@ -28,8 +28,8 @@ from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions,
-                       topk_desc)
+from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, inverse_temperature,
+                       sinusoidal_positions, topk_desc)
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -671,29 +671,15 @@ class CudaEngine:
         and at most half the batch's source tokens (but 2,048): the memory beside the pool holds the encoder's
         arrays for those (kvpool.activation_bytes), and a fed token takes less than twice a source token's."""
         c, d, pool = self.config, self.config.d_model, self.pool
-        counts = np.asarray(lengths, dtype=np.int64) + 1  # tokens fed a row
         per_pass = min(FORCED_TOKENS, max(2048, int(encoded.length.sum()) // 2))
         out = np.zeros(given.shape, dtype=np.float64)
         pending = []
-        first = 0
-        while first < len(counts):
-            last = first + max(1, int(np.searchsorted(np.cumsum(counts[first:]), per_pass, side="right")))
-            rows = np.arange(first, last)
-            first = last
-            count = counts[rows]
-            total = int(count.sum())
-            offsets = np.cumsum(count) - count
-            row_of = np.repeat(np.arange(len(rows)), count)
-            p = np.arange(total) - offsets[row_of]  # each fed token's position in its row
-            fed = np.where(p == 0, c.decoder_start_token_id, langs[rows][row_of])
-            tail = p >= 2
-            fed[tail] = given[rows[row_of[tail]], p[tail] - 2]
-            pos = np.where(fed == c.pad_token_id, c.pad_token_id, p + c.pad_token_id + 1)
-            h = kernels.embed(i32(fed), i32(pos), self.decoder_table, self.positions, c.embed_scale)  # (T, D) f32
-            key_start, self_len = i32(offsets[row_of]), i32(p + 1)
-            sources = source_rows[rows][row_of]
+        for part in forced_passes(given, lengths, langs, c.decoder_start_token_id, c.pad_token_id, per_pass):
+            h = kernels.embed(i32(part.fed), i32(part.pos), self.decoder_table, self.positions, c.embed_scale)
+            key_start, self_len = i32(part.key_start), i32(part.self_len)
+            sources = source_rows[part.rows][part.row_of]
             cross_start, cross_len = i32(encoded.start[sources]), i32(encoded.length[sources])
-            longest, cross_keys = int(count.max()), int(encoded.length[sources].max())
+            longest, cross_keys = int(part.self_len.max()), int(encoded.length[sources].max())
             for i, layer in enumerate(self.decoder):
                 x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
                 qkv = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
@@ -708,11 +694,11 @@ class CudaEngine:
                 x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
                 f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
                 h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
-            scored = np.flatnonzero(p >= 1)  # the decoder start's next token is the language, not scored
-            final = kernels.layernorm(h[cp.asarray(scored)], *self.dec_ln)
-            ids = given[rows[row_of[scored]], p[scored] - 1]
+            final = kernels.layernorm(h[cp.asarray(part.scored)], *self.dec_ln)
+            at_row = part.rows[part.row_of[part.scored]]
+            ids = given[at_row, part.scored_t]
             lse = kernels.logits_lse(final, self.lm_head)
-            pending.append((rows[row_of[scored]], p[scored] - 1, Later(self.given_log_probs(final, ids, lse))))
+            pending.append((at_row, part.scored_t, Later(self.given_log_probs(final, ids, lse))))
         for at_row, at_t, later in pending:
             out[at_row, at_t] = later.fetch()
         return out
