@@ -223,3 +223,16 @@ def test_the_decoder_cache_holds_what_the_rows_fill(monkeypatch, beam_size):
     assert whole == grown
     assert len(whole_logits) == len(logits)
     assert all(np.array_equal(a, b) for a, b in zip(logits, whole_logits) if a is not None)
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2, 3, 4, 5], [1, 0, 2, 2, 5, 3], [5, 5, 5, 5, 5, 5], [0, 2, 5], [4, 1], [], [3]])
+def test_gather_rows_gives_the_rows_asked_for_in_place(rows):
+    """Beams following their parents (swaps, repeats) and rows leaving: the cache's first len(rows) rows hold
+    what cache[rows] held, in its filled positions, whatever row another row overwrote before."""
+    cache = rng.normal(size=(6, 9, 4)).astype(np.float32)
+    before = cache.copy()
+    kept = ref.gather_rows(cache, np.array(rows, dtype=np.int64), 7)
+    assert kept.shape == (len(rows), 9, 4) and (not rows or np.shares_memory(kept, cache))
+    np.testing.assert_array_equal(kept[:, :7], before[rows, :7])
+    untouched = [n for n, row in enumerate(rows) if row == n]
+    np.testing.assert_array_equal(kept[untouched], before[untouched])  # the rows that keep their place: not copied

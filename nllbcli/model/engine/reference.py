@@ -497,7 +497,12 @@ class ReferenceEngine:
 
 
 def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:
-    """cache[rows], copying only the `filled` positions: the rest is written before it is read."""
-    out = np.empty((len(rows),) + cache.shape[1:], dtype=cache.dtype)
-    out[:, :filled] = cache[rows, :filled]
-    return out
+    """cache[rows] (len(rows) <= len(cache)) in place, as its first len(rows) rows: only the rows that take
+    another row's history are written (about half of a beam search's a step), and only their `filled`
+    positions (the rest is written before it is read). The rows read are copied out before any is written, so
+    rows may swap or repeat."""
+    rows = np.asarray(rows, dtype=np.int64)
+    moved = np.flatnonzero(rows != np.arange(len(rows)))
+    if len(moved):
+        cache[moved, :filled] = cache[rows[moved], :filled]
+    return cache[: len(rows)]
