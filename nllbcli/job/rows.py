@@ -349,21 +349,14 @@ def detect_sources(records: list[Record], outcomes: list[Outcome], rows: list[tu
         return
     asked = list(dict.fromkeys(text for _, texts, _ in wanted for text in texts))  # a row's copies (--tgt a,b) once
     found = dict(zip(asked, detect_languages(asked, known)))
-    again = [n for n, (_, texts, _) in enumerate(wanted) if len(texts) > 1 and any(found[t].code is None for t in texts)]
+    parts = [[found[text] for text in texts] for _, texts, _ in wanted]
+    again = [n for n, ((_, texts, _), each) in enumerate(zip(wanted, parts))
+             if len(texts) > 1 and any(d.code is None for d in each)]
     whole = dict(zip(again, detect_languages([records[wanted[n][0]].text for n in again], known)))
-    for n, (position, texts, sources) in enumerate(wanted):
-        outcome = outcomes[position]
-        if len(texts) == 1:  # most rows: sentence_languages and the confidence below come to the sentence's own
-            one = found[texts[0]]
-            if one.code is None:
-                outcome.error = f"{records[position].where}: {one.reason}."
-            else:
-                sources[0] = one.code
-                outcome.detected = (one.code, one.confidence)
-            continue
-        each = [found[text] for text in texts]
+    for n, ((position, texts, sources), each) in enumerate(zip(wanted, parts)):
         row = whole.get(n, each[0])
         languages = sentence_languages(row, each)
+        outcome = outcomes[position]
         if languages is None:
             outcome.error = f"{records[position].where}: {row.reason}."
             continue

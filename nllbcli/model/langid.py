@@ -31,6 +31,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from ..errors import NllbError
+from ..options import usable_cores
 from .langs import is_flores, resolve_lang
 
 AUTO = "auto"  # --src auto, or a row's source-language field: the row's language is detected
@@ -225,7 +226,9 @@ class DetectorProcesses:
     """Processes that detect for this one (serve), so that the detector's work holds none of this process's GIL:
     each call's texts shared out among them in order, pickled through their pipes, their Detections back the
     same way. Started once a process (detector_processes); one call at a time. A process that cannot be started
-    or fails ends them all, and detection goes on in this process (`detect` returns None)."""
+    or fails ends them all, and detection goes on in this process (`detect` returns None). Fresh interpreters
+    rather than multiprocessing's: a fork would copy a job's threads and its CUDA context, and a spawned worker
+    imports the main module again (the `nllb` command's, a user's script)."""
 
     def __init__(self, count: int):
         self.owner = os.getpid()  # a forked process starts its own: these pipes are its parent's
@@ -293,11 +296,7 @@ def detector_processes() -> DetectorProcesses:
     """This process's DetectorProcesses, started at the first call (started_processes)."""
     with PROCESSES_LOCK:
         if not _processes or _processes[0].owner != os.getpid():
-            try:
-                cpus = len(os.sched_getaffinity(0))
-            except AttributeError:  # not on Linux
-                cpus = os.cpu_count() or 1
-            _processes[:] = [DetectorProcesses(max(1, min(PROCESSES, cpus - 1)))]
+            _processes[:] = [DetectorProcesses(max(1, min(PROCESSES, usable_cores() - 1)))]
             atexit.register(_processes[0].close)
         return _processes[0]
 
