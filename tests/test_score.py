@@ -280,3 +280,38 @@ def test_score_table_gives_the_commands_parquet_rows(here):
     assert kept.column_names == ["id", "text", "translation", "score", "log_prob", "error"]
     assert kept.column("error").to_pylist() == [None, None, "the table: row 3: field 'translation' is null, not a "
                                                             "translation to score.", None]
+
+
+@pytest.mark.parametrize("per_pass", [1, 7, 12, 1000])
+def test_forced_passes_feed_and_score_what_the_step_loop_does(per_pass):
+    """The GPU's one-pass forced decoding lays the batch out by numerics.forced_passes: each row fed [start, its
+    language, its pieces], in passes of at most per_pass tokens (a longer row alone), each token attending to its
+    row's tokens up to itself and scoring the next given piece (then </s>), as search.stepped_log_probs does."""
+    import numpy as np
+
+    from nllbcli.model.engine.numerics import forced_passes
+
+    targets = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13], [1, 14]]  # 1: the pad id, positioned as a step would
+    lengths = np.array([len(t) + 1 for t in targets])
+    given = np.full((len(targets), lengths.max()), 2)
+    for row, target in enumerate(targets):
+        given[row, : len(target)] = target
+    langs = np.array([100, 101, 100, 102, 103])
+    seen, fed_rows = [], {}
+    for part in forced_passes(given, lengths, langs, 2, 1, per_pass):
+        assert len(part.fed) <= per_pass or len(part.rows) == 1
+        seen += part.rows.tolist()
+        for n, row in enumerate(part.rows):
+            mine = np.flatnonzero(part.row_of == n)
+            assert (part.key_start[mine] == mine[0]).all()
+            assert (part.self_len[mine] == np.arange(1, len(mine) + 1)).all()
+            fed_rows[row] = (part.fed[mine].tolist(), part.pos[mine].tolist())
+        at_row = part.rows[part.row_of[part.scored]]
+        for row in set(at_row.tolist()):
+            assert part.scored_t[at_row == row].tolist() == list(range(lengths[row]))
+            assert given[row, part.scored_t[at_row == row]].tolist() == targets[row] + [2]
+    assert seen == list(range(len(targets)))
+    for row, target in enumerate(targets):
+        fed = [2, langs[row]] + target
+        assert fed_rows[row][0] == fed
+        assert fed_rows[row][1] == [1 if token == 1 else t + 2 for t, token in enumerate(fed)]

@@ -97,9 +97,9 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
 def score_targets(engine: Engine, sources: list[list[int]], tgt_lang_id, config: ModelConfig,
                   targets: list[list[int]], length_penalty: float = 1.0) -> list[Hypothesis]:
     """Each source's given translation, targets[i] (its pieces after the language token, without </s>), scored by
-    forced decoding: the decoder fed `[decoder_start, tgt_lang] + target` once, one step a token and no search,
-    each step's log-probability of the next given token (then of </s>) taken from its log-softmax, as
-    transformers' forward pass with `labels` gives them. The language token is forced and not scored, as in
+    forced decoding: the decoder fed `[decoder_start, tgt_lang] + target` once, no search (in one pass where the
+    engine has forced_log_probs, else one step a token), each position's log-probability of the next given
+    token (then of </s>) taken from its log-softmax, as transformers' forward pass with `labels` gives them. The language token is forced and not scored, as in
     generate's scores; the score is beam search's, log_prob / length ** length_penalty with length the tokens
     after the decoder start (the language token and </s> included), so that a translation of `generate` scores
     what the search gave it. Same order as `sources`."""
@@ -114,25 +114,14 @@ def score_targets(engine: Engine, sources: list[list[int]], tgt_lang_id, config:
     distinct: dict[tuple, int] = {}
     source_rows = np.array([distinct.setdefault(tuple(source), len(distinct)) for source in sources], dtype=np.int64)
     encoded = engine.encode([list(source) for source in distinct])
-    steps: list[tuple[np.ndarray, object]] = []  # each step's rows and their log-probs on their way to the host
+    forced = getattr(engine, "forced_log_probs", None)  # an engine's one pass over every given translation
     try:
-        with decoder(engine, encoded, source_rows, int(lengths.max()) + 1) as state:
-            engine.step(encoded, state, np.full(len(sources), config.decoder_start_token_id), want_logits=False)
-            alive, feed = np.arange(len(sources)), langs.copy()
-            for t in range(given.shape[1]):
-                steps.append((alive, engine.fetch_later(engine.step_log_probs(encoded, state, feed, given[alive, t]))))
-                going_on = np.flatnonzero(lengths[alive] > t + 1)
-                if not len(going_on):
-                    break
-                if len(going_on) < len(alive):  # rows whose </s> was scored leave; their cache goes back
-                    engine.select(state, going_on)
-                    alive = alive[going_on]
-                feed = given[alive, t]
+        if forced is not None:
+            token_log_probs = forced(encoded, source_rows, langs, given, lengths)
+        else:
+            token_log_probs = stepped_log_probs(engine, encoded, source_rows, langs, given, lengths, config)
     finally:
         engine.release_sources(encoded)
-    token_log_probs = np.zeros(given.shape, dtype=np.float64)
-    for t, (rows, pending) in enumerate(steps):
-        token_log_probs[rows, t] = pending.fetch()
     results = []
     for row, target in enumerate(targets):
         scored = token_log_probs[row, : lengths[row]]
@@ -140,6 +129,30 @@ def score_targets(engine: Engine, sources: list[list[int]], tgt_lang_id, config:
         results.append(Hypothesis(list(target), log_prob, log_prob / float(lengths[row] + 1) ** length_penalty,
                                   scored.tolist()))
     return results
+
+
+def stepped_log_probs(engine: Engine, encoded, source_rows: np.ndarray, langs: np.ndarray, given: np.ndarray,
+                      lengths: np.ndarray, config: ModelConfig) -> np.ndarray:
+    """score_targets' token log-probabilities (N, L) step by step, as an engine without forced_log_probs gives
+    them: the decoder fed one token a row a step, each step's log-probability of the next given token
+    (step_log_probs); rows leave once their </s> is scored."""
+    steps: list[tuple[np.ndarray, object]] = []  # each step's rows and their log-probs on their way to the host
+    with decoder(engine, encoded, source_rows, int(lengths.max()) + 1) as state:
+        engine.step(encoded, state, np.full(len(source_rows), config.decoder_start_token_id), want_logits=False)
+        alive, feed = np.arange(len(source_rows)), langs.copy()
+        for t in range(given.shape[1]):
+            steps.append((alive, engine.fetch_later(engine.step_log_probs(encoded, state, feed, given[alive, t]))))
+            going_on = np.flatnonzero(lengths[alive] > t + 1)
+            if not len(going_on):
+                break
+            if len(going_on) < len(alive):  # rows whose </s> was scored leave; their cache goes back
+                engine.select(state, going_on)
+                alive = alive[going_on]
+            feed = given[alive, t]
+    token_log_probs = np.zeros(given.shape, dtype=np.float64)
+    for t, (rows, pending) in enumerate(steps):
+        token_log_probs[rows, t] = pending.fetch()
+    return token_log_probs
 
 
 def check_vocabulary(options: DecodeOptions, vocab_size: int) -> None:

@@ -11,9 +11,10 @@ greedy, 5 with beams); min_length 8 forces a few, as a user's would."""
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-pytest.importorskip("cupy")
+cp = pytest.importorskip("cupy")
 
 from nllbcli.options import DecodeOptions  # noqa: E402
 from nllbcli.model.translator import load_translator  # noqa: E402
@@ -144,6 +145,53 @@ def test_prefixes_agree_with_the_cpu(options):
     for a, b in zip(gpu, cpu):
         if a[0].ids == b[0].ids:
             assert abs(a[0].log_prob - b[0].log_prob) < SCORE_TOLERANCE
+
+
+def steps_to_language(engine, batch, lang):
+    """A decoder state fed the decoder start, and the target language token to feed next."""
+    encoded = engine.encode(batch)
+    state = engine.start(encoded, np.arange(len(batch)), 20)
+    engine.step(encoded, state, np.full(len(batch), 2), want_logits=False)
+    return encoded, state, np.full(len(batch), lang)
+
+
+def test_a_top_k_past_the_fused_lists_is_the_top_k_of_the_logits(monkeypatch):
+    """step_topk past cuda.FUSED_TOPK: the k best of the step's own logits less their log-sum-exp, ties to the lower
+    id, whether the logits are written for every row at once or a few rows at a time (UNFUSED_LOGITS_BYTES); its
+    first 32 are the fused lists' (their log-sum-exp summed in another order: within float32's error)."""
+    from nllbcli.model.engine import cuda
+    from nllbcli.model.engine.numerics import topk_desc
+
+    tr = sample("cuda")
+    engine, batch, k = tr.engine, [list(s) for s in sources("eng_Latn")[:40]], 80
+    engine.capacity(20)
+    lang = tr.tokenizer.lang_id("fra_Latn")
+
+    def run(step):
+        encoded, state, tokens = steps_to_language(engine, batch, lang)
+        try:
+            out = step(encoded, state, tokens)
+            return out, cp.asnumpy(state.ws.take("topk lse", (state.n,), cp.float32))
+        finally:
+            engine.release(state)
+            engine.release_sources(encoded)
+
+    logits, _ = run(lambda e, s, t: engine.step(e, s, t))
+    whole, lse = run(lambda e, s, t: [cp.asnumpy(a) for a in engine.step_topk(e, s, t, k)])
+    want_lse = np.log(np.exp(logits.astype(np.float64) - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    np.testing.assert_allclose(lse, want_lse, atol=1e-4)
+    values, ids = topk_desc((logits - lse[:, None]).astype(np.float32), k)
+    assert (whole[1] == ids).all() and (whole[0] == values).all()
+    fused, _ = run(lambda e, s, t: [cp.asnumpy(a) for a in engine.step_topk(e, s, t, cuda.FUSED_TOPK)])
+    np.testing.assert_allclose(fused[0], whole[0][:, : cuda.FUSED_TOPK], atol=1e-4)
+    monkeypatch.setattr(cuda, "UNFUSED_LOGITS_BYTES", 3 * 4 * logits.shape[1])  # 3 rows at a time
+    parts, _ = run(lambda e, s, t: [cp.asnumpy(a) for a in engine.step_topk(e, s, t, k)])
+    np.testing.assert_allclose(parts[0], whole[0], atol=1e-5)
+    gaps = np.abs(np.diff(whole[0], axis=1)) > 1e-5
+    clear = np.concatenate([gaps[:, :1], gaps[:, 1:] & gaps[:, :-1], gaps[:, -1:]], axis=1)
+    assert (parts[1] == whole[1])[clear].all()
+    for ids_of in (fused[1], parts[1]):
+        assert ids_of.dtype == np.int64
 
 
 @pytest.mark.parametrize("k", [33, 64, 300])

@@ -294,6 +294,41 @@ def test_logits_topk_breaks_ties_towards_the_lower_id():
     assert cp.asnumpy(ids).tolist() == [[17, 140, 290, 5]] * 2
 
 
+def rows_topk_wanted(x: np.ndarray, lse: np.ndarray, k: int):
+    """numerics.topk_desc of x - lse in float32, as the host computes it: ties to the lower id."""
+    return numerics.topk_desc((x - lse[:, None]).astype(np.float32), k)
+
+
+@pytest.mark.parametrize("k", [1, 33, 40, 64, 300, 1000, kernels.ROWS_TOPK_MAX])
+@pytest.mark.parametrize("m,v,grid", [(3, 1000, 0), (5, 3208, 0), (4, 5000, 1 / 64), (2, 256206, 0), (3, 256206, 1 / 8)])
+def test_rows_topk_is_a_stable_sort_of_the_log_probs(k, m, v, grid):
+    """The k best of each row's log-probabilities, best first, ties to the lower id, with the row's log-sum-exp:
+    rows of distinct logits, and of logits on a coarse grid (`grid`), where many are equal at the k-th place."""
+    if k > v:
+        pytest.skip("k past the vocabulary")
+    x = rng.normal(size=(m, v)).astype(np.float32) * 3
+    if grid:
+        x = (np.round(x / (grid * 64)) * grid * 64).astype(np.float32)
+    x[0, : min(v, 2 * k)] = x[0, 0]  # a row whose first 2k are equal: which of them is taken decides the ties
+    lse, values, ids = kernels.rows_topk(cp.asarray(x), k, poisoned((m,), cp.float32), poisoned((m, k), cp.float32),
+                                         poisoned((m, k), cp.int32))
+    lse, values, ids = cp.asnumpy(lse), cp.asnumpy(values), cp.asnumpy(ids)
+    want_lse = np.log(np.exp(x.astype(np.float64) - x.max(1, keepdims=True)).sum(1)) + x.max(1)
+    np.testing.assert_allclose(lse, want_lse, rtol=0, atol=1e-4)
+    want_values, want_ids = rows_topk_wanted(x, lse, k)
+    assert (ids == want_ids).all(), np.argwhere(ids != want_ids)[:5].tolist()
+    assert (values == want_values).all()
+
+
+def test_rows_topk_keeps_its_rows_apart_and_checks_k():
+    x = rng.normal(size=(300, 4000)).astype(np.float32)
+    lse, values, ids = kernels.rows_topk(cp.asarray(x), 50)
+    alone = kernels.rows_topk(cp.asarray(x[123:124]), 50)
+    assert (cp.asnumpy(alone[2])[0] == cp.asnumpy(ids)[123]).all()
+    with pytest.raises(ValueError, match="rows_topk needs"):
+        kernels.rows_topk(cp.asarray(x), kernels.ROWS_TOPK_MAX + 1)
+
+
 @pytest.mark.parametrize("tile,select_tile", [("small", "small")] + (
     [("wg128", "wg128"), ("wg128", "wg64"), ("wg256", "wg128"), ("wg256", "wg64")]
     if kernels.wgmma_available() else []))

@@ -57,3 +57,31 @@ def test_the_gpu_scores_a_greedy_translation_as_its_search_did():
                                      targets=[h[0].ids for h in found])
     difference = np.array([a[0].log_prob - b[0].log_prob for a, b in zip(found, scored)])
     assert np.abs(difference).max() < 1e-3, np.abs(difference).max()
+
+
+
+@pytest.mark.parametrize("compute_type", ["bfloat16", "float8"])
+def test_one_pass_scores_what_the_steps_score(compute_type, monkeypatch):
+    """forced_log_probs (every position of a given translation at once, a few rows a pass) against the same
+    engine's step loop (search.stepped_log_probs): translations of different lengths, one repeated source."""
+    from nllbcli.model.engine import cuda
+
+    sources, targets = pairs("eng_Latn", "fra_Latn", 1)
+    sources, targets = sources[:30] + sources[:1], targets[:30] + targets[5:6]
+    tr, options = sample("cuda", compute_type), DecodeOptions(beam_size=1)
+
+    def scored():
+        return [h[0] for h in tr.generate_hypotheses(sources, "fra_Latn", options, targets=targets)]
+
+    one_pass = scored()
+    monkeypatch.setattr(cuda, "FORCED_TOKENS", 100)  # a few rows a pass
+    parts = scored()
+    monkeypatch.delattr(cuda.CudaEngine, "forced_log_probs")  # score_targets then steps
+    stepped = scored()
+    for a, b, c in zip(one_pass, stepped, parts):
+        assert len(a.token_log_probs) == len(b.token_log_probs) == len(c.token_log_probs) == len(a.ids) + 1
+        np.testing.assert_allclose(a.token_log_probs, b.token_log_probs, atol=0.02)
+        np.testing.assert_allclose(a.token_log_probs, c.token_log_probs, atol=1e-3)
+    worst = max(abs(a.log_prob - b.log_prob) for a, b in zip(one_pass, stepped))
+    print(compute_type, "one pass against steps, worst sentence", worst)
+    assert worst < SCORE_TOLERANCE

@@ -2,6 +2,8 @@
 
 `Engine` is what search.py asks of an engine, and both answer it, so the search runs on either. An engine's
 `encoded` (what `encode` returns) and `state` (what `start` returns) are its own; a state is a `RowPositions`.
+An engine may also answer `forced_log_probs` (the GPU engine's forced decoding in one pass over each given
+translation); search.score_targets steps through step_log_probs where it does not.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, gumbel_noise, inverse_temperature, sinusoidal_positions,
-                       topk_desc)
+from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, inverse_temperature,
+                       sinusoidal_positions, topk_desc)
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -90,6 +90,8 @@ class CudaEncoded:
 ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
 GRAPHS = ENV.cuda_graphs  # the decoder step as CUDA graphs (NLLB_CUDA_GRAPHS=0: launched one by one)
 FUSED_TOPK = 32  # the most candidates a row kernels.logits_topk lists; step_topk writes the logits for more
+FORCED_TOKENS = 32768  # tokens forced_log_probs feeds in one pass (its activations: ~1 GB at 600M)
+UNFUSED_LOGITS_BYTES = 1 << 30  # the logits step_topk writes for more at a time: bounded, whatever the beams
 
 
 def bucket(n: int) -> int:
@@ -606,15 +608,26 @@ class CudaEngine:
         return take("topk logprob", (n, k), F32).copy(), take("topk ids", (n, k), cp.int32).astype(cp.int64)
 
     def unfused_topk(self, state: CudaState, tokens, k: int) -> tuple[cp.ndarray, cp.ndarray]:
-        """step_topk's k best from the logits (N, V) float32 written whole: their log-sum-exp kept where
-        last_log_probs reads the fused pass's, the k best of logits less it by numerics.topk_desc."""
+        """step_topk's k best from the logits written whole, float32, UNFUSED_LOGITS_BYTES of rows at a time: each
+        row's log-sum-exp kept where last_log_probs reads the fused pass's, its k best log-probabilities by
+        kernels.rows_topk (past ROWS_TOPK_MAX, by numerics.topk_desc)."""
         x = self.decode(None, state, tokens)
-        logits = self.linear(x, self.lm_head, out_dtype=kernels.F32)
-        top = logits.max(axis=1, keepdims=True)
-        lse = top[:, 0] + cp.log(cp.exp(logits - top).sum(axis=1))
-        state.ws.take("topk lse", (state.n,), F32)[:] = lse
-        values, ids = topk_desc(logits - lse[:, None], k)
-        return values.astype(F32), ids.astype(cp.int64)
+        n, vocab = state.n, self.lm_head.shape[0]
+        lse = state.ws.take("topk lse", (n,), F32)
+        values, ids = cp.empty((n, k), F32), cp.empty((n, k), cp.int32)
+        rows = max(1, min(n, UNFUSED_LOGITS_BYTES // (4 * vocab)))
+        logits = cp.empty((rows, vocab), F32)
+        for start in range(0, n, rows):
+            part = slice(start, min(n, start + rows))
+            chunk = logits[: part.stop - start]
+            self.linear(x[part], self.lm_head, out_dtype=kernels.F32, out=chunk)
+            if k <= kernels.ROWS_TOPK_MAX:
+                kernels.rows_topk(chunk, k, lse[part], values[part], ids[part])
+                continue
+            top = chunk.max(axis=1, keepdims=True)
+            lse[part] = top[:, 0] + cp.log(cp.exp(chunk - top).sum(axis=1))
+            values[part], ids[part] = topk_desc(chunk - lse[part, None], k)
+        return values, ids.astype(cp.int64)
 
     def last_log_probs(self, state: CudaState, ids) -> cp.ndarray:
         """Each row's log-probability of ids[row] (N,) at the state's last step_topk, on the device (token_log_probs
@@ -629,12 +642,15 @@ class CudaEngine:
         return self.token_log_probs(state, ids, state.ws.take("lse", (state.n,), F32))
 
     def token_log_probs(self, state: CudaState, ids, lse: cp.ndarray) -> cp.ndarray:
-        """Each row's log-probability of ids[row] (N,) after the state's last step: the token's logit (the row's
-        final hidden state against its embedding row, in float32) less the row's log-sum-exp `lse`. In FP8, the
+        """Each row's log-probability of ids[row] (N,) after the state's last step (given_log_probs)."""
+        return self.given_log_probs(state.ws.take("final", (state.n, self.config.d_model), BF16), ids, lse)
+
+    def given_log_probs(self, final: cp.ndarray, ids, lse: cp.ndarray) -> cp.ndarray:
+        """Each row's log-probability of ids[row] (N,) from its final hidden state (N, D) bf16: the token's logit
+        (the hidden state against its embedding row, in float32) less the row's log-sum-exp `lse`. In FP8, the
         logit as the FP8 product takes its operands: the hidden state rounded to E4M3 with its row's scale, the
         embedding row's values."""
-        n, d, ws = state.n, self.config.d_model, state.ws
-        final, ids = ws.take("final", (n, d), BF16), cp.asarray(ids)
+        ids = cp.asarray(ids)
         if self.float8:
             codes, scales = kernels.quantize_rows(final)
             values = cp.asarray(e4m3_values())
@@ -644,6 +660,48 @@ class CudaEngine:
             hidden, rows = final.astype(F32), self.lm_head[ids].astype(F32)
         logits = (hidden * rows).sum(axis=1)
         return logits - lse
+
+    def forced_log_probs(self, encoded: CudaEncoded, source_rows: np.ndarray, langs: np.ndarray, given: np.ndarray,
+                         lengths: np.ndarray) -> np.ndarray:
+        """Forced decoding in one pass over each given translation, no step loop: row i is fed [decoder start,
+        langs[i], given[i, : lengths[i] - 1]] at once, each position attending to the ones before it (the
+        decoder's self-attention over its own K/V, causal by each query's key count), and out[i, t] (N, L)
+        float64 is the log-probability of given[i, t] after position t + 1, for t < lengths[i]: what
+        step_log_probs gives step by step. No cache slot is taken. A pass takes at most FORCED_TOKENS fed tokens,
+        and at most half the batch's source tokens (but 2,048): the memory beside the pool holds the encoder's
+        arrays for those (kvpool.activation_bytes), and a fed token takes less than twice a source token's."""
+        c, d, pool = self.config, self.config.d_model, self.pool
+        per_pass = min(FORCED_TOKENS, max(2048, int(encoded.length.sum()) // 2))
+        out = np.zeros(given.shape, dtype=np.float64)
+        pending = []
+        for part in forced_passes(given, lengths, langs, c.decoder_start_token_id, c.pad_token_id, per_pass):
+            h = kernels.embed(i32(part.fed), i32(part.pos), self.decoder_table, self.positions, c.embed_scale)
+            key_start, self_len = i32(part.key_start), i32(part.self_len)
+            sources = source_rows[part.rows][part.row_of]
+            cross_start, cross_len = i32(encoded.start[sources]), i32(encoded.length[sources])
+            longest, cross_keys = int(part.self_len.max()), int(encoded.length[sources].max())
+            for i, layer in enumerate(self.decoder):
+                x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
+                qkv = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
+                a = kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], key_start, self_len,
+                                      c.decoder_attention_heads, max_keys=longest)
+                h = self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
+                x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"])
+                q = self.linear(x, layer["cross_q_w"], layer["cross_q_b"], weights=True)
+                a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
+                                      c.decoder_attention_heads, max_keys=cross_keys, together=True)
+                h = self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True)
+                x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
+                f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
+                h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
+            final = kernels.layernorm(h[cp.asarray(part.scored)], *self.dec_ln)
+            at_row = part.rows[part.row_of[part.scored]]
+            ids = given[at_row, part.scored_t]
+            lse = kernels.logits_lse(final, self.lm_head)
+            pending.append((at_row, part.scored_t, Later(self.given_log_probs(final, ids, lse))))
+        for at_row, at_t, later in pending:
+            out[at_row, at_t] = later.fetch()
+        return out
 
     def set_keys(self, state: CudaState, keys: np.ndarray) -> None:
         """Each row's random stream (N,) uint32, for step_sample: kept with the state (select keeps its rows')

@@ -596,6 +596,28 @@ def logits_lse(h: cp.ndarray, w: cp.ndarray, take=new_array) -> cp.ndarray:
     return lse
 
 
+ROWS_TOPK_MAX = 1024  # topk.cu's TOPK_MAX
+
+
+def rows_topk(x: cp.ndarray, k: int, lse: cp.ndarray | None = None, values: cp.ndarray | None = None,
+              ids: cp.ndarray | None = None) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
+    """Each row's k largest log-probabilities from logits written whole (topk.cu's radix selection): x (M, V)
+    f32 -> lse (M,) f32, values (M, k) f32 (x - lse, best first, ties: lower id), ids (M, k) int32. 1 <= k <=
+    min(V, ROWS_TOPK_MAX)."""
+    m, n = x.shape
+    check_array("x", x, F32, (m, n))
+    check(1 <= k <= min(n, ROWS_TOPK_MAX), f"rows_topk needs 1 <= k <= min(V, {ROWS_TOPK_MAX}), got k={k}, V={n}")
+    lse = cp.empty((m,), F32) if lse is None else lse
+    values = cp.empty((m, k), F32) if values is None else values
+    ids = cp.empty((m, k), cp.int32) if ids is None else ids
+    check_array("lse", lse, F32, (m,))
+    check_array("values", values, F32, (m, k))
+    check_array("ids", ids, cp.int32, (m, k))
+    if m:
+        function("topk.cu", "rows_topk_kernel")((m,), (1024,), (x, cp.int32(n), cp.int32(k), lse, values, ids))
+    return lse, values, ids
+
+
 # ------------------------------------------------------------------------------------------------ the rest
 
 def layernorm(x: cp.ndarray, weight: cp.ndarray, bias: cp.ndarray, eps: float = 1e-5, out: cp.ndarray | None = None) -> cp.ndarray:

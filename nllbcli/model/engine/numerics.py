@@ -1,4 +1,5 @@
-"""NumPy helpers that both engines and the search share: the position table, log-softmax, a sorted top-k.
+"""NumPy helpers that both engines and the search share: the position table, log-softmax, a sorted top-k, forced
+decoding's packed layout.
 
 They sit below engine/reference.py, model/engine/cuda.py and search.py, and import none of them.
 """
@@ -6,6 +7,7 @@ They sit below engine/reference.py, model/engine/cuda.py and search.py, and impo
 from __future__ import annotations
 
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,6 +45,42 @@ def topk_desc(x, k: int):
         picked = np.concatenate([above, np.flatnonzero(row == kth)[: k - above.size]])
         order[r] = picked[np.lexsort((picked, -row[picked]))]
     return np.take_along_axis(x, order, axis=-1), order
+
+
+class ForcedPass(NamedTuple):
+    """One pass of forced decoding's packed layout (forced_passes): T fed tokens of the batch rows `rows`."""
+
+    rows: np.ndarray  # (R,) the batch rows of this pass, in order
+    row_of: np.ndarray  # (T,) each fed token's row, an index into rows
+    fed: np.ndarray  # (T,) the token fed: the decoder start, the language, then the given pieces
+    pos: np.ndarray  # (T,) its position embedding's index (the padding index for a pad token, as a step gives it)
+    key_start: np.ndarray  # (T,) the pass's index of its row's first token: its self-attention's first key
+    self_len: np.ndarray  # (T,) how many keys it attends to: itself and the tokens before it
+    scored: np.ndarray  # (S,) the fed tokens whose next token is scored (all but each row's decoder start)
+    scored_t: np.ndarray  # (S,) the given piece each of those predicts: given[rows[row_of[scored]], scored_t]
+
+
+def forced_passes(given: np.ndarray, lengths: np.ndarray, langs: np.ndarray, start_id: int, pad_id: int,
+                  per_pass: int):
+    """Forced decoding fed whole (an engine's forced_log_probs), in passes of at most per_pass tokens (a row
+    longer than that alone): row i is fed [start_id, langs[i], given[i, : lengths[i] - 1]], its token at
+    position p predicting given[i, p - 1] for p >= 1, as a step loop feeds and scores them."""
+    counts = np.asarray(lengths, dtype=np.int64) + 1  # tokens fed a row
+    first = 0
+    while first < len(counts):
+        last = first + max(1, int(np.searchsorted(np.cumsum(counts[first:]), per_pass, side="right")))
+        rows = np.arange(first, last)
+        first = last
+        count = counts[rows]
+        offsets = np.cumsum(count) - count
+        row_of = np.repeat(np.arange(len(rows)), count)
+        p = np.arange(int(count.sum())) - offsets[row_of]  # each fed token's position in its row
+        fed = np.where(p == 0, start_id, np.asarray(langs)[rows][row_of])
+        tail = p >= 2
+        fed[tail] = given[rows[row_of[tail]], p[tail] - 2]
+        pos = np.where(fed == pad_id, pad_id, p + pad_id + 1)
+        scored = np.flatnonzero(p >= 1)
+        yield ForcedPass(rows, row_of, fed, pos, offsets[row_of], p + 1, scored, p[scored] - 1)
 
 
 def to_host(a) -> np.ndarray:
