@@ -18,6 +18,7 @@ import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import cupy as cp
 import cupyx
@@ -532,22 +533,18 @@ class CudaEngine:
         every = ws.every[:b]
         self_keys = pool.plan.cache_rows  # picks the kernel; each row's own count is in self_len
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
-        for i, layer in enumerate(self.decoder):
-            x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], take)
-            self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True, take=take)  # (b, 3D)
+
+        def attend_self(i: int, qkv: cp.ndarray) -> cp.ndarray:  # the step's K/V into the pool, the query over them
             kernels.copy_rows(qkv[:, d : 2 * d], every, pool.self_k[i], new_rows)
             kernels.copy_rows(qkv[:, 2 * d :], every, pool.self_v[i], new_rows)
-            kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len, c.decoder_attention_heads, out=a,
-                              table=table, max_keys=self_keys)
-            self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True, take=take)
-            x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], take)
-            self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take)
-            kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len, c.decoder_attention_heads, out=a,
-                              max_keys=cross_keys, together=together)
-            self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
-            x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"], take)
-            self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)
-            self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True, take=take)
+            return kernels.attention(qkv[:, :d], pool.self_k[i], pool.self_v[i], None, self_len,
+                                     c.decoder_attention_heads, out=a, table=table, max_keys=self_keys)
+
+        def attend_source(i: int, q: cp.ndarray) -> cp.ndarray:
+            return kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
+                                     c.decoder_attention_heads, out=a, max_keys=cross_keys, together=together)
+
+        self.decoder_layers(h, attend_self, attend_source, take, qkv=qkv, q=q, f=f)
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
@@ -565,6 +562,25 @@ class CudaEngine:
             kernels.logits_topk(final, self.lm_head, k, take=take)
         elif head == "lse":  # each row's log-sum-exp into "lse" (step_log_probs reads it there)
             kernels.logits_lse(final, self.lm_head, take=take)
+
+    def decoder_layers(self, h: cp.ndarray, attend_self: Callable[[int, cp.ndarray], cp.ndarray],
+                       attend_source: Callable[[int, cp.ndarray], cp.ndarray], take=kernels.new_array,
+                       qkv: cp.ndarray | None = None, q: cp.ndarray | None = None, f: cp.ndarray | None = None) -> None:
+        """The decoder's layers over the residual stream h (M, D) float32, in place: a decoder step's (one
+        position a row, its K/V into the pool) and forced decoding's (every position of a row at once) alike.
+        attend_self(layer, qkv (M, 3D)) and attend_source(layer, q (M, D)) give each layer's attention outputs
+        (M, D) bf16; qkv, q and f are the products' outputs where given (a step's workspace), else new arrays."""
+        for i, layer in enumerate(self.decoder):
+            x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], take)
+            projected = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True, take=take)
+            a = attend_self(i, projected)
+            self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True, take=take)
+            x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], take)
+            a = attend_source(i, self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take))
+            self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
+            x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"], take)
+            inner = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)
+            self.linear(inner, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True, take=take)
 
     def decode(self, encoded: CudaEncoded, state: CudaState, tokens) -> cp.ndarray:
         """Feed one token per row, each at its own position; return the final hidden states (N, D) bf16, a view
@@ -680,20 +696,16 @@ class CudaEngine:
             sources = source_rows[part.rows][part.row_of]
             cross_start, cross_len = i32(encoded.start[sources]), i32(encoded.length[sources])
             longest, cross_keys = int(part.self_len.max()), int(encoded.length[sources].max())
-            for i, layer in enumerate(self.decoder):
-                x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"])
-                qkv = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], weights=True)  # (T, 3D)
-                a = kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], key_start, self_len,
-                                      c.decoder_attention_heads, max_keys=longest)
-                h = self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True)
-                x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"])
-                q = self.linear(x, layer["cross_q_w"], layer["cross_q_b"], weights=True)
-                a = kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
-                                      c.decoder_attention_heads, max_keys=cross_keys, together=True)
-                h = self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True)
-                x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"])
-                f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
-                h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
+
+            def attend_self(i: int, qkv: cp.ndarray) -> cp.ndarray:  # each position over its row's positions so far
+                return kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], key_start, self_len,
+                                         c.decoder_attention_heads, max_keys=longest)
+
+            def attend_source(i: int, q: cp.ndarray) -> cp.ndarray:
+                return kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
+                                         c.decoder_attention_heads, max_keys=cross_keys, together=True)
+
+            self.decoder_layers(h, attend_self, attend_source)
             final = kernels.layernorm(h[cp.asarray(part.scored)], *self.dec_ln)
             at_row = part.rows[part.row_of[part.scored]]
             ids = given[at_row, part.scored_t]
