@@ -159,7 +159,7 @@ def detection_cases():
 def test_the_detector_processes_give_the_detections_of_this_process(monkeypatch, codes, min_confidence):
     texts = detection_cases()
     here = langid.detect_here(texts, codes, min_confidence)
-    langid.detector_processes()  # started before: the first large call detects here while they start
+    assert langid.detector_processes().ready(timeout=60)  # started and ready: no call waits for them
     monkeypatch.setattr(langid, "PROCESS_MIN", 2)
     monkeypatch.setattr(langid, "PROCESS_PART", 100)  # several processes, where the machine has the CPUs
     monkeypatch.setattr(langid, "detect_here", lambda *args: pytest.fail("detected in this process"))
@@ -206,6 +206,7 @@ def test_an_interrupt_between_a_request_and_its_reply_ends_the_detector_processe
     monkeypatch.setattr(langid, "PROCESS_MIN", 2)
     monkeypatch.setattr(langid, "_processes", [])
     processes = langid.detector_processes()
+    assert processes.ready(timeout=60)
     load = langid.pickle.load
     monkeypatch.setattr(langid.pickle, "load", lambda pipe: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
@@ -226,5 +227,24 @@ def test_the_detector_processes_start_at_the_first_large_call_which_detects_here
     monkeypatch.setattr(langid, "PROCESS_MIN", 2)
     first = langid.detect_languages(texts, tuple(LANGS))
     assert len(langid._processes) == 1
+    assert langid._processes[0].ready(timeout=60)
     monkeypatch.setattr(langid, "detect_here", lambda *args: pytest.fail("detected in this process"))
     assert langid.detect_languages(texts, tuple(LANGS)) == first
+
+
+def test_no_call_waits_for_the_detector_processes_to_start(monkeypatch):
+    """A process says it is ready once its detector is loaded (1.7 s on a GPU machine's first start): until one
+    has, calls detect here rather than wait on its pipe, and the processes go on starting."""
+    texts = detection_cases()
+    monkeypatch.setattr(langid, "PROCESS_MIN", 2)
+    monkeypatch.setattr(langid, "_processes", [])
+    processes = langid.detector_processes()
+    assert processes.ready() == []  # just started: none has loaded its detector
+    asked = []
+    here = langid.detect_here
+    monkeypatch.setattr(langid, "detect_here", lambda *args: asked.append(len(args[0])) or here(*args))
+    assert langid.detect_languages(texts, tuple(LANGS)) == here(texts, tuple(LANGS), langid.MIN_CONFIDENCE)
+    assert asked == [len(texts)] and processes.children
+    assert processes.ready(timeout=60) == processes.children
+    assert langid.detect_languages(texts, tuple(LANGS)) == here(texts, tuple(LANGS), langid.MIN_CONFIDENCE)
+    assert asked == [len(texts)]  # the processes detected

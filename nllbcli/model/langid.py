@@ -22,10 +22,12 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 import unicodedata
 from functools import lru_cache
 from typing import NamedTuple
@@ -42,6 +44,7 @@ INSTALL = "pip install 'nllbcli[langid]'"
 PROCESS_MIN = 256  # texts of one call from which they are detected in the detector processes (fewer: here)
 PROCESS_PART = 128  # ... at least this many texts to each process (a GPU job's first chunk: 2,048 rows, 4 parts)
 PROCESSES = 4  # detector processes at most: one fewer than the CPUs this process may use, at least one
+READY = b"R"  # what a detector process writes once its detector is loaded, before any reply
 
 # lid.176's labels are Wikipedia's language codes; where one means another language in ISO 639, its ISO code
 FASTTEXT_LABELS = {"als": "gsw", "bh": "bih", "eml": "egl", "nah": "nhe"}  # (sh: mapped, below)
@@ -224,16 +227,18 @@ def load_detector():
 
 class DetectorProcesses:
     """Processes that detect for this one (serve), so that the detector's work holds none of this process's GIL:
-    each call's texts shared out among them in order, pickled through their pipes, their Detections back the
-    same way. Started once a process (detector_processes); one call at a time. A process that cannot be started
-    or fails ends them all, and detection goes on in this process (`detect` returns None). Fresh interpreters
-    rather than multiprocessing's: a fork would copy a job's threads and its CUDA context, and a spawned worker
-    imports the main module again (the `nllb` command's, a user's script)."""
+    each call's texts shared out in order among those ready (their detector loaded: a process says READY), pickled
+    through their pipes, their Detections back the same way. No call waits for a process to start: with none
+    ready, `detect` answers None and the caller detects itself. Started once a process (detector_processes); one
+    call at a time. A process that cannot be started or fails ends them all, and detection goes on in this
+    process. Fresh interpreters rather than multiprocessing's: a fork would copy a job's threads and its CUDA
+    context, and a spawned worker imports the main module again (the `nllb` command's, a user's script)."""
 
     def __init__(self, count: int):
         self.owner = os.getpid()  # a forked process starts its own: these pipes are its parent's
         self.lock = threading.Lock()
         self.children: list[subprocess.Popen] = []
+        self.starting: list[subprocess.Popen] = []  # those that have not said READY yet
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}  # nllbcli as here
         try:
             for _ in range(count):
@@ -242,20 +247,38 @@ class DetectorProcesses:
                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True))
         except (OSError, ValueError):
             self.close()
+        self.starting = list(self.children)
+
+    def ready(self, timeout: float = 0.0) -> list[subprocess.Popen]:
+        """The processes ready to detect, having waited up to `timeout` seconds for those still starting (a call
+        waits for none: 0). One that ended before it was ready ends them all: none is."""
+        deadline = time.monotonic() + timeout
+        while self.starting:
+            pipes = {child.stdout: child for child in self.starting}
+            readable, _, _ = select.select(list(pipes), [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                break
+            for pipe in readable:
+                if pipe.read(1) != READY:  # its pipe ended: it could not start
+                    self.close()
+                    return []
+                self.starting.remove(pipes[pipe])
+        return [child for child in self.children if child not in self.starting]
 
     def detect(self, texts: list[str], known: tuple[str, ...], min_confidence: float) -> list[Detection] | None:
-        """The texts' Detections, None where the processes cannot give them."""
+        """The texts' Detections, None where the processes cannot give them (none ready, or they failed)."""
         with self.lock:
-            if not self.children:
+            ready = self.ready()
+            if not ready:
                 return None
-            count = max(1, min(len(self.children), len(texts) // PROCESS_PART))
+            count = max(1, min(len(ready), len(texts) // PROCESS_PART))
             size = -(-len(texts) // count)
             parts = [texts[start:start + size] for start in range(0, len(texts), size)]
             try:
-                for child, part in zip(self.children, parts):
+                for child, part in zip(ready, parts):
                     pickle.dump((part, known, min_confidence), child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
                     child.stdin.flush()
-                replies = [pickle.load(child.stdout) for child, _ in zip(self.children, parts)]
+                replies = [pickle.load(child.stdout) for child, _ in zip(ready, parts)]
             except (OSError, EOFError, pickle.UnpicklingError):
                 replies = [None]
             except BaseException:  # an interrupt between a request and its reply: the pipes are out of step
@@ -274,7 +297,7 @@ class DetectorProcesses:
                     pipe.close()
                 except OSError:
                     pass
-        self.children = []
+        self.children, self.starting = [], []
 
 
 PROCESSES_LOCK = threading.Lock()
@@ -283,8 +306,9 @@ _processes: list[DetectorProcesses] = []  # this process's, once started
 
 def started_processes() -> DetectorProcesses | None:
     """This process's DetectorProcesses where they were started before; else None, and they start now, loading the
-    detector while the caller detects its texts itself: the first call of PROCESS_MIN texts (a job's first chunk)
-    starts them, and a process that never detects so many (a Spark driver, an API call of a few rows) has none."""
+    detector while the caller detects its texts itself (and the calls after it, until one is ready): the first call
+    of PROCESS_MIN texts (a job's first chunk) starts them, and a process that never detects so many (a Spark
+    driver, an API call of a few rows) has none."""
     with PROCESSES_LOCK:
         if _processes and _processes[0].owner == os.getpid():
             return _processes[0]
@@ -302,14 +326,17 @@ def detector_processes() -> DetectorProcesses:
 
 
 def serve() -> None:
-    """A detector process (DetectorProcesses): requests (texts, the model's codes, min_confidence) from its
-    standard input, each answered with detect_here's Detections (None where it raised) on its standard output,
-    until its input ends. Interrupts are its parent's to handle: the parent's job stops, and this process with
-    the pipe."""
+    """A detector process (DetectorProcesses): READY once its detector is loaded, then requests (texts, the model's
+    codes, min_confidence) from its standard input, each answered with detect_here's Detections (None where it
+    raised) on its standard output, until its input ends. Interrupts are its parent's to handle: the parent's job
+    stops, and this process with the pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # whatever else writes to standard output does not mix with the replies
+    detect_here(["ok"], ("eng_Latn",), 1.0)  # the detector, and the names a reason gives, loaded before READY
+    replies.write(READY)
+    replies.flush()
     while True:
         try:
             texts, known, min_confidence = pickle.load(requests)
