@@ -76,6 +76,28 @@ def test_log_softmax_matches_float64():
     np.testing.assert_allclose(numerics.log_softmax(x), expected, rtol=1e-5, atol=1e-5)
 
 
+def sorted_topk(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """topk_desc's meaning: a stable sort of each row, largest first (ties: lower id)."""
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(x, order, axis=1), order
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_topk_desc_is_a_stable_sorts_first_k_with_ties_and_long_rows(seed):
+    """The partitioned path (rows longer than 4k) as a sort would give it: the k best, best first, a tie to the
+    lower id, also where the k-th value is shared beyond the k, a row is all one value, or -inf."""
+    rng = np.random.default_rng(seed)
+    n, v = int(rng.integers(1, 40)), int(rng.integers(40, 4000))
+    k = int(rng.integers(1, v // 4))
+    x = rng.standard_normal((n, v)).astype(np.float32)
+    x = [x, np.round(x * 2), np.round(x * 30), np.full_like(x, 0.5)][seed % 4]
+    if seed % 5 == 0:
+        x[0] = -np.inf
+    values, ids = numerics.topk_desc(x, k)
+    expected_values, expected_ids = sorted_topk(x, k)
+    assert np.array_equal(ids, expected_ids) and np.array_equal(values, expected_values)
+
+
 @pytest.fixture(scope="module")
 def engine():
     config, weights = load_checkpoint(HERE / "models" / "tiny-a")
