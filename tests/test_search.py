@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nllbcli.options import DecodeOptions
-from nllbcli.model.engine import OnHost
+from nllbcli.model.engine import OnHost, reference
 from nllbcli.model.engine.numerics import sentence_keys
 from nllbcli.model.search import generate, generate_ids
 from nllbcli.model.translator import load_translator
@@ -117,11 +117,14 @@ def test_a_sentences_tokens_and_scores_are_those_it_has_alone_in_any_batch(model
     assert got == [decoded_alone(model, decoding, i, tgt) for i, tgt in batch]
 
 
+@pytest.mark.parametrize("rows_a_thread", [reference.ROWS_A_THREAD, 1])
 @pytest.mark.parametrize("decoding", sorted(DECODINGS))
-def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(decoding):
-    """Bit for bit at 1, 2 and 3 threads (--threads, a --devices worker's share of it, or the library's own)."""
+def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(monkeypatch, decoding, rows_a_thread):
+    """Bit for bit at 1, 2 and 3 threads (--threads, a --devices worker's share of it, or the library's own),
+    a step's rows shared out among the threads (rows_a_thread 1) or its products' columns."""
     from threadpoolctl import threadpool_limits
 
+    monkeypatch.setattr(reference, "ROWS_A_THREAD", rows_a_thread)
     batch = [(i, "fra_Latn") for i in range(len(BATCH_TEXTS))]
     runs = []
     for threads in (1, 2, 3):

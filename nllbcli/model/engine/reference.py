@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -35,6 +35,7 @@ from .numerics import (E4M3Matrix, dequantize_e4m3, gumbel_noise, inverse_temper
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
+ROWS_A_THREAD = 32  # a decoder step's rows each thread takes at least for the step to be shared out by rows
 
 
 # ------------------------------------------------------------------------------------------------ operations
@@ -380,8 +381,26 @@ class ReferenceEngine:
     def step(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, want_logits: bool = True):
         """Feed one token per row at position state.t; return the next-token logits (N, V) float32.
         (`encoded` is not read: each row's source K/V are in the state.)"""
+        done = self.step_then(state, tokens, lambda logits: logits, want_logits)
+        return done[0] if len(done) == 1 or not want_logits else np.concatenate(done)
+
+    def step_then(self, state: DecoderState, tokens: np.ndarray, then: Callable, want_logits: bool = True) -> list:
+        """A step, and then(logits) of its rows: one item for all of them, or with several threads and at least
+        ROWS_A_THREAD rows for each, an item a part of the rows in order, each part stepped (and `then` run) on a
+        thread of its own, as the encoder shares out its sources. With fewer rows each product's output columns
+        are shared instead (a few rows read the weights once, whatever the threads). A row's arithmetic is the
+        same either way."""
         with self.threads.spreading() as spread:
-            return self.step_rows(state, tokens, want_logits, partial(self.product, spread=spread))
+            if spread.threads == 1 or len(state.t) < ROWS_A_THREAD * spread.threads:
+                return [then(self.step_rows(state, tokens, want_logits, partial(self.product, spread=spread)))]
+            tokens = np.asarray(tokens, dtype=np.int64)
+            self.make_room(state, state.length + 1)
+            self.positions_for(state.length + 1)  # grown here, not by the parts at once
+            done = list(spread.map(lambda part: then(self.step_rows(state_rows(state, part), tokens[part],
+                                                                    want_logits, self.product)),
+                                   split_evenly(len(state.t), spread.threads)))
+            state.t = state.t + 1
+            return done
 
     def step_rows(self, state: DecoderState, tokens: np.ndarray, want_logits: bool, product) -> np.ndarray | None:
         """step(), its products by `product` (self.product spread over the threads)."""
@@ -455,8 +474,16 @@ class ReferenceEngine:
     def step_topk(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, k: int):
         """Beam search: feed one token per row and return each row's k best next tokens by log-probability,
         best first (ties: lower id), as (log-probs (N, k) float32, ids (N, k))."""
-        self.last_log_probs_of = log_softmax(self.step(encoded, state, tokens))
-        return topk_desc(self.last_log_probs_of, k)
+        def best(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            log_probs = log_softmax(logits)
+            return (log_probs, *topk_desc(log_probs, k))
+
+        parts = self.step_then(state, tokens, best)
+        if len(parts) == 1:
+            self.last_log_probs_of, values, ids = parts[0]
+            return values, ids
+        self.last_log_probs_of, values, ids = (np.concatenate(each) for each in zip(*parts))
+        return values, ids
 
     def step_log_probs(self, encoded: EncoderOutput, state: DecoderState, tokens: np.ndarray, ids) -> np.ndarray:
         """Forced decoding: feed one token per row and return each row's log-probability of ids[row] as its next
@@ -494,6 +521,15 @@ class ReferenceEngine:
         state.t = state.t[rows]
         if state.keys is not None:
             state.keys = state.keys[rows]
+
+
+def state_rows(state: DecoderState, rows: slice) -> DecoderState:
+    """The state of a slice of its rows, as views: what a step writes into it lands in `state`'s arrays (its `t`
+    is the caller's to advance)."""
+    return replace(state, source_rows=state.source_rows[rows], self_k=[k[rows] for k in state.self_k],
+                   self_v=[v[rows] for v in state.self_v], cross_k=[k[rows] for k in state.cross_k],
+                   cross_v=[v[rows] for v in state.cross_v], src_mask=state.src_mask[rows], t=state.t[rows],
+                   keys=None if state.keys is None else state.keys[rows])
 
 
 def gather_rows(cache: np.ndarray, rows: np.ndarray, filled: int) -> np.ndarray:
