@@ -117,14 +117,20 @@ def test_a_sentences_tokens_and_scores_are_those_it_has_alone_in_any_batch(model
     assert got == [decoded_alone(model, decoding, i, tgt) for i, tgt in batch]
 
 
-@pytest.mark.parametrize("rows_a_thread", [reference.ROWS_A_THREAD, 1])
+@pytest.mark.parametrize("sharing", ["rows", "columns", "as the engine chooses"])
 @pytest.mark.parametrize("decoding", sorted(DECODINGS))
-def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(monkeypatch, decoding, rows_a_thread):
+def test_a_sentences_tokens_and_scores_do_not_depend_on_the_threads(monkeypatch, decoding, sharing):
     """Bit for bit at 1, 2 and 3 threads (--threads, a --devices worker's share of it, or the library's own),
-    a step's rows shared out among the threads (rows_a_thread 1) or its products' columns."""
+    a step's rows shared out among the threads, or every product's output columns."""
     from threadpoolctl import threadpool_limits
 
-    monkeypatch.setattr(reference, "ROWS_A_THREAD", rows_a_thread)
+    from nllbcli.model.engine.products import Products
+
+    if sharing == "rows":
+        monkeypatch.setattr(reference, "ROWS_A_THREAD", 1)
+    elif sharing == "columns":
+        monkeypatch.setattr(reference, "ROWS_A_THREAD", 1 << 30)
+        monkeypatch.setattr(Products, "spread_work", 0)
     batch = [(i, "fra_Latn") for i in range(len(BATCH_TEXTS))]
     runs = []
     for threads in (1, 2, 3):

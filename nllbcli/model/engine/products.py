@@ -71,6 +71,11 @@ class Products:
     """x @ weight.T + bias for the weights of one model, each by a session made at its first product (one a part,
     where a product's columns are shared among threads)."""
 
+    # multiply-adds from which a product's columns are worth sharing among threads: handing a part to another thread
+    # costs ~150 us on a 2-core machine, and a float32 product of 4 x 1,024 x 1,024 took 2.5x as long shared, one of
+    # 4 x 4,096 x 1,024 0.84x (bench/cpu_spread.py)
+    spread_work = 1 << 24
+
     def __init__(self):
         self.sessions: dict[tuple, tuple] = {}  # (session, what it reads, weight, bias)
         self.lock = threading.Lock()
@@ -182,6 +187,8 @@ def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class Int8Products(Products):
     """Products with the weights in int8 (--compute-type int8): int8_model's session a weight (or a part)."""
+
+    spread_work = 1 << 25  # its products take half float32's time or less: sharing 4 x 4,096 x 1,024 took 1.31x, 16 rows 0.78x
 
     def make(self, weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:
         import onnxruntime as ort

@@ -93,19 +93,18 @@ def split_evenly(count: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-SPREAD_WORK = 1 << 20  # multiply-adds below which a product stays on the calling thread (handing out costs more)
 
 
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, products: Products | None = None,
            spread: Spread = ALONE) -> np.ndarray:
     """x (..., K) @ weight.T + bias by `products` (a model's Products; a new one where None), the output columns
-    shared among the spread's threads where the work is worth handing out. An E4M3Matrix weight (--compute-type
-    float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
+    shared among the spread's threads where the work is worth handing out (products.spread_work). An E4M3Matrix
+    weight (--compute-type float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     products = products or Products()
     rows = x.reshape(-1, x.shape[-1])
-    if spread.threads == 1 or rows.shape[0] * weight.size < SPREAD_WORK:
+    if spread.threads == 1 or rows.shape[0] * weight.size < products.spread_work:
         return products(x, weight, bias)
     y = np.empty((rows.shape[0], weight.shape[0]), np.float32)
 
