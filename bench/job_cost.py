@@ -74,7 +74,8 @@ def run(args: argparse.Namespace, variant: str, source: Path, work: Path) -> flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=20000)
-    parser.add_argument("--rate", type=float, default=270000, help="the engine's generated tokens/s (600M on an H100: 270,000)")
+    parser.add_argument("--rate", type=float, default=270000,
+                        help="the engine's generated tokens/s (600M on an H100: 270,000)")
     parser.add_argument("--tokens", type=int, default=39, help="pieces a translation, </s> aside")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--variants", default="plain,auto,flags,status")

@@ -233,7 +233,7 @@ def test_the_detector_processes_start_at_the_first_large_call_which_detects_here
 
 
 def test_no_call_waits_for_the_detector_processes_to_start(monkeypatch):
-    """A process says it is ready once its detector is loaded (1.7 s on a GPU machine's first start): until one
+    """A process says it is ready once its detector is loaded (0.1 s to seconds after it starts): until one
     has, calls detect here rather than wait on its pipe, and the processes go on starting."""
     texts = detection_cases()
     monkeypatch.setattr(langid, "PROCESS_MIN", 2)

@@ -188,7 +188,9 @@ def quantize_int8(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class Int8Products(Products):
     """Products with the weights in int8 (--compute-type int8): int8_model's session a weight (or a part)."""
 
-    spread_work = 1 << 25  # its products take half float32's time or less: sharing 4 x 4,096 x 1,024 took 1.31x, 16 rows 0.78x
+    # its products take half float32's time or less: sharing 4 x 4,096 x 1,024 took 1.31x as long, 16 x 4,096 x
+    # 1,024 0.78x (bench/cpu_spread.py)
+    spread_work = 1 << 25
 
     def make(self, weight: np.ndarray, bias: np.ndarray | None) -> tuple[object, list[np.ndarray]]:
         import onnxruntime as ort

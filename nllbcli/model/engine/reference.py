@@ -93,13 +93,12 @@ def split_evenly(count: int, parts: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-
-
 def linear(x: np.ndarray, weight, bias: np.ndarray | None = None, products: Products | None = None,
            spread: Spread = ALONE) -> np.ndarray:
     """x (..., K) @ weight.T + bias by `products` (a model's Products; a new one where None), the output columns
     shared among the spread's threads where the work is worth handing out (products.spread_work). An E4M3Matrix
-    weight (--compute-type float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its input."""
+    weight (--compute-type float8) takes x rounded to E4M3 with a scale a row, as the GPU's FP8 product takes its
+    input."""
     if isinstance(weight, E4M3Matrix):
         x, weight = dequantize_e4m3(*quantize_e4m3(x)), weight.values
     products = products or Products()
