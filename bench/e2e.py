@@ -8,6 +8,11 @@ from outside the process, against a transformers script doing the same job.
     (CUPY_CACHE_DIR an empty directory; goal 60 s).
 (C) whole job: `nllb translate` over 100,000 sentences against the engine alone (the Translator's generate on
     the same pre-tokenized ids, no reading, tokenizing, decoding or writing). Goal: at least 90%.
+(R) real lengths: the same job (--sentences) through `nllb translate` and bench/e2e_transformers.py, each with
+    every sentence --new-tokens long (forced) and with each ending at its own length (real: bench/lengths.py,
+    the sample model's held-out length ratios, at most 200 tokens): each engine's generated tokens/s (the
+    language token and the last token counted, the same count on both sides) after its model load, how much of
+    its forced-length speed it keeps, and nllb / transformers at each.
 (D) one JSONL job several ways (--ways): plain, --devices 0 (a worker process), --ray (a local Ray started by
     the job, one GPU actor) and --ray joining a Ray started before (cluster): wall time of each, outputs
     compared byte for byte, and for Ray the span of its blocks from Ray Data's log. Goal: each within 10% of
@@ -159,6 +164,10 @@ def probe(argv: list[str]) -> None:
                               (loop, "write", "write_chunk"), (loop, "commit", "save_state")):
         if hasattr(where, attr):
             setattr(where, attr, timed(name, getattr(where, attr)))
+    if os.environ.get("NLLB_E2E_LENGTHS"):  # measure R: each sentence ends at its own length
+        from bench import lengths
+
+        lengths.install(lengths.held_out_ratios())
     from nllbcli.cli import main
 
     sys.argv = ["nllb", *argv]
@@ -187,6 +196,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from nllbcli.model.shapes import DEFAULT, PRESETS, parameter_count
 from nllbcli.model.shapes import random_weights as shape_weights
 from nllbcli.model.checkpoint import ModelConfig, write_safetensors
+
+from bench.lengths import CAP
 
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
@@ -413,26 +424,30 @@ class Runner:
         env.update(extra)
         return env
 
-    def nllb(self, label: str, source: Path, cache_dir: Path | None = None, timeout: float | None = None) -> dict:
-        """One `nllb translate` job; returns its record (wall, exit, summary, start-up timestamps)."""
+    def nllb(self, label: str, source: Path, cache_dir: Path | None = None, timeout: float | None = None,
+             real_lengths: bool = False) -> dict:
+        """One `nllb translate` job; returns its record (wall, exit, summary, start-up timestamps). real_lengths:
+        each sentence ends at its own length (bench/lengths.py, installed by the probe), at most lengths.CAP."""
         a = self.args
         self.count += 1
         tag = f"nllb{self.count}"
         output = self.work / f"{tag}.out{source.suffix}"
         probe_file = self.work / f"{tag}.probe.json"
         options = ["translate", "--src", a.src, "--tgt", a.tgt, "--model", str(self.model_dir), "--device", a.device,
-                   "--beam-size", str(a.beam_size), "--max-length", str(a.new_tokens), "--progress", "json"]
+                   "--beam-size", str(a.beam_size), "--max-length", str(CAP if real_lengths else a.new_tokens),
+                   "--progress", "json"]
         if a.max_batch_tokens:
             options += ["--max-batch-tokens", str(a.max_batch_tokens)]
         if a.chunk_rows:
             options += ["--chunk-rows", str(a.chunk_rows)]
         # --nllb-stdin: the input through a pipe, which nllb reads and tokenizes on its main thread (no reader thread)
         options += shlex.split(a.nllb_args) + ["-" if a.nllb_stdin else str(source), str(output)]
-        if a.plain:
+        if a.plain and not real_lengths:
             command = [a.nllb_python, "-m", "nllbcli.cli", *options]
         else:
             command = [a.nllb_python, "-m", "bench.e2e", "__probe__", *options]
-        run = run_process(command, self.env(cache_dir, NLLB_E2E_PROBE=str(probe_file)), timeout or a.timeout,
+        extra = {"NLLB_E2E_LENGTHS": "1"} if real_lengths else {}
+        run = run_process(command, self.env(cache_dir, NLLB_E2E_PROBE=str(probe_file), **extra), timeout or a.timeout,
                           self.work / f"{tag}.stdout", self.work / f"{tag}.stderr", source if a.nllb_stdin else None)
         record = {"what": "nllb_run", "label": label, "input": source.name, "cache_dir": str(cache_dir or self.cache_dir),
                   "wall_s": run["wall_s"], "exit": run["exit"], "summary": summary_of(self.work / f"{tag}.stderr"),
@@ -448,15 +463,17 @@ class Runner:
         emit(record, self.out)
         return record
 
-    def transformers(self, label: str, source: Path, batch: int, timeout: float | None = None) -> dict:
+    def transformers(self, label: str, source: Path, batch: int, timeout: float | None = None,
+                     lengths: Path | None = None) -> dict:
+        """One bench/e2e_transformers.py job; `lengths`: a JSON file of each line's length (real lengths)."""
         a = self.args
         self.count += 1
         tag = f"tf{self.count}"
         output, timings = self.work / f"{tag}.out.txt", self.work / f"{tag}.timings.json"
         command = [a.transformers_python, str(ROOT / "bench" / "e2e_transformers.py"), "--model", str(self.model_dir),
                    "--src", a.src, "--tgt", a.tgt, "--device", a.device, "--batch-size", str(batch),
-                   "--max-new-tokens", str(a.new_tokens), "--num-beams", str(a.beam_size), "--timings", str(timings),
-                   str(source), str(output)]
+                   "--max-new-tokens", str(CAP if lengths else a.new_tokens), "--num-beams", str(a.beam_size),
+                   "--timings", str(timings), *(["--lengths", str(lengths)] if lengths else []), str(source), str(output)]
         run = run_process(command, self.env(), timeout or a.timeout, self.work / f"{tag}.stdout", self.work / f"{tag}.stderr")
         record = {"what": "transformers_run", "label": label, "input": source.name, "batch": batch,
                   "wall_s": run["wall_s"], "exit": run["exit"], "command": shlex.join(command), "output": str(output)}
@@ -628,6 +645,50 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
             result["engine_parts_s"] = {k: same[k] for k in parts if k in same}
         for batch, r in engine.get("fixed_batches", {}).items():
             result[f"ratio_job_vs_engine_batch_{batch}"] = summary["tokens"] / summary["seconds"] / r["tokens_per_s"]
+    emit(result, out)
+
+
+def measure_r(runner: Runner, source: Path, lines: list[str], tokenizer) -> None:
+    """The job at forced and at real lengths, nllb and transformers (see R in the module's docstring)."""
+    from bench.lengths import held_out_ratios, lengths_of
+
+    a, out = runner.args, runner.out
+    ends = lengths_of([tokenizer.encode(line, a.src) for line in lines], held_out_ratios())
+    lengths_file = runner.work / "lengths.json"
+    lengths_file.write_text(json.dumps(ends))
+    tokens = {"forced": a.new_tokens * len(lines), "real": sum(ends)}
+    runner.nllb("R warm-up (kernel cache, page cache)", runner.work / "warmup.txt", real_lengths=True)
+    result: dict = {"what": "R", "sentences": len(lines), "tokens": tokens, "mean_length": {k: v / len(lines) for k, v in tokens.items()},
+                    "note": "tokens/s: each sentence's generated tokens (the language token and the last one counted: "
+                            "the same count on both sides) over the job's seconds after its model load (nllb: its "
+                            "summary's; transformers: from the load to the last batch's end)"}
+    speed: dict = {}
+    for mode in ("forced", "real"):
+        job = runner.nllb(f"R nllb, {mode} lengths", source, real_lengths=mode == "real")
+        summary = job.get("summary") or {}
+        if ok(job) and summary.get("seconds"):
+            speed[("nllb", mode)] = tokens[mode] / summary["seconds"]
+            # nllb's summary counts the tokens after the language token: each sentence's length less one
+            result[f"nllb_{mode}_lengths_as_drawn"] = summary.get("tokens") == tokens[mode] - len(lines)
+            result[f"nllb_{mode}_wall_s"] = job["wall_s"]
+        if not a.skip_transformers:
+            batch = a.tf_batches[0]
+            tf = runner.transformers(f"R transformers, {mode} lengths", source, batch,
+                                     lengths=lengths_file if mode == "real" else None)
+            times = tf.get("since_start_s") or {}
+            if ok(tf) and "generated" in times and "loaded" in times:
+                speed[("transformers", mode)] = tokens[mode] / (times["generated"] - times["loaded"])
+                # its count: the tokens after the language token, before </s> where there is one
+                result[f"transformers_{mode}_lengths_as_drawn"] = tf.get("generated_tokens") == tokens[mode] - (2 if mode == "real" else 1) * len(lines)
+                result[f"transformers_{mode}_wall_s"] = tf["wall_s"]
+                result["transformers_batch"] = batch
+    result["tokens_per_s"] = {f"{engine}_{mode}": v for (engine, mode), v in speed.items()}
+    for engine in ("nllb", "transformers"):
+        if (engine, "forced") in speed and (engine, "real") in speed:
+            result[f"{engine}_real_over_forced"] = speed[(engine, "real")] / speed[(engine, "forced")]
+    for mode in ("forced", "real"):
+        if ("nllb", mode) in speed and ("transformers", mode) in speed:
+            result[f"nllb_over_transformers_{mode}"] = speed[("nllb", mode)] / speed[("transformers", mode)]
     emit(result, out)
 
 
@@ -819,7 +880,7 @@ def gpu_facts() -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measure", default="A,B", help="which of A, B, C, D, comma-separated (default A,B)")
+    parser.add_argument("--measure", default="A,B", help="which of A, B, C, D, R, comma-separated (default A,B)")
     parser.add_argument("--shape", choices=list(SHAPES), default=DEFAULT, help=f"model shape (nllbcli/model/shapes.py or tiny; default {DEFAULT})")
     parser.add_argument("--model-dir", type=Path, help="model directory: reused when it holds this script's model of the same shape and seed, "
                                                         "else built there and kept (default: built in the work directory, removed)")
@@ -851,11 +912,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     args = parser.parse_args()
     measures = {m.strip().upper() for m in args.measure.split(",") if m.strip()}
-    if not measures <= {"A", "B", "C", "D"}:
-        parser.error("--measure takes A, B, C and D")
+    if not measures <= {"A", "B", "C", "D", "R"}:
+        parser.error("--measure takes A, B, C, D and R")
     args.tf_batches = [int(b) for b in args.tf_batch.split(",") if b]
     args.engine_batch = [int(b) for b in args.engine_batch.split(",") if b]
-    if not args.skip_transformers and ("A" in measures or not args.no_check):
+    if not args.skip_transformers and (measures & {"A", "R"} or not args.no_check):
         probe_torch = subprocess.run([args.transformers_python, "-c", "import torch, transformers"], capture_output=True)
         if probe_torch.returncode != 0:
             print(f"{args.transformers_python} cannot import torch and transformers: skipping the transformers side",
@@ -887,6 +948,8 @@ def main() -> int:
             measure_c(runner, source, lines)
         if "D" in measures:
             measure_d(runner, jsonl_source, lines)
+        if "R" in measures:
+            measure_r(runner, source, lines, tokenizer)
     finally:
         if out is not None:
             out.close()

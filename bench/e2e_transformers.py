@@ -1,12 +1,15 @@
 """The transformers side of bench/e2e.py's job A: translate a text file as a user of transformers would.
 
     python -m bench.e2e_transformers --model DIR --src eng_Latn --tgt fra_Latn [--device cuda] [--batch-size 256]
-                                     [--max-new-tokens 40] [--timings FILE] in.txt out.txt
+                                     [--max-new-tokens 40] [--lengths FILE] [--timings FILE] in.txt out.txt
 
 NllbTokenizer (src_lang), M2M100ForConditionalGeneration.from_pretrained in bf16 (float32 on the CPU) straight
 onto the device, lines sorted by token count and cut into batches, greedy `generate` with
 forced_bos_token_id = the target language and max_new_tokens (the language token included, as nllb's
 --max-length), batch_decode(skip_special_tokens=True), the translations written in input order.
+
+--lengths FILE: a JSON list of each line's length (bench/lengths.py: generated tokens, the language token and
+</s> counted): its </s> forced there and banned before (bench.lengths.forced_end), within --max-new-tokens.
 
 --timings FILE: time.time() at the script's start, after the imports, after the load, after the first batch,
 after generation and after writing; the generated tokens (after the language token, up to </s>: what nllb's
@@ -21,10 +24,11 @@ START = time.time()
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 import transformers
-from transformers import M2M100ForConditionalGeneration, NllbTokenizer
+from transformers import LogitsProcessorList, M2M100ForConditionalGeneration, NllbTokenizer
 
 
 def main() -> int:
@@ -37,6 +41,7 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--num-beams", type=int, default=1)
+    parser.add_argument("--lengths")
     parser.add_argument("--timings")
     parser.add_argument("--tokenize-only", type=int, metavar="N")
     parser.add_argument("--langs", default="")
@@ -71,6 +76,13 @@ def main() -> int:
     tgt_id = tokenizer.convert_tokens_to_ids(args.tgt)
     eos, pad = model.generation_config.eos_token_id, tokenizer.pad_token_id
 
+    ends = None
+    if args.lengths:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench.lengths import forced_end
+
+        with open(args.lengths, encoding="utf-8") as f:
+            ends = json.load(f)
     lengths = [len(ids) for ids in tokenizer(lines)["input_ids"]]
     order = sorted(range(len(lines)), key=lambda i: -lengths[i])  # longest first, as nllb batches
     translations = [""] * len(lines)
@@ -79,8 +91,9 @@ def main() -> int:
         for first in range(0, len(order), args.batch_size):
             rows = order[first : first + args.batch_size]
             batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True).to(device)
+            ending = None if ends is None else LogitsProcessorList([forced_end([ends[i] for i in rows], args.num_beams, eos)])
             out = model.generate(**batch, forced_bos_token_id=tgt_id, num_beams=args.num_beams, do_sample=False,
-                                 max_new_tokens=args.max_new_tokens)
+                                 max_new_tokens=args.max_new_tokens, logits_processor=ending)
             out = out.cpu()
             for i, ids in zip(rows, out.tolist()):
                 generated = ids[2:]  # after the decoder start and the language token

@@ -21,6 +21,12 @@ shared; fp8: --compute-type float8, the same weights in FP8 E4M3), to time it ag
 same run:
 
     python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
+
+Real lengths (--lengths real, or forced,real for both in one run): each sentence ends at its own length, drawn
+from the sample model's held-out target/source length ratios (bench/lengths.py), at most 200 tokens, on both
+engines: nllbcli's finished sentences leave the batch, transformers' stay in it padded until its longest ends.
+Every run is made at each length given, the engines' runs in one process each; the table gives each engine's
+real-length tokens/s against its forced-length figure at the same batch.
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ import numpy as np
 from nllbcli.model.shapes import DEFAULT, PRESETS, Preset, parameter_count
 from nllbcli.model.checkpoint import ModelConfig
 
+from . import lengths as real
+
 NEW_TOKENS = 40
+LENGTHS = ("forced", "real")  # every sentence NEW_TOKENS long, or each its own (bench/lengths.py)
 
 
 def workload(sentences: int, preset: Preset, seed: int = 1) -> list[list[int]]:
@@ -115,14 +124,15 @@ def in_parts(sources, beams: int, rows: int, source_rows: int):
         yield part
 
 
-def bench_ours(sources, runs, results, preset: Preset) -> None:
+def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = ("forced",)) -> None:
     import cupy as cp
 
     from nllbcli.model.engine.cuda import CudaEngine
     from nllbcli.options import DecodeOptions
     from nllbcli.model.search import generate_ids
 
-    # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens, as transformers is made to
+    # </s> moved out of reach, so every sentence generates NEW_TOKENS tokens (forced) or its own length (real), as
+    # transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     weights, memory = normal_weights(config), cp.get_default_memory_pool()
     engines = {False: CudaEngine(config, weights)}
@@ -133,16 +143,18 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
         memory.free_all_blocks()
         held[True] = memory.total_bytes() - held[False]
     del weights
-    for batch, beams, variant in runs:
+    for (batch, beams, variant), mode in ((run, mode) for run in runs for mode in modes):
         engine = engines[variant == "fp8"]
         for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
             each.drop_pool()
-        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS, **VARIANTS[variant])
+        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS if mode == "forced" else real.CAP,
+                                **VARIANTS[variant])
         copies = COPIES.get(variant, 1)
         run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
         # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
         most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
-        rows, source_rows = engine.capacity(options.max_length, options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
+        ends = real.lengths_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
+        rows, source_rows = engine.capacity(max(ends), options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
         langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
 
         def parts(start: int, end: int):
@@ -150,21 +162,26 @@ def bench_ours(sources, runs, results, preset: Preset) -> None:
                 yield part, langs[start : start + len(part)]
                 start += len(part)
 
+        if mode == "real":
+            real.install(real.held_out_ratios())
         pool = cp.get_default_memory_pool()
         for part, part_langs in parts(0, batch):  # warm-up at this size
             generate_ids(engine, part, part_langs, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()
         t = time.perf_counter()
-        tokens = 0
+        made = []
         for i in range(0, len(run_sources), batch):
             for part, part_langs in parts(i, i + batch):
-                outputs = generate_ids(engine, part, part_langs, config, options)
-                tokens += sum(len(o) + 1 for o in outputs)  # the language token counts, as in max_new_tokens
-            pool_peak = max(pool_peak, pool.total_bytes())
+                made += [len(o) + 1 for o in generate_ids(engine, part, part_langs, config, options)]  # the language
+            pool_peak = max(pool_peak, pool.total_bytes())  # token counts, as in max_new_tokens
         cp.cuda.Device().synchronize()
         seconds = time.perf_counter() - t
-        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant, "tokens": tokens,
+        if mode == "real":
+            real.uninstall()
+        tokens = sum(made)
+        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant,
+                        "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens,
                         "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[variant == "fp8"]) / 2**30,
                         "weights_gib": held[variant == "fp8"] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
@@ -187,39 +204,51 @@ def m2m100_config(c: ModelConfig):
                         decoder_start_token_id=c.decoder_start_token_id)
 
 
-def bench_transformers(sources, runs, results, preset: Preset) -> None:
+def bench_transformers(sources, runs, results, preset: Preset, modes: tuple[str, ...] = ("forced",)) -> None:
     import torch
-    from transformers import GenerationConfig, M2M100ForConditionalGeneration
+    from transformers import GenerationConfig, LogitsProcessorList, M2M100ForConditionalGeneration
 
     c = preset.config
     torch.manual_seed(0)
     model = M2M100ForConditionalGeneration(m2m100_config(c)).to("cuda", torch.bfloat16).eval()
-    for batch, beams, _ in runs:
-        gen = GenerationConfig(num_beams=beams, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                               forced_bos_token_id=preset.tgt_lang_id, decoder_start_token_id=c.decoder_start_token_id,
-                               eos_token_id=c.eos_token_id, pad_token_id=c.pad_token_id, early_stopping=False)
+    ratios = real.held_out_ratios() if "real" in modes else ()
+    for (batch, beams, _), mode in ((run, mode) for run in runs for mode in modes):
+        new_tokens = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS} if mode == "forced" else \
+            {"max_new_tokens": real.CAP}
+        gen = GenerationConfig(num_beams=beams, do_sample=False, forced_bos_token_id=preset.tgt_lang_id,
+                               decoder_start_token_id=c.decoder_start_token_id, eos_token_id=c.eos_token_id,
+                               pad_token_id=c.pad_token_id, early_stopping=False, **new_tokens)
 
-        def run(chunk):
+        def run(chunk) -> list[int]:
+            """Each sentence's generated tokens, the language token and </s> counted (as max_new_tokens counts)."""
             width = max(len(s) for s in chunk)
             ids = torch.full((len(chunk), width), c.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for i, s in enumerate(chunk):
                 ids[i, : len(s)] = torch.tensor(s)
                 mask[i, : len(s)] = 1
+            ending = LogitsProcessorList([real.forced_end(real.lengths_of(chunk, ratios), beams, c.eos_token_id)]) \
+                if mode == "real" else None
             with torch.no_grad():
-                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen)
-            return (out.shape[1] - 1) * len(chunk)
+                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen,
+                                     logits_processor=ending)
+            if mode == "forced":
+                return [out.shape[1] - 1] * len(chunk)
+            ended = out[:, 1:] == c.eos_token_id  # after the decoder start (</s> in NLLB)
+            return torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, out.shape[1] - 1).tolist()
 
         run(sources[:batch])  # warm-up at this size
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
-        tokens = sum(run(sources[i : i + batch]) for i in range(0, len(sources), batch))
+        made = [n for i in range(0, len(sources), batch) for n in run(sources[i : i + batch])]
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t
+        ends = real.lengths_of(sources, ratios) if mode == "real" else [NEW_TOKENS] * len(sources)
+        tokens = sum(made)
         results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams,
-                        "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-                        "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+                        "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens, "seconds": seconds,
+                        "tokens_per_s": tokens / seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
         print(json.dumps(results[-1]), flush=True)
 
 
@@ -228,16 +257,23 @@ def table(results: list[dict]) -> str:
     for r in results:
         if r.get("variant"):
             continue
-        key = (r["engine"], r["beams"])
+        key = (r["engine"], r["beams"], r.get("lengths", "forced"))
         if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
             best[key] = r
-    lines = ["| engine | batch | beams | variant | tokens/s | peak GiB |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r.get('variant', '')} | {r['tokens_per_s']:,.0f} | "
-              f"{r['peak_gib']:.1f} |" for r in results]
-    for beams in sorted({r["beams"] for r in results}):
-        ours, theirs = best.get(("nllbcli", beams)), best.get(("transformers", beams))
+    lines = ["| engine | batch | beams | variant | lengths | tokens/s | peak GiB |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r.get('variant', '')} | {r.get('lengths', 'forced')} | "
+              f"{r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |" for r in results]
+    for beams, mode in sorted({(r["beams"], r.get("lengths", "forced")) for r in results}):
+        ours, theirs = best.get(("nllbcli", beams, mode)), best.get(("transformers", beams, mode))
         if ours and theirs:
-            lines.append(f"\nbeam {beams}: best nllbcli / best transformers = {ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+            lines.append(f"\nbeam {beams}, {mode} lengths: best nllbcli / best transformers = "
+                         f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
+    forced = {(r["engine"], r["batch"], r["beams"], r.get("variant", "")): r for r in results if r.get("lengths") == "forced"}
+    for r in results:  # how much of the forced-length speed each engine keeps with real lengths
+        f = forced.get((r["engine"], r["batch"], r["beams"], r.get("variant", "")))
+        if r.get("lengths") == "real" and f:
+            lines.append(f"{r['engine']} {r['batch']}x{r['beams']}{':' + r['variant'] if r.get('variant') else ''}: "
+                         f"real / forced lengths = {r['tokens_per_s'] / f['tokens_per_s']:.3f}")
     return "\n".join(lines)
 
 
@@ -248,15 +284,20 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=4096)
     parser.add_argument("--ours", default="256x1,1024x1,4096x1,256x4,1024x4")
     parser.add_argument("--transformers", default="1024x1,4096x1,256x4,1024x4")
+    parser.add_argument("--lengths", default="forced", help="forced (every sentence 40 tokens), real (each its own: "
+                        "bench/lengths.py) or forced,real (both, each run at each)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    modes = tuple(dict.fromkeys(m.strip() for m in args.lengths.split(",") if m.strip()))
+    if not modes or not set(modes) <= set(LENGTHS):
+        parser.error(f"--lengths takes {', '.join(LENGTHS)}, comma-separated")
     preset = PRESETS[args.preset]
     print(f"{preset.name}: {parameter_count(preset.config):,} parameters, random bf16 weights", flush=True)
     sources = workload(args.sentences, preset)
     results: list[dict] = []
-    bench_ours(sources, parse(args.ours), results, preset)
+    bench_ours(sources, parse(args.ours), results, preset, modes)
     if args.transformers:
-        bench_transformers(sources, parse(args.transformers), results, preset)
+        bench_transformers(sources, parse(args.transformers), results, preset, modes)
     print(f"{preset.name}\n" + table(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")

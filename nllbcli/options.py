@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .io import Added
 
 
@@ -94,6 +96,10 @@ class DecodeOptions:
             return self.max_length
         ratio = (self.max_length_a or 0.0) * source_tokens + (self.max_length_b or 0)
         return max(1, min(self.max_length, int(ratio)))
+
+    def length_limits(self, sources: Sequence[Sequence[int]]) -> list[int]:
+        """Each source's length_limit (sources: their token ids): what the search and the pool's plan go by."""
+        return [self.length_limit(len(source)) for source in sources]
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -59,7 +59,7 @@ def generate(engine: Engine, sources: list[list[int]], tgt_lang_id, config: Mode
     check_vocabulary(options, config.vocab_size)
     # one target language for all, or one per sentence: a batch may mix them (the token is forced anyway)
     langs = np.broadcast_to(np.asarray(tgt_lang_id, dtype=np.int64), (len(sources),)).copy()
-    limits = np.array([options.length_limit(len(source)) for source in sources], dtype=np.int64)
+    limits = np.array(options.length_limits(sources), dtype=np.int64)
     samples = options.num_hypotheses if options.sampling else 1
     if options.sampling:
         if keys is None:

@@ -82,7 +82,7 @@ class Translator:
         # the pool sized for the batch: its sentences, the tokens they can reach, its sources (a source's copies
         # side by side, several targets, share its cross rows)
         reach = max((len(target) + 2 for target in targets) if targets is not None else
-                    (options.length_limit(len(source)) for source in sources), default=1)
+                    options.length_limits(sources), default=1)
         distinct = sum(len(source) for n, source in enumerate(sources) if n == 0 or source != sources[n - 1])
         rows, source_rows = self.engine.capacity(reach, per_sentence, sentences=len(sources), source_tokens=distinct)
         if per_sentence > rows:
