@@ -6,7 +6,8 @@ sentence and writes its cross K/V into the pool; each decoder step feeds one tok
 reads its slot's cache. The output projection is fused with the argmax for greedy search. The GEMMs that end
 a sublayer add onto the residual stream in place. A decoder step runs as a CUDA graph replayed over arrays of
 fixed addresses (Workspace), its per-row bookkeeping done on the device, so the host launches one graph a
-step instead of ~250 kernels.
+step instead of ~250 kernels. With step_halves, a step of many rows runs as two halves of its rows on two streams,
+one half's attention beside the other's GEMMs (step_launches).
 
 Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
@@ -29,8 +30,8 @@ from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, inverse_temperature,
-                       sinusoidal_positions, topk_desc)
+from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, halves_at,
+                       inverse_temperature, sinusoidal_positions, topk_desc)
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -90,6 +91,8 @@ class CudaEncoded:
 
 ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
 GRAPHS = ENV.cuda_graphs  # the decoder step as CUDA graphs (NLLB_CUDA_GRAPHS=0: launched one by one)
+STEP_HALVES = ENV.step_halves  # a step of many rows as two halves on two streams (NLLB_STEP_HALVES=1)
+GEMM_SMS = ENV.gemm_sms  # the SMs a halved step's GEMMs take, None all (NLLB_GEMM_SMS)
 FUSED_TOPK = 32  # the most candidates a row kernels.logits_topk lists; step_topk writes the logits for more
 FORCED_TOKENS = 32768  # tokens forced_log_probs feeds in one pass (its activations: ~1 GB at 600M)
 UNFUSED_LOGITS_BYTES = 1 << 30  # the logits step_topk writes for more at a time: bounded, whatever the beams
@@ -108,11 +111,12 @@ class Workspace:
     """The device arrays of a decoder step, reused from step to step, and the CUDA graphs captured over them.
 
     Arrays are made `capacity` rows long, one per (name, row shape, dtype), and handed out as views of their
-    first rows, so a step over b <= capacity rows finds its arrays where the previous step left them and
-    allocates nothing: a graph captured over them stays valid for as long as the workspace lives (it holds
-    them). Among them the rows' state (ROW_ARRAYS): each row's next token, its position, its slot's first cache
-    row, its table of cache rows, its source's cross K/V rows. Rows past a state's live ones are padding: they
-    read and write only the pool's scratch slot and cross row (KVPool)."""
+    first rows (or of the rows from `start` on: a halved step's second half), so a step over b <= capacity rows
+    finds its arrays where the previous step left them and allocates nothing: a graph captured over them stays
+    valid for as long as the workspace lives (it holds them). Among them the rows' state (ROW_ARRAYS): each row's
+    next token, its position, its slot's first cache row, its table of cache rows, its source's cross K/V rows.
+    Rows past a state's live ones are padding: they read and write only the pool's scratch slot and cross row
+    (KVPool)."""
 
     def __init__(self, capacity: int, pool: KVPool, pad: int):
         self.capacity, self.cache_rows, self.pad = capacity, pool.plan.cache_rows, pad
@@ -124,18 +128,19 @@ class Workspace:
         self.every = cp.arange(capacity, dtype=cp.int32)
         self.pad_rows(0, capacity)
 
-    def take(self, name: str, shape: tuple, dtype) -> cp.ndarray:
-        tail, dtype = tuple(shape[1:]), cp.dtype(dtype)
-        if shape[0] > self.capacity:
-            raise ValueError(f"{name}: {shape[0]} rows asked of a workspace of {self.capacity}")
+    def take(self, name: str, shape: tuple, dtype, start: int = 0) -> cp.ndarray:
+        """Rows start .. start + shape[0] - 1 of the array `name` of that row shape and dtype."""
+        tail, dtype, stop = tuple(shape[1:]), cp.dtype(dtype), start + shape[0]
+        if stop > self.capacity:
+            raise ValueError(f"{name}: rows up to {stop} asked of a workspace of {self.capacity}")
         key = (name, tail, dtype)
         a = self.arrays.get(key)
         if a is None:  # (inside a graph capture, engine.capture's allocator refuses)
             a = self.arrays[key] = cp.empty((self.capacity,) + tail, dtype=dtype)
-        return a[: shape[0]]
+        return a[start:stop]
 
-    def rows(self, name: str, n: int) -> cp.ndarray:
-        return self.take(name, (n, self.cache_rows) if name == "table" else (n,), cp.int32)
+    def rows(self, name: str, n: int, start: int = 0) -> cp.ndarray:
+        return self.take(name, (n, self.cache_rows) if name == "table" else (n,), cp.int32, start)
 
     def pad_rows(self, lo: int, hi: int) -> None:
         """Rows lo .. hi - 1 become padding."""
@@ -266,6 +271,11 @@ class CudaEngine:
         self.bound: CudaState | None = None  # the state whose steps use self.ws
         self.capture_stream = cp.cuda.Stream(non_blocking=True)
         self.use_graphs = GRAPHS
+        self.step_halves, self.gemm_sms = STEP_HALVES, GEMM_SMS
+        # a halved step's second stream, and the events that fork it from the step's stream and join it back:
+        # made once, as nothing may be made while a step is captured
+        self.side_stream = cp.cuda.Stream(non_blocking=True)
+        self.forked, self.joined = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
         self.capture_error: str | None = None  # why a step's graph capture failed, if one did
         c, w, d = config, weights, config.d_model
         # --compute-type float8 (float8, or matrices given as E4M3Matrix): every matrix held as FP8 codes and scales
@@ -471,10 +481,12 @@ class CudaEngine:
         states, in the workspace's "final"), "argmax" (the ids into the token array), "argmax log-prob" (the same,
         and their log-probs into "chosen logprob"), "topk" (k per row,
         into "topk logprob" and "topk ids") or "sample" (a token drawn per row into the token array, its value
-        into "sample value"; `sample`: the temperature, the token left out or None, whether "lse" is wanted). A state of the engine's own workspace runs the step as a CUDA
-        graph, one per (head, k, rows, cross kernel), captured the second time that key comes: the first runs
-        the same launches one by one, which also compiles them. A key whose capture the driver refuses runs one
-        by one from then on (capture_error says why): slower, the same results."""
+        into "sample value"; `sample`: the temperature, the token left out or None, whether "lse" is wanted). With
+        step_halves, a step over at least numerics.HALVES_MIN_ROWS rows runs in two halves (step_launches). A state
+        of the engine's own workspace runs the step as a CUDA graph, one per (head, k, rows, cross kernel, halves),
+        captured the second time that key comes: the first runs the same launches one by one, which also compiles
+        them. A key whose capture the driver refuses runs one by one from then on (capture_error says why): slower,
+        the same results."""
         if state.length >= self.pool.plan.cache_rows:
             raise PoolFull(f"step {state.length + 1} asked of slots of {self.pool.plan.cache_rows} positions")
         ws, n, b = state.ws, state.n, state.run_rows
@@ -482,11 +494,12 @@ class CudaEngine:
         if not (isinstance(tokens, cp.ndarray) and tokens.data.ptr == feed.data.ptr and len(tokens) == n):
             feed[:] = cp.asarray(tokens)
         cross_fast = state.cross_keys <= kernels.DECODE_MAX_KEYS
+        split = halves_at(b) if self.step_halves else 0
 
         def launches():
-            self.step_launches(ws, b, cross_fast, head, k, sample, state.together)
+            self.step_launches(ws, b, cross_fast, head, k, sample, state.together, split)
 
-        key = (head, k, b, cross_fast, sample, state.together)
+        key = (head, k, b, cross_fast, sample, state.together, split, self.gemm_sms if split else None)
         graph = ws.graphs.get(key) if state.graphs else None
         if graph is None and state.graphs and key in ws.seen and key not in ws.failed:
             try:
@@ -518,19 +531,48 @@ class CudaEngine:
             return stream.end_capture()
 
     def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int, sample: tuple = (),
-                      together: bool = False) -> None:
-        """The kernels of one decoder step over the workspace's first b rows (see run_step)."""
-        c, pool, d = self.config, self.pool, self.config.d_model
-        take, rows = ws.take, ws.rows
-        tokens, table = rows("tokens", b), rows("table", b)
-        pos, new_rows, self_len = rows("pos", b), rows("new_rows", b), rows("self_len", b)
-        cross_start, cross_len = rows("cross_start", b), rows("cross_len", b)
-        kernels.step_prep(tokens, rows("row_t", b), rows("slot_base", b), table, pos, new_rows, self_len, c.pad_token_id)
-        h = kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale, out=take("h", (b, d), F32))
-        a = take("a", (b, d), BF16)
-        qkv, q = take("qkv", (b, 3 * d), BF16), take("q", (b, d), BF16)
-        f = take("f", (b, c.decoder_ffn_dim), BF16)
-        every = ws.every[:b]
+                      together: bool = False, split: int = 0) -> None:
+        """The kernels of one decoder step over the workspace's first b rows (see run_step). split > 0: the rows
+        from `split` on go through the layers and the output projection as a second half, on side_stream, beside
+        the first half on the step's stream, the GEMMs of both on at most gemm_sms SMs (kernels.gemm_sms), so that
+        one half's attention (bound by memory) runs beside the other's GEMMs (bound by the tensor cores). Each half
+        works in its own rows of the step's arrays (step_rows): the two share no array they write, and each row's
+        results are the same bits as in a step in one piece."""
+        c, d, rows = self.config, self.config.d_model, ws.rows
+        tokens, pos = rows("tokens", b), rows("pos", b)
+        kernels.step_prep(tokens, rows("row_t", b), rows("slot_base", b), rows("table", b), pos, rows("new_rows", b),
+                          rows("self_len", b), c.pad_token_id)
+        kernels.embed(tokens, pos, self.decoder_table, self.positions, c.embed_scale, out=ws.take("h", (b, d), F32))
+        if not split:
+            self.step_rows(ws, 0, b, cross_fast, head, k, sample, together)
+            return
+        # the second stream waits for the step's (a graph capture follows it there) and the step's waits for it
+        # before the step ends, a launch failing or not: a capture must end with its streams joined
+        stream = cp.cuda.get_current_stream()
+        self.forked.record(stream)
+        self.side_stream.wait_event(self.forked)
+        try:
+            with kernels.gemm_sms(self.gemm_sms):
+                self.step_rows(ws, 0, split, cross_fast, head, k, sample, together)
+                with self.side_stream:
+                    self.step_rows(ws, split, b, cross_fast, head, k, sample, together)
+        finally:
+            self.joined.record(self.side_stream)
+            stream.wait_event(self.joined)
+
+    def step_rows(self, ws: Workspace, lo: int, hi: int, cross_fast: bool, head: str, k: int, sample: tuple,
+                  together: bool) -> None:
+        """A decoder step's layers and output projection over its rows lo .. hi - 1, their embeddings in the
+        workspace's "h" (step_launches): every array, the scratch of the launchers included (`take`), is rows
+        lo .. hi - 1 of the step's own, so each row's results land where the search reads them."""
+        c, pool, d, m = self.config, self.pool, self.config.d_model, hi - lo
+        take = functools.partial(ws.take, start=lo)
+        tokens, table, new_rows = ws.rows("tokens", m, lo), ws.rows("table", m, lo), ws.rows("new_rows", m, lo)
+        self_len, cross_start, cross_len = (ws.rows(name, m, lo) for name in ("self_len", "cross_start", "cross_len"))
+        h, a = take("h", (m, d), F32), take("a", (m, d), BF16)
+        qkv, q = take("qkv", (m, 3 * d), BF16), take("q", (m, d), BF16)
+        f = take("f", (m, c.decoder_ffn_dim), BF16)
+        every = ws.every[:m]  # each row's own in qkv, for the copies into the pool
         self_keys = pool.plan.cache_rows  # picks the kernel; each row's own count is in self_len
         cross_keys = kernels.DECODE_MAX_KEYS if cross_fast else kernels.DECODE_MAX_KEYS + 1
 
@@ -545,16 +587,16 @@ class CudaEngine:
                                      c.decoder_attention_heads, out=a, max_keys=cross_keys, together=together)
 
         self.decoder_layers(h, attend_self, attend_source, take, qkv=qkv, q=q, f=f)
-        final = kernels.layernorm(h, *self.dec_ln, out=take("final", (b, d), BF16))
+        final = kernels.layernorm(h, *self.dec_ln, out=take("final", (m, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
         elif head == "argmax log-prob":  # the same ids, and their log-probs from the same pass
-            kernels.logits_argmax(final, self.lm_head, ids=tokens, logprob=take("chosen logprob", (b,), F32), take=take)
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, logprob=take("chosen logprob", (m,), F32), take=take)
         elif head == "sample":  # a draw per row, by the Gumbel-max trick, with the rows' stream keys at this step
             temperature, banned, lse = sample
-            noise = take("noise", (b,), cp.uint32)
-            kernels.sample_keys(take("sample key", (b,), cp.uint32), self_len, noise)
-            kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("sample value", (b,), F32), take=take,
+            noise = take("noise", (m,), cp.uint32)
+            kernels.sample_keys(take("sample key", (m,), cp.uint32), self_len, noise)
+            kernels.logits_argmax(final, self.lm_head, ids=tokens, values=take("sample value", (m,), F32), take=take,
                                   noise=noise, temperature=temperature, banned=banned)
             if lse:
                 kernels.logits_lse(final, self.lm_head, take=take)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -164,6 +166,29 @@ def multiprocessors() -> int:
     return cp.cuda.Device().attributes["MultiProcessorCount"]
 
 
+_gemm_limit = threading.local()  # gemm_sms's limit, for the launches of the thread that set it
+
+
+@contextmanager
+def gemm_sms(limit: int | None):
+    """The wgmma GEMMs launched inside spread their tiles over at most `limit` SMs (None: every SM): their
+    persistent grids, a block an SM, then leave the other SMs to kernels of another stream (the GPU engine's
+    step halves: one half's attention beside the other's GEMMs). Each output's sum runs in the same order
+    whatever the grid, so the results are the same bits."""
+    before = getattr(_gemm_limit, "sms", None)
+    _gemm_limit.sms = limit
+    try:
+        yield
+    finally:
+        _gemm_limit.sms = before
+
+
+def gemm_multiprocessors() -> int:
+    """The SMs a wgmma GEMM launched now spreads its tiles over (gemm_sms)."""
+    limit = getattr(_gemm_limit, "sms", None)
+    return min(limit, multiprocessors()) if limit else multiprocessors()
+
+
 # The wgmma tiles' cost a wave: a fixed part in microseconds (loads in flight, epilogue) and a rate in flops per
 # microsecond per SM (with a bias, the engine's stores), fitted to every tile at every decode GEMM (64 to 4,096
 # rows) and the encoder's on the H200 (docs/PERFORMANCE.md, "GEMM tiles"). A larger tile computes faster once there
@@ -174,8 +199,8 @@ TILE_COSTS = {"wg256": (4.34, 6.18e6), "wg192": (3.70, 6.22e6), "wg128k2": (3.05
 
 
 @lru_cache(maxsize=4096)
-def gemm_tile(m: int, n: int, k: int = 1024) -> str:
-    """The default tile for an (m x k) @ (k x n) product.
+def gemm_tile(m: int, n: int, k: int = 1024, sms: int | None = None) -> str:
+    """The default tile for an (m x k) @ (k x n) product, on `sms` SMs (None: every SM).
 
     On Hopper, the wgmma tile with the least time by a count of waves: ceil(tiles / SMs) waves, each costing
     TILE_COSTS's fixed part plus the tile's flops at its rate. Fitted to and checked against the H200's times
@@ -185,7 +210,7 @@ def gemm_tile(m: int, n: int, k: int = 1024) -> str:
     ones (measured on the H200: large is 1.05-1.4x small at 1,024 rows x 3,072-4,096 columns, small is 1.3x
     large at 256 rows x 1,024 columns)."""
     if wgmma_available():
-        sms = multiprocessors()
+        sms = sms or multiprocessors()
 
         def time(tile: str) -> float:
             bm, bn = tile_rows(tile), GEMM_TILES[tile]["BN"]
@@ -371,7 +396,7 @@ def gemm_launch(name: str, a: cp.ndarray, w: cp.ndarray, *, epilogue: int, bias=
                           **{**tile, "EPILOGUE_KIND": epilogue, "PDL": 1, **defines})
         m_fastest = m <= n  # consecutive tiles share the W tile; A, the smaller operand, stays in L2
         tiles = -(-m // bm) * -(-n // bn)
-        grid = (min(tiles, multiprocessors()),)  # persistent: a block an SM walks the tiles
+        grid = (min(tiles, gemm_multiprocessors()),)  # persistent: a block an SM walks the tiles
         args = (map_a, tensor_map(w, bn, steps), out_map) + tail + (cp.int32(1 if m_fastest else 0),) + skips + \
             (cp.int32(1 if w_early else 0), ptr(noise)) + ((a_scale, w_scale) if fp8 else ())
     if smem + (SMEM_STATIC if kind == "sm90" else 0) > SMEM_LIMIT:
@@ -412,8 +437,8 @@ def stored_product(name: str, a: cp.ndarray, w: cp.ndarray, tile_k: int, bias, r
     check(out.dtype in (BF16, F32), f"{name} writes bf16 or f32")
     check_array("out", out, out.dtype, (m, n))
     if m:
-        gemm_launch(tile or gemm_tile(m, n, tile_k), a, w, epilogue=EPILOGUE_STORE, bias=bias, residual=residual,
-                    out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights, **scales)
+        gemm_launch(tile or gemm_tile(m, n, tile_k, gemm_multiprocessors()), a, w, epilogue=EPILOGUE_STORE, bias=bias,
+                    residual=residual, out=out, relu=relu, out_f32=out.dtype == F32, w_early=weights, **scales)
     return out
 
 

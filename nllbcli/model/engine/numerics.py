@@ -1,5 +1,5 @@
 """NumPy helpers that both engines and the search share: the position table, log-softmax, a sorted top-k, forced
-decoding's packed layout.
+decoding's packed layout, where a decoder step splits in halves.
 
 They sit below engine/reference.py, model/engine/cuda.py and search.py, and import none of them.
 """
@@ -92,6 +92,20 @@ def forced_passes(given: np.ndarray, lengths: np.ndarray, langs: np.ndarray, sta
         pos = np.where(fed == pad_id, pad_id, p + pad_id + 1)
         scored = np.flatnonzero(p >= 1)
         yield ForcedPass(rows, row_of, fed, pos, offsets[row_of], p + 1, scored, p[scored] - 1)
+
+
+# A decoder step over many rows in two halves, one on each of two streams (the GPU engine's step_halves): one
+# half's attention, bound by memory, beside the other's GEMMs, bound by the tensor cores
+HALVES_MIN_ROWS = 1024  # the fewest rows a step splits: fewer make halves of few GEMM tiles (4 row tiles at 1,024)
+HALF_ROWS = 128  # each half a whole number of the step's largest GEMM tile rows (kernels.tile_rows)
+
+
+def halves_at(b: int) -> int:
+    """The first row of a step's second half, for a step over b rows split in two: a multiple of HALF_ROWS, the
+    first half the larger by HALF_ROWS where b holds an odd number of them; 0 (no split) below HALVES_MIN_ROWS
+    rows, or where the first half would take every row."""
+    at = -(-b // (2 * HALF_ROWS)) * HALF_ROWS
+    return at if b >= HALVES_MIN_ROWS and at < b else 0
 
 
 def to_host(a) -> np.ndarray:
