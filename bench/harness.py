@@ -9,8 +9,9 @@ shape with --preset (nllbcli/model/shapes.py: the NLLB-200 sizes 600M, 1.3B and 
 same shape for both engines; 4,096 sentences of 10 to 60 source tokens, sorted by length; 40 generated
 tokens each (the target-language token included, as transformers' max_new_tokens counts it: transformers
 gets min_new_tokens = max_new_tokens = 40, and </s> is moved to the last id of the vocabulary for nllbcli,
-one random weights never pick, so both generate exactly 40); every batch size is warmed up with one batch
-before it is timed. Tokens/s counts generated tokens; peak memory is the largest that PyTorch's or CuPy's
+one random weights never pick, so both generate exactly 40); each run is warmed up before it is timed:
+transformers with one batch, nllbcli with every batch once (its decoder steps run as CUDA graphs, one for each
+row count a step meets, made as each first comes: a long job's steady state). Tokens/s counts generated tokens; peak memory is the largest that PyTorch's or CuPy's
 allocator held during that configuration (ours: the weights, the KV pool sized for the job's largest batch, and
 the arrays of a batch).
 
@@ -165,7 +166,9 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
         if mode == "real":
             real.install(real.held_out_ratios())
         pool = cp.get_default_memory_pool()
-        for part, part_langs in parts(0, batch):  # warm-up at this size
+        # warm-up: every batch once, so that the steps' CUDA graphs of every row count the batches meet are made,
+        # as in a long job (with real lengths a batch thins step by step, through the row counts of many graphs)
+        for part, part_langs in (p for i in range(0, len(run_sources), batch) for p in parts(i, i + batch)):
             generate_ids(engine, part, part_langs, config, options)
         cp.cuda.Device().synchronize()
         pool_peak = pool.total_bytes()

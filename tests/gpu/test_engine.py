@@ -118,11 +118,33 @@ def test_cuda_graphs_change_no_translation(beam_size):
     eager = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
     assert tr.engine.ws is None
     tr.engine.use_graphs = True
-    first = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)  # each bucket's first step runs eagerly
+    first = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)  # each bucket's graph made as it comes
     graphs = dict(tr.engine.ws.graphs)
     again = tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)  # now from the graphs
     assert len(graphs) >= 2 and len(tr.engine.ws.graphs) >= len(graphs)
     assert first == again == eager
+
+
+def test_a_row_count_s_step_is_captured_the_first_time_it_comes(monkeypatch):
+    """As sentences end, a batch meets many row counts, each a graph of its own: each is captured when it first
+    comes, not launched kernel by kernel first (only where that capture would compile a kernel or make an array)."""
+    texts = (HELDOUT / "eng_Latn.txt").read_text(encoding="utf-8").splitlines()
+    options = DecodeOptions(beam_size=4, max_length=64)
+    tr = load_translator(str(SAMPLE), "cuda")
+    tr.translate_sentences(texts[:8], "eng_Latn", "fra_Latn", options)  # the kernels compiled, the arrays made
+    eager = []
+    launches = tr.engine.step_launches
+
+    def counted(*args, **kwargs):
+        if not cp.cuda.get_current_stream().is_capturing():
+            eager.append(args[1])
+        return launches(*args, **kwargs)
+
+    monkeypatch.setattr(tr.engine, "step_launches", counted)
+    before = len(tr.engine.ws.graphs)
+    tr.translate_sentences(texts, "eng_Latn", "fra_Latn", options)
+    made = len(tr.engine.ws.graphs) - before
+    assert made >= 3 and len(eager) < made, (made, eager)
 
 
 def test_a_graph_capture_that_allocates_fails():

@@ -123,7 +123,7 @@ class Workspace:
         self.scratch_row, self.scratch_cross = pool.scratch_slot * pool.plan.cache_rows, pool.scratch_cross
         self.arrays: dict[tuple, cp.ndarray] = {}
         self.graphs: dict[tuple, cp.cuda.graph.Graph] = {}
-        self.seen: set[tuple] = set()  # graph keys run once eagerly: captured on their second use
+        self.seen: set[tuple] = set()  # graph keys run eagerly once, their first capture having failed
         self.failed: set[tuple] = set()  # graph keys whose capture the driver refused: launched one by one
         self.every = cp.arange(capacity, dtype=cp.int32)
         self.pad_rows(0, capacity)
@@ -484,9 +484,10 @@ class CudaEngine:
         into "sample value"; `sample`: the temperature, the token left out or None, whether "lse" is wanted). With
         step_halves, a step over at least numerics.HALVES_MIN_ROWS rows runs in two halves (step_launches). A state
         of the engine's own workspace runs the step as a CUDA graph, one per (head, k, rows, cross kernel, halves),
-        captured the second time that key comes: the first runs the same launches one by one, which also compiles
-        them. A key whose capture the driver refuses runs one by one from then on (capture_error says why): slower,
-        the same results."""
+        captured the first time that key comes (as rows end, a batch meets many row counts); where that capture
+        needs a kernel compiled or an array made, which a capture may not, the step's launches run one by one first,
+        and the capture is made the next time. A key whose capture the driver refuses twice runs one by one from
+        then on (capture_error says why): slower, the same results."""
         if state.length >= self.pool.plan.cache_rows:
             raise PoolFull(f"step {state.length + 1} asked of slots of {self.pool.plan.cache_rows} positions")
         ws, n, b = state.ws, state.n, state.run_rows
@@ -501,12 +502,16 @@ class CudaEngine:
 
         key = (head, k, b, cross_fast, sample, state.together, split, self.gemm_sms if split else None)
         graph = ws.graphs.get(key) if state.graphs else None
-        if graph is None and state.graphs and key in ws.seen and key not in ws.failed:
+        if graph is None and state.graphs and key not in ws.failed:
             try:
                 graph = ws.graphs[key] = self.capture(launches)
-            except cp.cuda.runtime.CUDARuntimeError as error:  # a GPU or driver that cannot capture this step:
-                ws.failed.add(key)  # the same launches one by one from now on (slower, the same results)
-                self.capture_error = f"CUDA graph capture failed ({error}): decoder steps launch kernel by kernel"
+            except cp.cuda.runtime.CUDARuntimeError as error:
+                if key in ws.seen:  # a GPU or driver that cannot capture this step: the same launches one by one
+                    ws.failed.add(key)  # from now on (slower, the same results)
+                    self.capture_error = f"CUDA graph capture failed ({error}): decoder steps launch kernel by kernel"
+            except Exception:  # a first use that compiles a kernel or makes an array: once launched, captured
+                if key in ws.seen:
+                    raise
         if graph is not None:
             graph.launch(cp.cuda.get_current_stream())
         else:
