@@ -18,8 +18,8 @@ the arrays of a batch).
 A run of ours may add a decoding control, BATCHxBEAMS:VARIANT (VARIANTS: scores, hyp4 for 4 hypotheses,
 sample, sample-scores, topk10, topk50, topp0.9; tgt3: each source translated into three target languages in one batch,
 as --tgt a,b,c does, its encoder run once for the three, so tokens/s above the plain search's is the encoder
-shared; fp8: --compute-type float8, the same weights in FP8 E4M3), to time it against the plain search in the
-same run:
+shared; fp8: --compute-type float8, the same weights in FP8 E4M3; kv8: --kv-cache-type float8, the K/V cache in
+FP8 E4M3; fp8kv8: both), to time it against the plain search in the same run:
 
     python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
 
@@ -71,7 +71,10 @@ VARIANTS = {
     "topp0.9": {"sampling_topk": 0, "sampling_topp": 0.9, "seed": 1},
     "tgt3": {},  # each source into three target languages in one batch (--tgt a,b,c): the encoder once for them
     "fp8": {},  # --compute-type float8: the same model's matrices in FP8 E4M3 (quantized on the GPU as uploaded)
+    "kv8": {},  # --kv-cache-type float8: the decoder's K/V cache in FP8 E4M3 with a scale a (row, head)
+    "fp8kv8": {},  # both
 }
+ENGINES = {"fp8": (True, False), "kv8": (False, True), "fp8kv8": (True, True)}  # (FP8 products, FP8 cache) a variant's
 COPIES = {"tgt3": 3}  # a variant's sentences per source
 
 
@@ -136,16 +139,19 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
     # transformers is made to
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     weights, memory = normal_weights(config), cp.get_default_memory_pool()
-    engines = {False: CudaEngine(config, weights)}
+    plain = (False, False)
+    engines = {plain: CudaEngine(config, weights)}
     memory.free_all_blocks()  # (the uploads' float32 copies, cached)
-    held = {False: memory.total_bytes()}  # each engine's weights
-    if any(variant == "fp8" for _, _, variant in runs):
-        engines[True] = CudaEngine(config, weights, float8=True)
+    held = {plain: memory.total_bytes()}  # each engine's weights
+    for kind in dict.fromkeys(ENGINES[variant] for _, _, variant in runs if variant in ENGINES):
+        before = memory.total_bytes()
+        engines[kind] = CudaEngine(config, weights, float8=kind[0], kv_float8=kind[1])
         memory.free_all_blocks()
-        held[True] = memory.total_bytes() - held[False]
+        held[kind] = memory.total_bytes() - before
     del weights
     for (batch, beams, variant), mode in ((run, mode) for run in runs for mode in modes):
-        engine = engines[variant == "fp8"]
+        kind = ENGINES.get(variant, plain)
+        engine = engines[kind]
         for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
             each.drop_pool()
         options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS if mode == "forced" else real.CAP,
@@ -185,8 +191,8 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
         tokens = sum(made)
         results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant,
                         "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens,
-                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[variant == "fp8"]) / 2**30,
-                        "weights_gib": held[variant == "fp8"] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
+                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[kind]) / 2**30,
+                        "weights_gib": held[kind] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
         print(json.dumps(results[-1]), flush=True)
     engines.clear()
     engine = each = None  # no reference left: transformers runs next, in the memory the engines held

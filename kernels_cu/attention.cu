@@ -13,6 +13,7 @@
 // at most MAX_KEYS keys (the scores live in shared memory); E <= 256.
 // Launch: grid (rows, H), block 128 threads.
 #include "common.cuh"
+#include <cuda_fp8.h>
 
 #define MAX_KEYS 2048
 
@@ -63,6 +64,74 @@ extern "C" __global__ void attention_kernel(const __nv_bfloat16* __restrict__ q,
         for (int j = 0; j < n; ++j) acc += scores[j] * bf16_to_float(vh[KEY_ROW(j) + e]);
         out[(size_t)row * H * E + h * E + e] = float_to_bf16(acc * inv);
     }
+}
+
+// The value of an E4M3 code, and of two packed in 16 bits (the lower byte first): every E4M3 value is a half
+// exactly, and the conversion is one instruction on sm_89 and later.
+__device__ __forceinline__ float e4m3_to_float(unsigned char code) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(code, __NV_E4M3)));
+}
+
+__device__ __forceinline__ float2 e4m3x2_to_float2(unsigned short codes) {
+    return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3)));
+}
+
+// attention_e4m3_kernel: attention_kernel over an FP8 K/V cache (--kv-cache-type float8): key j's head h is the E
+// E4M3 codes k[row * ldk + h*E ..] with the scale k_scales[row * lds + h] (numerics.quantize_heads), row as
+// attention_kernel finds it (start or table), v alike with v_scales. Its score is k's scale times the dot product
+// of q with the codes' values, all in f32; each weight of the softmax is taken times v's scale before the values
+// are summed. reference.attention_e4m3 models it. k, v (rows, ldk) uint8; k_scales, v_scales (rows, lds) f32.
+// Launch: grid (rows, H), block 128 threads.
+extern "C" __global__ void attention_e4m3_kernel(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                 const unsigned char* __restrict__ k, const unsigned char* __restrict__ v,
+                                                 int ldk, const float* __restrict__ k_scales,
+                                                 const float* __restrict__ v_scales, int lds,
+                                                 const int* __restrict__ start, const int* __restrict__ length,
+                                                 const int* __restrict__ table, int table_stride,
+                                                 __nv_bfloat16* __restrict__ out, int E, float scale) {
+    let_dependents_launch();
+    __shared__ float scores[MAX_KEYS];
+    __shared__ float qs[256];
+    __shared__ float scratch[32];
+    __shared__ float maxes[32];
+    const int row = blockIdx.x, h = blockIdx.y, H = gridDim.y;
+    const int n = length[row];
+    const int* rows = table ? table + (size_t)row * table_stride : nullptr;
+    const int first = table ? 0 : start[row];
+    const unsigned char* kh = k + h * E;
+    const unsigned char* vh = v + h * E;
+#define CODE_ROW(j) ((size_t)(rows ? rows[j] : first + (j)))
+    for (int e = threadIdx.x; e < E; e += blockDim.x) qs[e] = bf16_to_float(q[(size_t)row * ldq + h * E + e]);
+    __syncthreads();
+
+    float local_max = NEG_INF;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const size_t at = CODE_ROW(j);
+        const unsigned char* key = kh + at * ldk;
+        float dot = 0.f;
+        for (int e = 0; e < E; ++e) dot += qs[e] * e4m3_to_float(key[e]);
+        scores[j] = dot * k_scales[at * lds + h] * scale;
+        local_max = fmaxf(local_max, scores[j]);
+    }
+    local_max = warp_max(local_max);
+    if ((threadIdx.x & 31) == 0) maxes[threadIdx.x >> 5] = local_max;
+    __syncthreads();
+    float m = NEG_INF;
+    for (int w = 0; w < (int)(blockDim.x >> 5); ++w) m = fmaxf(m, maxes[w]);
+
+    float local_sum = 0.f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float p = __expf(scores[j] - m);
+        scores[j] = p * v_scales[CODE_ROW(j) * lds + h];  // the weight of the codes' values
+        local_sum += p;
+    }
+    const float inv = 1.f / block_sum(local_sum, scratch);  // block_sum syncs: scores are all written
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        float acc = 0.f;
+        for (int j = 0; j < n; ++j) acc += scores[j] * e4m3_to_float(vh[CODE_ROW(j) * ldk + e]);
+        out[(size_t)row * H * E + h * E + e] = float_to_bf16(acc * inv);
+    }
+#undef CODE_ROW
 }
 
 // A warp's scores sc[0..n-1], whose largest is m, become exp(sc - m); returns 1 / their sum (every lane).
@@ -529,3 +598,176 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     }
 DECODE_ENTRY(64, DECODE_MIN_BLOCKS)
 DECODE_ENTRY(128, 1)  // not capped: at 48 registers it spills (head size 128, unmeasured)
+
+
+// attention_decode_e4m3_64_kernel, _128_: attention_decode over an FP8 K/V cache (--kv-cache-type float8), with
+// attention_e4m3_kernel's numbers: the same warps, lanes and order of keys, each 8-lane group loading its E/8 codes
+// of a key row (8 or 16 bytes), each lane looking up the scale of the key whose cache row it looked up and passing
+// it around with the row. A score is the scale times the dot product of q with the codes' values; a value row is
+// summed with its weight times its scale. k, v (rows, ldk) uint8, k_scales, v_scales (rows, lds) f32; rows of k and v
+// 8-byte aligned (E 64) or 16-byte (E 128).
+// Launch: grid (ceil(rows * H / 4)), block 128 threads (4 warps).
+#ifndef DECODE_E4M3_MIN_BLOCKS
+#define DECODE_E4M3_MIN_BLOCKS 10  // head size 64: as attention_decode_64_kernel's
+#endif
+
+// Keys 0 .. n-1 of a warp's query, eight a round, as walk_key_rows takes them, over E4M3 rows: each lane's VEC
+// codes of the key's row (VEC / 8 loads of 8 bytes), and the key's scale. visit(ja, has_a, raw_a, scale_a, jb,
+// has_b, raw_b, scale_b) on every lane, each round.
+template <int VEC, typename Visit>
+__device__ __forceinline__ void walk_code_rows(const unsigned char* __restrict__ base, int ldk, size_t column,
+                                               const float* __restrict__ scales, int lds, int h, int n,
+                                               const int* __restrict__ rows_of, int first, int lane, int group,
+                                               Visit visit) {
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        const int span = min(32, n - c0);
+        const int mine = lane < span ? (rows_of ? rows_of[c0 + lane] : first + c0 + lane) : 0;  // cache rows
+        const float my_scale = lane < span ? scales[(size_t)mine * lds + h] : 0.f;
+        for (int j0 = 0; j0 < span; j0 += 8) {
+            const int ja = j0 + group, jb = ja + 4;
+            const size_t ra = __shfl_sync(0xffffffff, mine, ja), rb = __shfl_sync(0xffffffff, mine, jb);
+            const float sa = __shfl_sync(0xffffffff, my_scale, ja), sb = __shfl_sync(0xffffffff, my_scale, jb);
+            uint2 rawa[VEC / 8], rawb[VEC / 8];
+#pragma unroll
+            for (int c = 0; c < VEC / 8; ++c) {
+                if (ja < span) rawa[c] = *reinterpret_cast<const uint2*>(base + ra * ldk + column + c * 8);
+                if (jb < span) rawb[c] = *reinterpret_cast<const uint2*>(base + rb * ldk + column + c * 8);
+            }
+            visit(c0 + ja, ja < span, rawa, sa, c0 + jb, jb < span, rawb, sb);
+        }
+    }
+}
+
+// A lane's VEC codes as floats.
+template <int VEC>
+__device__ __forceinline__ void code_values(const uint2 (&raw)[VEC / 8], float (&out)[VEC]) {
+    const unsigned short* pairs = reinterpret_cast<const unsigned short*>(raw);
+#pragma unroll
+    for (int x = 0; x < VEC / 2; ++x) {
+        const float2 f = e4m3x2_to_float2(pairs[x]);
+        out[2 * x] = f.x;
+        out[2 * x + 1] = f.y;
+    }
+}
+
+template <int E>
+__device__ __forceinline__ void attention_decode_e4m3(const __nv_bfloat16* __restrict__ q, int ldq,
+                                                      const unsigned char* __restrict__ k,
+                                                      const unsigned char* __restrict__ v, int ldk,
+                                                      const float* __restrict__ k_scales,
+                                                      const float* __restrict__ v_scales, int lds,
+                                                      const int* __restrict__ start, const int* __restrict__ length,
+                                                      const int* __restrict__ table, int table_stride,
+                                                      __nv_bfloat16* __restrict__ out, int rows, int H, float scale,
+                                                      int together) {
+    __shared__ float scores[4][DECODE_MAX_KEYS];
+    constexpr int VEC = E / 8;  // codes per lane of a key or value row
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int row, h;
+    if (together) {  // a block: 4 consecutive rows, one head (rows that read the same keys share them in L1)
+        row = blockIdx.x / H * 4 + warp, h = blockIdx.x % H;
+        if (row >= rows) return;
+    } else {  // a block: 4 consecutive (row, head) pairs
+        const int pair = blockIdx.x * 4 + warp;
+        if (pair >= rows * H) return;
+        row = pair / H, h = pair - row * H;
+    }
+    const int n = length[row];
+    const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
+    const int first = table ? 0 : start[row];
+    const int group = lane >> 3, sub = lane & 7;
+    const size_t column = h * E + sub * VEC;
+    float qv[VEC];
+    {
+        uint4 raw[VEC / 8];
+        load_part<VEC>(q + (size_t)row * ldq + column, raw);
+#pragma unroll
+        for (int x = 0; x < VEC; ++x) qv[x] = part_value<VEC>(raw, x);
+    }
+    float* sc = scores[warp];
+    float m = NEG_INF;
+    using Raw = uint2[VEC / 8];
+    walk_code_rows<VEC>(k, ldk, column, k_scales, lds, h, n, rows_of, first, lane, group,
+                        [&](int ja, bool has_a, const Raw& rawa, float sa, int jb, bool has_b, const Raw& rawb, float sb) {
+        float da = 0.f, db = 0.f;
+        float values[VEC];
+        if (has_a) {
+            code_values<VEC>(rawa, values);
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) da += qv[x] * values[x];
+        }
+        if (has_b) {
+            code_values<VEC>(rawb, values);
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) db += qv[x] * values[x];
+        }
+#pragma unroll
+        for (int offset = 1; offset < 8; offset <<= 1) {
+            da += __shfl_xor_sync(0xffffffff, da, offset);
+            db += __shfl_xor_sync(0xffffffff, db, offset);
+        }
+        da = da * sa * scale, db = db * sb * scale;
+        if (has_a) {
+            if (sub == 0) sc[ja] = da;
+            m = fmaxf(m, da);
+        }
+        if (has_b) {
+            if (sub == 0) sc[jb] = db;
+            m = fmaxf(m, db);
+        }
+    });
+    m = warp_max(m);
+    __syncwarp();
+    const float inv = warp_softmax(sc, n, m, lane);
+    __syncwarp();
+    float acc[VEC];
+#pragma unroll
+    for (int x = 0; x < VEC; ++x) acc[x] = 0.f;
+    walk_code_rows<VEC>(v, ldk, column, v_scales, lds, h, n, rows_of, first, lane, group,
+                        [&](int ja, bool has_a, const Raw& rawa, float sa, int jb, bool has_b, const Raw& rawb, float sb) {
+        float values[VEC];
+        if (has_a) {
+            const float p = sc[ja] * sa;
+            code_values<VEC>(rawa, values);
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) acc[x] += p * values[x];
+        }
+        if (has_b) {
+            const float p = sc[jb] * sb;
+            code_values<VEC>(rawb, values);
+#pragma unroll
+            for (int x = 0; x < VEC; ++x) acc[x] += p * values[x];
+        }
+    });
+#pragma unroll
+    for (int x = 0; x < VEC; ++x) {
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 16);
+    }
+    if (group == 0) {
+        __nv_bfloat16* dst = out + (size_t)row * H * E + column;
+#pragma unroll
+        for (int c = 0; c < VEC / 8; ++c) {
+            uint4 packed;
+            __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+            for (int x = 0; x < 4; ++x)
+                pk[x] = __floats2bfloat162_rn(acc[c * 8 + 2 * x] * inv, acc[c * 8 + 2 * x + 1] * inv);
+            *reinterpret_cast<uint4*>(dst + c * 8) = packed;
+        }
+    }
+}
+
+#define DECODE_E4M3_ENTRY(E, MIN_BLOCKS)                                                                         \
+    extern "C" __global__ void __launch_bounds__(128, MIN_BLOCKS) attention_decode_e4m3_##E##_kernel(             \
+        const __nv_bfloat16* __restrict__ q, int ldq, const unsigned char* __restrict__ k,                        \
+        const unsigned char* __restrict__ v, int ldk, const float* __restrict__ k_scales,                         \
+        const float* __restrict__ v_scales, int lds, const int* __restrict__ start, const int* __restrict__ length, \
+        const int* __restrict__ table, int table_stride, __nv_bfloat16* __restrict__ out, int rows, int H,        \
+        float scale, int together) {                                                                             \
+        let_dependents_launch();                                                                                 \
+        attention_decode_e4m3<E>(q, ldq, k, v, ldk, k_scales, v_scales, lds, start, length, table, table_stride,  \
+                                 out, rows, H, scale, together);                                                 \
+    }
+DECODE_E4M3_ENTRY(64, DECODE_E4M3_MIN_BLOCKS)
+DECODE_E4M3_ENTRY(128, 1)

@@ -74,22 +74,26 @@ class Result:
 
 
 def load(model: str | ModelOptions | None = None, device: str = "auto", adapter: str | None = None,
-         compute_type: str = "auto", threads: int | None = None) -> Translator:
+         compute_type: str = "auto", threads: int | None = None, kv_cache_type: str = "bfloat16") -> Translator:
     """A model directory (or a hub id in the local Hugging Face cache; None: $NLLB_MODEL, else the 600M model)
     on a device (auto, cpu, cuda, cuda:N), with a PEFT LoRA adapter merged where given; compute_type auto,
     bfloat16 or float8 (FP8 matrix products on a Hopper GPU), or int8 on the CPU (load_translator). `model` may be the command's
-    record of these, a ModelOptions, in place of the four. `threads`: the BLAS threads the CPU engine computes
-    with during each call, as --threads (None: $NLLB_THREADS, else half the cores, the command's default)."""
+    record of these, a ModelOptions, in place of the four (and kv_cache_type). `threads`: the BLAS threads the CPU
+    engine computes with during each call, as --threads (None: $NLLB_THREADS, else half the cores, the command's
+    default). kv_cache_type: the decoder's K/V cache, bfloat16 or float8 (E4M3 with a scale a head), as
+    --kv-cache-type."""
     if isinstance(model, ModelOptions):
-        model, device, adapter, compute_type = model.model, model.device, model.adapter, model.compute_type
+        model, device, adapter, compute_type, kv_cache_type = (model.model, model.device, model.adapter,
+                                                               model.compute_type, model.kv_cache_type)
     for name, value in (("model", model), ("adapter", adapter)):
         check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
-    for name, value in (("device", device), ("compute_type", compute_type)):
+    for name, value in (("device", device), ("compute_type", compute_type), ("kv_cache_type", kv_cache_type)):
         check_type(name, value, str, "a str")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or not 1 <= threads <= MAX_THREADS):
         raise TypeError(f"threads must be a number of threads, 1 to {MAX_THREADS:,}, or None, not {described(threads)}.")
-    translator = load_translator(str(model or ENV.model or DEFAULT_MODEL), device, adapter and str(adapter), compute_type)
+    translator = load_translator(str(model or ENV.model or DEFAULT_MODEL), device, adapter and str(adapter), compute_type,
+                                 kv_cache_type)
     translator.threads = threads or ENV.threads or cpu_threads()
     return translator
 

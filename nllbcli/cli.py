@@ -18,7 +18,7 @@ from .errors import NllbError
 from .io import FORMATS, format_of, input_format_of, known_extension
 from .model.langid import AUTO, load_detector, resolve_source
 from .model.langs import resolve_lang, resolve_targets
-from .options import (COMPUTE_TYPES, FACTOR_RANGE, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
+from .options import (COMPUTE_TYPES, FACTOR_RANGE, KV_CACHE_TYPES, GPU_BATCHING, LENGTH_PENALTY_LIMIT, MAX_BATCH, MAX_BEAMS, MAX_LENGTH,
                       MAX_SEED, MAX_THREADS, MAX_TOPK, ON_FLAG, ROW_FLAGS, SAMPLING_TOPP_TOKENS, TARGETS_AS, TEXT_LAYOUTS,
                       BatchOptions,
                       DecodeOptions, Job, ModelOptions, cpu_threads)
@@ -79,11 +79,12 @@ class Between(click.FloatRange):
         return number
 
 
-def load_model(model: str, device: str, adapter: str | None = None, compute_type: str = "auto"):
+def load_model(model: str, device: str, adapter: str | None = None, compute_type: str = "auto",
+               kv_cache_type: str = "bfloat16"):
     """Load a Translator; imported here so `nllb --help` does not load the model code."""
     from .model.translator import load_translator
 
-    return load_translator(model, device, adapter, compute_type)
+    return load_translator(model, device, adapter, compute_type, kv_cache_type)
 
 
 def load_tokenizer(model: str):
@@ -185,8 +186,8 @@ HELP_GROUPS = {  # `nllb translate --help`'s sections, in order, and the options
                  "token_scores", "max_input_length", "no_split", "split", "protect"),
     "Row flags (docs/FLAGS.md)": ("flags", "min_score", "length_ratio", "on_flag", "retry_flagged", "retry_beam_size",
                                   "retry_no_repeat_ngram_size", "retry_repetition_penalty"),
-    "Model, devices and batching": ("model", "adapter", "compute_type", "device", "devices", "threads",
-                                    "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
+    "Model, devices and batching": ("model", "adapter", "compute_type", "kv_cache_type", "device", "devices",
+                                    "threads", "max_batch_tokens", "max_batch_sentences", "chunk_rows"),
     "Cluster (Ray)": ("on_ray", "ray_address", "ray_actors"),
     "Job control": ("on_error", "errors", "resume", "no_record", "progress", "quiet", "help"),
 }
@@ -296,6 +297,7 @@ def cli():
 @click.option("--ray-actors", type=click.IntRange(min=1), help="With --ray: translating actors. [default: one per GPU of the cluster, else one]")
 @into("model", "--adapter", type=click.Path(file_okay=False), help="A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors), merged into the weights at load.")
 @into("model", "--compute-type", type=click.Choice(COMPUTE_TYPES), default="auto", show_default=True, help="The matrix products. On a GPU: bfloat16, or float8 (FP8 E4M3 weights with a scale an output channel, inputs with a scale a row; Hopper GPUs; about half the weights' memory, translations close to bfloat16's: docs/GPU.md, Compute types); auto is float8 for a model converted with --compute-type float8, else bfloat16. On the CPU: float32 (auto), or int8 (int8 weights with a scale an output channel, inputs with a scale a row; faster, translations close to float32's).")
+@into("model", "--kv-cache-type", type=click.Choice(KV_CACHE_TYPES), default="bfloat16", show_default=True, help="The decoder's K/V cache: bfloat16 (float32 on the CPU), or float8: each K and V row in FP8 E4M3 with a float32 scale a head, about half the cache's memory, so that larger batches fit; translations close to bfloat16's (docs/GPU.md, FP8 K/V cache). On any GPU, and on the CPU, whose engine rounds its K and V alike.")
 @click.option("--input-format", type=click.Choice(FORMATS), help="Format of INPUT (default: from its extension, else found from its first bytes, stdin's too: name csv and tsv).")
 @click.option("--output-format", type=click.Choice(FORMATS), help="Format of OUTPUT (default: from its extension; the input's for -).")
 @into("job", "--text-layout", type=click.Choice(TEXT_LAYOUTS), default="plain", show_default=True, help="A text output's lines: the translations, a line a row (plain; --num-hypotheses N lines), or marian's n-best layout, a line a hypothesis: ROW ||| TRANSLATION ||| log_prob= LOG_PROB ||| SCORE, ROW counting the input's rows from 0 (nbest; the scores of --scores, a failed row without a line).")
@@ -408,9 +410,11 @@ def run_jobs(base: Job, decoding: DecodeOptions, batching: dict, model: ModelOpt
     with ExitStack() as stack:
         pool = None
         if run.devices is None:
-            # the adapter and compute type are passed only when given, so a load_model that knows neither still serves
+            # the adapter, compute type and K/V cache type are passed only when given, so a load_model that knows none
+            # of them still serves
             given = {**({"adapter": model.adapter} if model.adapter else {}),
-                     **({"compute_type": model.compute_type} if model.compute_type != "auto" else {})}
+                     **({"compute_type": model.compute_type} if model.compute_type != "auto" else {}),
+                     **({"kv_cache_type": model.kv_cache_type} if model.kv_cache_type != "bfloat16" else {})}
             translator = load_model(model.model, model.device, **given)
         else:
             translator, pool = start_workers(stack, run.devices, model, run.threads)
@@ -445,8 +449,8 @@ def reused(*names: str) -> Callable:
 
 @cli.command(cls=GroupedCommand, defaults="INPUT and OUTPUT default to -: stdin and stdout.")
 @click.argument("paths", metavar="[INPUT [OUTPUT]]", nargs=-1, type=click.Path(allow_dash=True))
-@reused("output_option", "force", "src", "tgt", "model", "device", "devices", "adapter", "compute_type", "input_format",
-        "output_format", "field")
+@reused("output_option", "force", "src", "tgt", "model", "device", "devices", "adapter", "compute_type", "kv_cache_type",
+        "input_format", "output_format", "field")
 @into("job", "--target-field", help="The JSONL field or Parquet, CSV or TSV column of the translation to score. [default: translation, the field nllb translate writes]")
 @into("job", "--target-file", type=click.Path(exists=True, dir_okay=False, allow_dash=False), help="With a text INPUT: the translations to score, a line each, the line of INPUT's line's number (two files line by line, as paste pairs them).")
 @reused("status_field", "overwrite_field", "src_lang_field", "tgt_lang_field")
@@ -645,8 +649,10 @@ def start_workers(stack: ExitStack, devices: str, model: ModelOptions, threads: 
     except NllbError as error:
         raise InvalidUsage(str(error)) from None
     translator = host_translator(model.model, names[0], model.adapter)
-    pool = stack.enter_context(open_pool(names, model.model, model.adapter, threads, model.compute_type))
+    pool = stack.enter_context(open_pool(names, model.model, model.adapter, threads, model.compute_type,
+                                         model.kv_cache_type))
     translator.compute_type = pool.compute_type  # what the workers took, for the job's identity
+    translator.kv_cache_type = model.kv_cache_type
     return translator, pool
 
 

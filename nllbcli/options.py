@@ -216,6 +216,9 @@ class BatchOptions:
 # The matrix products (--compute-type; translator.load_translator): on a GPU, auto is float8 for a model stored in
 # FP8, else bfloat16; on the CPU, auto is float32, and int8 (the CPU's alone) takes the weights and inputs in int8
 COMPUTE_TYPES = ("auto", "bfloat16", "float8", "int8")
+# The decoder's K/V cache (--kv-cache-type; translator.load_translator): bfloat16 (the CPU: float32), or float8 (E4M3
+# codes with a float32 scale a (row, head), on a GPU and on the CPU alike); off the default, part of a job's identity
+KV_CACHE_TYPES = ("bfloat16", "float8")
 
 # 4,096 sentences of 64 tokens a batch; chunks of 8,192 rows (32,768 measured slower: docs/PERFORMANCE.md, "Host side")
 GPU_BATCHING = BatchOptions(max_batch_tokens=262144, read_chunk_rows=8192)
@@ -442,16 +445,17 @@ def check_flags(job: Job) -> None:
 @dataclass(frozen=True)
 class ModelOptions:
     """Which model translates, and how it computes: as given (auto, a hub id), or as loaded (the model's directory,
-    the device and compute type it took: loaded_model)."""
+    the device, compute type and K/V cache type it took: loaded_model)."""
 
     model: str  # a model directory, or a hub id in the local Hugging Face cache ("" for a translator made without one)
     adapter: str | None = None  # a PEFT LoRA adapter directory, merged into the weights at load
     compute_type: str = "auto"  # the matrix products: one of COMPUTE_TYPES (the CPU: float32, or int8)
     device: str = "auto"  # auto, cpu, cuda or cuda:N; as loaded, where it runs (cpu, cuda:0)
+    kv_cache_type: str = "bfloat16"  # the decoder's K/V cache: one of KV_CACHE_TYPES (float8: E4M3 with a scale a head)
 
     # the model and the adapter by their files (checkpoint.model_identity); the CPU's float32 and a GPU's bfloat16
-    # or float8 give other bytes
-    SHAPING: ClassVar[frozenset[str]] = frozenset({"model", "adapter", "compute_type", "device"})
+    # or float8 give other bytes, and so does an FP8 K/V cache
+    SHAPING: ClassVar[frozenset[str]] = frozenset({"model", "adapter", "compute_type", "device", "kv_cache_type"})
     OUTPUT_NEUTRAL: ClassVar[frozenset[str]] = frozenset()
 
 
@@ -459,7 +463,8 @@ def loaded_model(translator) -> ModelOptions:
     """The model a translator holds, as a job's identity names it (a made-up translator's missing parts as a
     model-less CPU one's)."""
     return ModelOptions(str(getattr(translator, "model_dir", "") or ""), getattr(translator, "adapter", None),
-                        getattr(translator, "compute_type", "bfloat16"), getattr(translator, "device", ""))
+                        getattr(translator, "compute_type", "bfloat16"), getattr(translator, "device", ""),
+                        getattr(translator, "kv_cache_type", "bfloat16"))
 
 
 OPTION_RECORDS = (Job, DecodeOptions, BatchOptions, ModelOptions)  # what a job is given: each field classified

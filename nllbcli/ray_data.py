@@ -22,18 +22,18 @@ from .api import load, translate_table
 
 class BatchTranslator:
     """A callable class for Dataset.map_batches(..., batch_format="pyarrow"): nllbcli.load(model, device, adapter,
-    compute_type, threads) as the actor starts, then translate_table(translator, batch, **options) for each
-    batch (src, tgt, decode, field, output_field, status_field, error_field, ...: translate_table's keyword
+    compute_type, threads, kv_cache_type) as the actor starts, then translate_table(translator, batch, **options)
+    for each batch (src, tgt, decode, field, output_field, status_field, error_field, ...: translate_table's keyword
     arguments, checked before the model loads)."""
 
     def __init__(self, model: str | None = None, *, device: str = "auto", adapter: str | None = None,
-                 compute_type: str = "auto", threads: int | None = None, **options):
+                 compute_type: str = "auto", threads: int | None = None, kv_cache_type: str = "bfloat16", **options):
         try:  # a misspelt option fails before the model loads
             inspect.signature(translate_table).bind(None, None, **options)
         except TypeError as error:
             raise ValueError(f"BatchTranslator takes translate_table's keyword arguments, and {error}.") from None
         self.options = options
-        self.translator = load(model, device, adapter, compute_type, threads)
+        self.translator = load(model, device, adapter, compute_type, threads, kv_cache_type)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return translate_table(self.translator, batch, **self.options)

@@ -36,12 +36,13 @@ class PartitionTranslator:
     adapter: str | None
     options: dict  # translate_table's keyword arguments, error_field among them
     compute_type: str = "auto"  # nllbcli.load's
+    kv_cache_type: str = "bfloat16"  # nllbcli.load's
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Each batch translated, in the order given: the model loads with the first batch, so an empty
         partition loads nothing."""
         for batch in batches:
-            translator = loaded(self.model, self.device, self.adapter, self.compute_type)
+            translator = loaded(self.model, self.device, self.adapter, self.compute_type, self.kv_cache_type)
             yield from translate_table(translator, batch, **self.options).to_batches()
 
     def schema(self, schema):
@@ -101,13 +102,15 @@ class PartitionTranslator:
 
 
 def partition_translator(model: str | None = None, *, device: str = "auto", adapter: str | None = None,
-                         compute_type: str = "auto", error_field: str = "error", **options) -> PartitionTranslator:
+                         compute_type: str = "auto", kv_cache_type: str = "bfloat16", error_field: str = "error",
+                         **options) -> PartitionTranslator:
     """A PartitionTranslator that runs translate_table(translator, batch, error_field=error_field, **options)
-    on each batch, with nllbcli.load(model, device, adapter, compute_type) loaded once per Python worker. Its
-    arguments are checked here, on the driver: a wrong type, a misspelt option or fields that clash raise at once."""
+    on each batch, with nllbcli.load(model, device, adapter, compute_type, kv_cache_type=kv_cache_type) loaded once
+    per Python worker. Its arguments are checked here, on the driver: a wrong type, a misspelt option or fields that
+    clash raise at once."""
     for name, value in (("model", model), ("adapter", adapter)):
         check_type(name, value, (str, os.PathLike, type(None)), "a directory (a str or path) or None")
-    for name, value in (("device", device), ("compute_type", compute_type)):
+    for name, value in (("device", device), ("compute_type", compute_type), ("kv_cache_type", kv_cache_type)):
         check_type(name, value, str, "a str")
     if not error_field:
         raise ValueError("partition_translator needs an error_field: without one, a row that fails would fail "
@@ -116,18 +119,20 @@ def partition_translator(model: str | None = None, *, device: str = "auto", adap
         inspect.signature(translate_table).bind(None, None, error_field=error_field, **options)
     except TypeError as error:
         raise ValueError(f"partition_translator takes translate_table's keyword arguments, and {error}.") from None
-    translate = PartitionTranslator(model, device, adapter, {**options, "error_field": error_field}, compute_type)
+    translate = PartitionTranslator(model, device, adapter, {**options, "error_field": error_field}, compute_type,
+                                    kv_cache_type)
     translate.job()
     return translate
 
 
-def loaded(model: str | None, device: str, adapter: str | None, compute_type: str = "auto") -> Translator:
+def loaded(model: str | None, device: str, adapter: str | None, compute_type: str = "auto",
+           kv_cache_type: str = "bfloat16") -> Translator:
     """This worker's translator for the model on the device, loaded on first use."""
     if device in ("auto", "cuda"):
         device = task_gpu() or device
-    key = (model, device, adapter, compute_type)
+    key = (model, device, adapter, compute_type, kv_cache_type)
     if key not in LOADED:
-        LOADED[key] = load(model, device, adapter, compute_type)
+        LOADED[key] = load(model, device, adapter, compute_type, kv_cache_type=kv_cache_type)
     return LOADED[key]
 
 

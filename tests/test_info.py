@@ -25,7 +25,7 @@ Dimensions:  d_model 32, 2 encoder + 2 decoder layers, heads 4/2 (head_dim 8/16)
 Weights:     pytorch_model.bin (263.77 KiB), stored as float32
 Parameters:  60,224 (0.1M)
 GPU memory:  129.56 KiB for the weights (matrices in bf16, biases and norms in float32), plus the CUDA context; 79.34 KiB with --compute-type float8 (matrices in FP8 E4M3 with a float32 scale a row)
-KV pool:     on top of the weights, sized for each batch (its sentences, the tokens they can reach, their source tokens) within the GPU memory left free; each sequence (each beam) of --max-length 200 takes 50.25 KiB, each source token 256 B
+KV pool:     on top of the weights, sized for each batch (its sentences, the tokens they can reach, their source tokens) within the GPU memory left free; each sequence (each beam) of --max-length 200 takes 50.25 KiB, each source token 256 B (31.41 KiB and 160 B with --kv-cache-type float8)
 CPU memory:  235.25 KiB while loading (the weights are read as float32)
 """
 
@@ -101,6 +101,8 @@ def test_full_size_counts_match_transformers(tmp_path, d, layers, ffn, vocab, to
     # bf16 matrices + float32 vectors + the float32 position table: a little over 2 bytes a parameter
     assert 2 * parameters < facts.gpu_weight_bytes < 2.02 * parameters
     assert facts.kv_bytes_per_sequence == layers * 2 * 201 * d * 2
+    heads = facts.config["decoder_attention_heads"]
+    assert facts.kv_bytes_per_sequence_float8 == layers * 2 * 201 * (d + heads * 4)  # a code an element, a scale a head
 
 
 def test_600m_gpu_line(tmp_path):

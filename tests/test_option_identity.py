@@ -52,8 +52,10 @@ def test_a_field_added_without_being_declared_is_refused(record):
 
 def test_the_model_part_of_the_identity_is_each_field_of_the_model_record():
     """ModelOptions' fields go into the identity by the model's and the adapter's files (model_identity), not by
-    the generic rule: the same keys."""
-    identity = identity_of(Job(None, None), DecodeOptions(), BatchOptions(), ModelOptions(TINY, LORA, "bfloat16", "cpu"))
+    the generic rule: the same keys (the K/V cache type where it is not the default, which leaves the identity of a
+    job recorded before the option as it was: tests/test_kv8.py)."""
+    identity = identity_of(Job(None, None), DecodeOptions(), BatchOptions(),
+                           ModelOptions(TINY, LORA, "bfloat16", "cpu", "float8"))
     assert set(shaping_fields(ModelOptions)) <= set(identity)
     assert identity["adapter"]["path"] == LORA and identity["device"] == "cpu"
 
@@ -67,7 +69,8 @@ def inputs(tmp_path_factory) -> tuple[str, str]:
 
 
 # values a field's type does not give: another model or adapter, a choice of a fixed list
-OTHER = {"model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8", "on_error": "skip",
+OTHER = {"model": str(MODELS / "tiny-b"), "adapter": LORA, "compute_type": "float8", "kv_cache_type": "float8",
+         "on_error": "skip",
          "targets_as": "rows", "targets": ("fra_Latn", "deu_Latn"), "text_layout": "nbest", "flags": ("repetition",),
          "on_flag": "fail", "task": "score"}
 

@@ -942,8 +942,8 @@ def test_an_actor_whose_gpu_computes_otherwise_than_the_job_is_one_line(monkeypa
     instead of writing other bytes for its blocks."""
     import nllbcli.model.translator as translator_module
 
-    def on_a_gpu(model, device, adapter, compute_type):
-        loaded = load_translator(model, "cpu", adapter)
+    def on_a_gpu(model, device, adapter, compute_type, kv_cache_type):
+        loaded = load_translator(model, "cpu", adapter, kv_cache_type=kv_cache_type)
         if device != "cpu":
             loaded.device, loaded.compute_type = "cuda:0", "bfloat16"
         return loaded

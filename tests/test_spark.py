@@ -125,7 +125,7 @@ def test_a_worker_keeps_its_model_for_later_tasks(recipe):
 
     rows = namespace["spark"].range(0, 4, numPartitions=4).mapInArrow(loaded_models, "pid long, models string").collect()
     # the workers that translated, reused: the recipe's model still loaded in each
-    assert all("('data/samples/model', 'cpu', None, 'auto')" in row.models for row in rows), rows
+    assert all("('data/samples/model', 'cpu', None, 'auto', 'bfloat16')" in row.models for row in rows), rows
 
 
 def test_a_task_that_dies_is_redone_and_its_rows_written_once(recipe):

@@ -2,7 +2,7 @@
 the step's wall time, on a published shape (nllbcli/model/shapes.py; default NLLB-600M) with random weights.
 
     python -m bench.micro.profile_step [--preset nllb-200-3.3B] [--pool-gib 40] [--batches 1024,4096] [--steps 8]
-                                       [--generate 4096x1,2048x4]
+                                       [--generate 4096x1,2048x4] [--compute-type float8] [--kv-cache-type float8]
 
 Also times the fused output projection with both GEMM tile shapes at each batch, to choose between them.
 --generate BATCHxBEAMS: whole `generate` calls (the harness's workload, </s> out of reach) with the same
@@ -80,12 +80,14 @@ def main() -> int:
     parser.add_argument("--preset", default=DEFAULT, choices=sorted(PRESETS))
     parser.add_argument("--pool-gib", type=int, default=40, help="the KV pool (40: 4,096 sources at once at 600M)")
     parser.add_argument("--compute-type", default="bfloat16", choices=("bfloat16", "float8"))
+    parser.add_argument("--kv-cache-type", default="bfloat16", choices=("bfloat16", "float8"))
     args = parser.parse_args()
     preset = PRESETS[args.preset]
     # </s> moved out of reach, as the harness does
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)
     d, vocab = config.d_model, config.vocab_size
-    engine = CudaEngine(config, normal_weights(config), pool_bytes=args.pool_gib << 30, float8=args.compute_type == "float8")
+    engine = CudaEngine(config, normal_weights(config), pool_bytes=args.pool_gib << 30, float8=args.compute_type == "float8",
+                        kv_float8=args.kv_cache_type == "float8")
     engine.capacity(40)
     engine.use_graphs = False  # the timer's events wrap each launcher: nothing to wrap inside a graph's replay
     timer = Timer()

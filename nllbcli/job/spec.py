@@ -94,18 +94,19 @@ def identity_of(job: Job, decode: DecodeOptions, batching: BatchOptions | Mappin
                 "decode": shaping_values(decode), **shaping_values(batching, BatchOptions)}
     if job.target_file is not None:
         identity["target_file"] = input_identity(job.target_file)
-    return {**identity, **model_identity(model.model, model.adapter, model.compute_type), "device": model.device}
+    return {**identity, **model_identity(model.model, model.adapter, model.compute_type, model.kv_cache_type),
+            "device": model.device}
 
 
 def model_part(identity: dict) -> dict:
     """The model part of a job's identity (checkpoint.model_identity's): what every worker must compute with."""
-    return {key: identity[key] for key in (*MODEL_PARTS, "compute_type")}
+    return {key: identity[key] for key in (*MODEL_PARTS, "compute_type", "kv_cache_type") if key in identity}
 
 
 def loaded_identity(translator) -> dict:
     """The model part of the identity of a job run with `translator`: what a worker computes with, once loaded."""
     model = loaded_model(translator)
-    return model_identity(model.model, model.adapter, model.compute_type)
+    return model_identity(model.model, model.adapter, model.compute_type, model.kv_cache_type)
 
 
 def check_worker(identity: dict, loaded: dict, worker: str, same_host: bool = True) -> None:
@@ -116,6 +117,7 @@ def check_worker(identity: dict, loaded: dict, worker: str, same_host: bool = Tr
     if why is None:
         return
     hint = ("give --compute-type bfloat16, or only devices with FP8 (Hopper GPUs)" if why.startswith("computes")
+            else "load every worker with the job's --kv-cache-type" if why.startswith("keeps")
             else "its files changed after it loaded them, or it sees other files: run the command again once they are "
                  "the same")
     raise NllbError(f"{worker} {why}: {hint}.")

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import BinaryIO, Callable, Iterator
 
-from ..model.checkpoint import MODEL_PARTS, changed_files
+from ..model.checkpoint import DEFAULT_KV_CACHE, MODEL_PARTS, changed_files
 from ..errors import NllbError
 from ..io import Position, file_mode
 
@@ -119,12 +119,16 @@ def check_same_job(stored_job: dict, job: dict) -> None:
                         "--resume to start over.")
 
 
+# what an identity without the key stands for (checkpoint.model_identity leaves the default out)
+LEFT_OUT = {"kv_cache_type": DEFAULT_KV_CACHE}
+
+
 def differences(stored_job: dict, job: dict) -> str:
     """How a job differs from the interrupted one, for a refusal: up to three of what differs, each with what it
     was and is (a model or an adapter: another directory, or which of its files changed)."""
     described = []
     for key in changed_keys(stored_job, job)[:3]:
-        was, now = stored_job.get(key), job.get(key)
+        was, now = (identity.get(key, LEFT_OUT.get(key)) for identity in (stored_job, job))
         described.append(f"{key} ({changed_files(was, now) if key in MODEL_PARTS else f'was {was!r}, now {now!r}'})")
     return ", ".join(described)
 

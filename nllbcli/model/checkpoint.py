@@ -660,17 +660,24 @@ MODEL_FILES = ("config.json", "generation_config.json", "sentencepiece.bpe.model
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 HASHED_BYTES = 1 << 20  # a file up to this size is known by its content; a larger one (weights) by size and mtime
 MODEL_PARTS = ("model", "adapter")  # model_identity's directories of files (changed_files says how they differ)
+DEFAULT_KV_CACHE = "bfloat16"  # the K/V cache type a job's identity leaves out (options.KV_CACHE_TYPES)
 
 
-def model_identity(model_dir: str | Path, adapter: str | Path | None = None, compute_type: str = "bfloat16") -> dict:
+def model_identity(model_dir: str | Path, adapter: str | Path | None = None, compute_type: str = "bfloat16",
+                   kv_cache_type: str = "bfloat16") -> dict:
     """The model part of a job's identity (job.spec.identity_of): what the model computes
     with, so that --resume never continues a job's rows with another model's. The model's directory and files
-    (MODEL_FILES and the weights), the adapter's likewise (None without one), and the compute type. A translator
-    made without a model directory has none (None)."""
+    (MODEL_FILES and the weights), the adapter's likewise (None without one), the compute type, and the K/V cache
+    type where it is not the default, bfloat16 (a job recorded without one, as every job before the option was,
+    kept its cache in bfloat16: its identity is the same). A translator made without a model directory has none
+    (None)."""
     model = Path(model_dir) if model_dir else None
-    return {"model": None if model is None else files_identity(model, named_files(model, MODEL_FILES) + weight_files(model)),
-            "adapter": None if adapter is None else files_identity(Path(adapter), named_files(Path(adapter), ADAPTER_FILES)),
-            "compute_type": compute_type}
+    identity = {"model": None if model is None else files_identity(model, named_files(model, MODEL_FILES) + weight_files(model)),
+                "adapter": None if adapter is None else files_identity(Path(adapter), named_files(Path(adapter), ADAPTER_FILES)),
+                "compute_type": compute_type}
+    if kv_cache_type != DEFAULT_KV_CACHE:
+        identity["kv_cache_type"] = kv_cache_type
+    return identity
 
 
 def named_files(directory: Path, names: tuple[str, ...]) -> list[Path]:
@@ -714,6 +721,9 @@ def worker_disagreement(expected: dict, loaded: dict, same_host: bool = True) ->
     and hash, not by time."""
     if loaded["compute_type"] != expected["compute_type"]:
         return f"computes in {loaded['compute_type']}, and the job in {expected['compute_type']}"
+    kv_loaded, kv_expected = (part.get("kv_cache_type", DEFAULT_KV_CACHE) for part in (loaded, expected))
+    if kv_loaded != kv_expected:
+        return f"keeps its K/V cache in {kv_loaded}, and the job in {kv_expected}"
     for part in MODEL_PARTS:
         was, now = expected.get(part), loaded.get(part)
         if not same_host:

@@ -40,6 +40,8 @@ class ModelInfo:
     gpu_weight_bytes_float8: int  # the same with --compute-type float8 (matrices as E4M3 codes and a scale a row)
     kv_bytes_per_sequence: int  # self-attention K and V of one sequence (one beam) of max_length tokens
     cross_bytes_per_source_token: int  # cross-attention K and V of one source token, every decoder layer
+    kv_bytes_per_sequence_float8: int  # the same two with --kv-cache-type float8 (E4M3 codes and a scale a head)
+    cross_bytes_per_source_token_float8: int
     max_length: int
     known_as: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -86,6 +88,8 @@ def inspect_model(model: str, max_length: int = 200) -> ModelInfo:
         gpu_weight_bytes_float8=gpu_float8,
         kv_bytes_per_sequence=(max_length + 1) * row_bytes(c.decoder_layers, c.d_model),
         cross_bytes_per_source_token=row_bytes(c.decoder_layers, c.d_model),
+        kv_bytes_per_sequence_float8=(max_length + 1) * row_bytes(c.decoder_layers, c.d_model, c.decoder_attention_heads),
+        cross_bytes_per_source_token_float8=row_bytes(c.decoder_layers, c.d_model, c.decoder_attention_heads),
         max_length=max_length, known_as=known, notes=notes,
     )
 
@@ -117,7 +121,9 @@ def describe(info: ModelInfo) -> str:
         "FP8 E4M3 with a float32 scale a row)",
         "KV pool:     on top of the weights, sized for each batch (its sentences, the tokens they can reach, their "
         f"source tokens) within the GPU memory left free; each sequence (each beam) of --max-length {info.max_length} takes "
-        f"{human_bytes(info.kv_bytes_per_sequence)}, each source token {human_bytes(info.cross_bytes_per_source_token)}",
+        f"{human_bytes(info.kv_bytes_per_sequence)}, each source token {human_bytes(info.cross_bytes_per_source_token)} "
+        f"({human_bytes(info.kv_bytes_per_sequence_float8)} and {human_bytes(info.cross_bytes_per_source_token_float8)} "
+        "with --kv-cache-type float8)",
         f"CPU memory:  {human_bytes(info.parameters * F32_BYTES)} while loading (the weights are read as float32)",
     ]
     lines += [f"Note:        {note}" for note in info.notes]

@@ -12,7 +12,7 @@ from .checkpoint import ModelConfig, load_checkpoint, resolve_model_dir
 from .engine import Engine
 from .engine.reference import ReferenceEngine
 from ..errors import NllbError
-from ..options import COMPUTE_TYPES, DecodeOptions
+from ..options import COMPUTE_TYPES, KV_CACHE_TYPES, DecodeOptions
 from .search import Hypothesis, generate, score_targets
 from .tokenizer import M2M100Tokenizer, NllbTokenizer, tokenizer_from_model_dir
 
@@ -55,6 +55,7 @@ class Translator:
     compute_type: str = "bfloat16"  # the matrix products: bfloat16 or float8 on a GPU, int8 on the CPU (load_translator)
     adapter: str | None = None  # the PEFT LoRA adapter directory merged into the weights, if any
     threads: int | None = None  # the BLAS threads the library's calls run the CPU engine with (nllbcli.load)
+    kv_cache_type: str = "bfloat16"  # the decoder's K/V cache: bfloat16 (float32 on the CPU) or float8 (load_translator)
 
     def generate(self, sources: list[list[int]], tgt_lang: str | list[str], options: DecodeOptions) -> list[list[int]]:
         """Token ids of each translation: after the language token, without </s>. Same order as `sources`.
@@ -222,18 +223,22 @@ def load_tokenizer(model: str) -> NllbTokenizer | M2M100Tokenizer:
 INT8_ON_GPU = "--compute-type int8 is the CPU engine's: give --device cpu with it (a GPU takes bfloat16 or float8)"
 
 
-def load_translator(model: str, device: str = "auto", adapter: str | None = None, compute_type: str = "auto") -> Translator:
+def load_translator(model: str, device: str = "auto", adapter: str | None = None, compute_type: str = "auto",
+                    kv_cache_type: str = "bfloat16") -> Translator:
     """Load a model directory (or a hub id from the local Hugging Face cache) onto a device, with a PEFT LoRA
     adapter directory merged into its weights when one is given. compute_type: the GPU's matrix products in
     bfloat16, or in float8 (FP8 E4M3 weights and activations, checkpoint.E4M3Matrix; Hopper only); auto is
     float8 where the model is stored so (`nllb convert --compute-type float8`) and the GPU has it, else
     bfloat16. The CPU engine computes in float32, or with int8 weights and inputs (int8, the CPU's alone), and
-    refuses float8."""
+    refuses float8. kv_cache_type: the decoder's K/V cache in bfloat16 (float32 on the CPU), or float8 (E4M3
+    codes with a float32 scale a (row, head), on any GPU and on the CPU: the CPU engine rounds its K/V alike)."""
+    check_kv_cache_type(kv_cache_type)
     where = choose_device(device)
     model_dir = resolve_model_dir(model)
     if compute_type == "int8" and where != "cpu":
         raise NllbError(INT8_ON_GPU)
     float8 = uses_float8(compute_type, where, model_dir)
+    kv_float8 = kv_cache_type == "float8"
     # the GPU engine holds bf16: a bf16 checkpoint's bits go there as they are (a LoRA merge needs float32); in
     # FP8, matrices stored so come as they are, the others are quantized on the GPU as they go there
     config, weights = load_checkpoint(model_dir, bf16_bits=where != "cpu" and adapter is None, float8=float8 and adapter is None)
@@ -246,12 +251,13 @@ def load_translator(model: str, device: str = "auto", adapter: str | None = None
     tokenizer = tokenizer_from_model_dir(model_dir, config)
     if where == "cpu":
         int8 = compute_type == "int8"
-        return Translator(config, tokenizer, ReferenceEngine(config, weights, int8=int8), where, str(model_dir),
-                          "int8" if int8 else "bfloat16", adapter)
+        return Translator(config, tokenizer, ReferenceEngine(config, weights, int8=int8, kv_float8=kv_float8), where,
+                          str(model_dir), "int8" if int8 else "bfloat16", adapter, kv_cache_type=kv_cache_type)
     from .engine.cuda import CudaEngine
 
-    return Translator(config, tokenizer, CudaEngine(config, weights, int(where.split(":")[1]), float8=float8), where,
-                      str(model_dir), "float8" if float8 else "bfloat16", adapter)
+    engine = CudaEngine(config, weights, int(where.split(":")[1]), float8=float8, kv_float8=kv_float8)
+    return Translator(config, tokenizer, engine, where, str(model_dir), "float8" if float8 else "bfloat16", adapter,
+                      kv_cache_type=kv_cache_type)
 
 
 def uses_float8(compute_type: str, where: str, model_dir) -> bool:
@@ -281,6 +287,11 @@ def expected_compute_type(compute_type: str, on_gpu: bool, model_dir) -> str:
 def check_compute_type(compute_type: str) -> None:
     if compute_type not in COMPUTE_TYPES:
         raise NllbError(f"unknown compute type {compute_type!r}: one of {', '.join(COMPUTE_TYPES)}")
+
+
+def check_kv_cache_type(kv_cache_type: str) -> None:
+    if kv_cache_type not in KV_CACHE_TYPES:
+        raise NllbError(f"unknown K/V cache type {kv_cache_type!r}: one of {', '.join(KV_CACHE_TYPES)}")
 
 
 def float8_missing(where: str) -> str | None:

@@ -117,10 +117,10 @@ class Worker:
 
 @contextmanager
 def open_pool(devices: list[str], model: str, adapter: str | None, threads: int | None,
-              compute_type: str = "auto") -> Iterator["Pool"]:
+              compute_type: str = "auto", kv_cache_type: str = "bfloat16") -> Iterator["Pool"]:
     """The workers, started and each with its model loaded (a worker that cannot load it is an NllbError);
     every worker ended when the block is left."""
-    pool = Pool(devices, model, adapter, threads, compute_type)
+    pool = Pool(devices, model, adapter, threads, compute_type, kv_cache_type)
     try:
         pool.ready()
         yield pool
@@ -132,7 +132,7 @@ class Pool:
     """The worker processes of --devices (spawned: CUDA and BLAS do not survive a fork), one per device."""
 
     def __init__(self, devices: list[str], model: str, adapter: str | None, threads: int | None,
-                 compute_type: str = "auto"):
+                 compute_type: str = "auto", kv_cache_type: str = "bfloat16"):
         context = multiprocessing.get_context("spawn")
         share = None if threads is None else max(1, threads // len(devices))  # the CPU workers' --threads
         self.workers: list[Worker] = []
@@ -142,7 +142,8 @@ class Pool:
             mine, theirs = context.Pipe()
             gpu = None if device == "cpu" else worker_gpu(device)
             process = context.Process(target=work, args=(theirs, "cpu" if gpu is None else "cuda:0", model, adapter,
-                                                         share, compute_type), name=f"nllb-worker-{device}", daemon=True)
+                                                         share, compute_type, kv_cache_type),
+                                      name=f"nllb-worker-{device}", daemon=True)
             with spawning(gpu):
                 process.start()
             theirs.close()
@@ -335,7 +336,7 @@ def spawning(gpu: str | None) -> Iterator[None]:
 
 
 def work(connection: Connection, device: str, model: str, adapter: str | None, threads: int | None,
-         compute_type: str = "auto") -> None:
+         compute_type: str = "auto", kv_cache_type: str = "bfloat16") -> None:
     """A worker: the model loaded once, on the thread that runs it; then each chunk that comes through a
     ChunkWorker on a thread of its own (two at once: one chunk is split and tokenized, or decoded, while the model
     runs the other), its progress and its result (or the error that stopped it) sent back, until the main process
@@ -350,7 +351,7 @@ def work(connection: Connection, device: str, model: str, adapter: str | None, t
     try:
         from ..model.translator import load_translator
 
-        translator = engine.submit(load_translator, model, device, adapter, compute_type).result()
+        translator = engine.submit(load_translator, model, device, adapter, compute_type, kv_cache_type).result()
         if threads is not None and device == "cpu":
             from threadpoolctl import threadpool_limits
 

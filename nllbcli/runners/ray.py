@@ -86,7 +86,7 @@ from ..job.spec import (check_added_columns, check_fields, check_paths, check_wo
 from ..job.state import PartialFile, StreamFile, differences, is_stream, replaced_atomically, sync_directory
 from ..job.rows import Outcome
 from ..job.signals import Stopped, act_on_signal, critical, job_finished, reclaim_signals
-from ..model.translator import expected_compute_type
+from ..model.translator import check_kv_cache_type, expected_compute_type
 
 ID, ROW, LINE = "__nllb_id", "__nllb_row", "__nllb_line"  # a row's id, its number in its file, a JSONL line
 ERROR, ERROR_LINE, WORKER = "__nllb_error", "__nllb_error_line", "__nllb_worker"  # a failed row's; who ran it
@@ -757,8 +757,8 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
                        warn: Callable[[str], None] = print, load: Callable[[], object] | None = None) -> Outcomes:
     """Translate the inputs (files, directories, globs) into the directory OUTPUT on Ray (the module's docstring).
     `job` holds the fields, languages, --on-error and --force (its paths and formats are not read); `model` the
-    model directory, adapter, compute type and device (auto, cpu or cuda: Ray gives each actor its GPU);
-    `batching` BatchOptions' fields as given, each left out (or None) the device's (the CLI's),
+    model directory, adapter, compute type, K/V cache type and device (auto, cpu or cuda: Ray gives each actor its
+    GPU); `batching` BatchOptions' fields as given, each left out (or None) the device's (the CLI's),
     max_batch_sentences none; `load` makes an actor's Translator, in the actor (default: load_on_actor, the model
     loaded on the actor's GPU, or on the CPU with `options.threads`); `progress` a mode of job/progress.py (bar,
     json or none: the rows as the actors translate them)."""
@@ -779,6 +779,7 @@ def translate_with_ray(paths: list[str], output: str, job: Job, decode: DecodeOp
         read_adapter_config(Path(model.adapter))
     compressions, schema = check_inputs(files, fmt, job)
     check_output(output, files, job, job.force)
+    check_kv_cache_type(model.kv_cache_type)
     computes = replace(model, compute_type=expected_compute_type(model.compute_type, model.device != "cpu", model.model))
     identity = ray_identity(files, job, decode, batching, computes)
     staging = staging_path(output)
@@ -859,12 +860,12 @@ def saved_any(staging: str) -> bool:
 
 def load_on_actor(model: ModelOptions, threads: int | None, identity: dict, host: str):
     """An actor's Translator: on the GPU Ray gave it (device auto or cuda), else on the CPU with `threads`. It
-    computes with the model the job's identity names (job.spec.check_worker: its files, and on a GPU its compute
-    type; the driver's `host` tells whether the files are the driver's own), or an NllbError: a job's bytes must
-    not depend on which actor took a block."""
+    computes with the model the job's identity names (job.spec.check_worker: its files, its K/V cache type, and on a
+    GPU its compute type; the driver's `host` tells whether the files are the driver's own), or an NllbError: a
+    job's bytes must not depend on which actor took a block."""
     from ..model.translator import load_translator
 
-    translator = load_translator(model.model, model.device, model.adapter, model.compute_type)
+    translator = load_translator(model.model, model.device, model.adapter, model.compute_type, model.kv_cache_type)
     loaded = loaded_identity(translator)
     if translator.device == "cpu":  # the CPU computes in float32 whatever the job's GPUs would
         loaded["compute_type"] = identity["compute_type"]

@@ -7,7 +7,9 @@ reads its slot's cache. The output projection is fused with the argmax for greed
 a sublayer add onto the residual stream in place. A decoder step runs as a CUDA graph replayed over arrays of
 fixed addresses (Workspace), its per-row bookkeeping done on the device, so the host launches one graph a
 step instead of ~250 kernels. With step_halves, a step of many rows runs as two halves of its rows on two streams,
-one half's attention beside the other's GEMMs (step_launches).
+one half's attention beside the other's GEMMs (step_launches). With kv_float8 (--kv-cache-type float8) the pool holds
+K and V as E4M3 codes with a float32 scale a (row, head), quantized as they go in, and attention reads them there
+(kvpool, kernels.Fp8Rows).
 
 Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
@@ -29,7 +31,7 @@ from ..checkpoint import ModelConfig
 from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
-from .kvpool import KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
+from .kvpool import CROSS_STAGING_BYTES, KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
 from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, halves_at,
                        inverse_temperature, sinusoidal_positions, topk_desc)
 
@@ -258,10 +260,16 @@ class CudaEngine:
     xp = cp  # the search keeps its beam arrays where the engine's results are
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], device: int = 0, pool_bytes: int | None = None,
-                 float8: bool = False):
+                 float8: bool = False, kv_float8: bool = False):
         if config.activation_function != "relu":
             raise NllbError(f"the GPU engine runs ReLU models (M2M-100, NLLB), not {config.activation_function}: use --device cpu")
+        if kv_float8 and (config.d_model // config.decoder_attention_heads) % 2:
+            raise NllbError("--kv-cache-type float8 needs an even head size (codes go in pairs), and this model's is "
+                            f"{config.d_model // config.decoder_attention_heads}: use bfloat16")
         self.config = config
+        # --kv-cache-type float8: the pool's K and V as E4M3 codes with a scale a (row, head) (kvpool.KVPool)
+        self.kv_float8 = kv_float8
+        self.fp8_heads = config.decoder_attention_heads if kv_float8 else 0
         self.device = cp.cuda.Device(device)
         self.device.use()
         self.pool_bytes = pool_bytes
@@ -353,13 +361,15 @@ class CudaEngine:
         self.drop_pool()
         free, total = self.device.mem_info
         room = free - SPARE_BYTES - int(total * SPARE_FRACTION)
+        heads = self.fp8_heads  # a row's bytes: bf16, or FP8 codes and scales (kvpool.row_bytes)
         if need is None:
             budget = self.pool_bytes or max(0, room) // 2
-            plan = plan_pool(c.decoder_layers, c.d_model, cache_rows, budget, longest, beams)
+            plan = plan_pool(c.decoder_layers, c.d_model, cache_rows, budget, longest, beams, fp8_heads=heads)
         else:
-            budget = self.pool_bytes or max(0, room - activation_bytes(c, need.slots, need.cross_rows, cache_rows))
-            plan = plan_for_job(c.decoder_layers, c.d_model, need, budget, current, beams, longest)
-        self.pool, self.pool_for_any = KVPool(c.decoder_layers, c.d_model, plan), need is None
+            beside = activation_bytes(c, need.slots, need.cross_rows, cache_rows, self.kv_float8)
+            budget = self.pool_bytes or max(0, room - beside)
+            plan = plan_for_job(c.decoder_layers, c.d_model, need, budget, current, beams, longest, fp8_heads=heads)
+        self.pool, self.pool_for_any = KVPool(c.decoder_layers, c.d_model, plan, heads), need is None
         needed_rows = max(c.max_position_embeddings, max_length) + 3
         if self.positions.shape[0] < needed_rows:
             self.positions = to_f32(sinusoidal_positions(needed_rows, c.d_model, c.pad_token_id))
@@ -423,6 +433,8 @@ class CudaEngine:
             f = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, weights=True)
             h = self.linear(f, layer["fc2_w"], layer["fc2_b"], residual=h, out=h, weights=True)
         x = self.normed(h, *self.enc_ln)
+        if pool.float8:
+            return self.cross_e4m3(x, lengths, offsets)
         try:  # one run for the whole batch: the GEMM writes every layer's cross K/V straight into the pool
             first = pool.cross_runs.claim(len(ids))
         except PoolFull:  # the free rows are fragmented: a run per source, through a copy
@@ -431,17 +443,45 @@ class CudaEngine:
             self.linear(x, self.cross_w, self.cross_b, out=pool.cross[first : first + len(ids)], weights=True)  # (T, 2 L D)
             return CudaEncoded(first + offsets, lengths)
         kv = self.linear(x, self.cross_w, self.cross_b, weights=True)
-        starts = []
-        try:
-            for n in lengths:
-                starts.append(pool.cross_runs.claim(int(n)))
-        except PoolFull:
-            pool.cross_runs.release(starts, lengths)  # the runs claimed so far (zip stops with them)
-            raise
+        starts = self.claim_runs(lengths)
         src_rows = np.arange(len(ids))
         dst_rows = np.concatenate([np.arange(n) + st for st, n in zip(starts, lengths)])
         kernels.copy_rows(kv, i32(src_rows), pool.cross, i32(dst_rows))
-        return CudaEncoded(np.array(starts), lengths)
+        return CudaEncoded(starts, lengths)
+
+    def claim_runs(self, lengths: np.ndarray) -> np.ndarray:
+        """A run of cross rows for each source (B,) first rows, or PoolFull with none claimed."""
+        starts = []
+        try:
+            for n in lengths:
+                starts.append(self.pool.cross_runs.claim(int(n)))
+        except PoolFull:
+            self.pool.cross_runs.release(starts, lengths)  # the runs claimed so far (zip stops with them)
+            raise
+        return np.array(starts)
+
+    def cross_e4m3(self, x, lengths: np.ndarray, offsets: np.ndarray) -> CudaEncoded:
+        """Every layer's cross K/V of the batch's T tokens (x: the encoder's output as the product takes it) into an
+        FP8 pool's rows: a run for the batch, else one a source. The product goes into a bf16 staging array a part
+        of the tokens at a time (CROSS_STAGING_BYTES at most, kvpool.activation_bytes counts it), each part
+        quantized a head at a time into its rows (kernels.copy_rows into Fp8Rows)."""
+        pool, total = self.pool, int(lengths.sum())
+        try:
+            first = pool.cross_runs.claim(total)
+            starts, dst_rows = first + offsets, np.arange(total) + first
+        except PoolFull:  # the free rows are fragmented
+            starts = self.claim_runs(lengths)
+            dst_rows = np.concatenate([np.arange(n) + st for st, n in zip(starts, lengths)])
+        width = self.cross_w.shape[0]  # 2 L D
+        # whole tiles of 64 rows a part (each part's rows and FP8 scales then start aligned, as the product needs)
+        part = min(total, max(64, CROSS_STAGING_BYTES // (2 * width) // 64 * 64))
+        staging, src_rows = cp.empty((part, width), BF16), i32(np.arange(part))
+        for lo in range(0, total, part):
+            hi = min(total, lo + part)
+            rows = tuple(a[lo:hi] for a in x) if isinstance(x, tuple) else x[lo:hi]  # FP8 codes and scales, or bf16
+            kv = self.linear(rows, self.cross_w, self.cross_b, out=staging[: hi - lo], weights=True)  # (part, 2 L D)
+            kernels.copy_rows(kv, src_rows[: hi - lo], pool.cross, i32(dst_rows[lo:hi]))
+        return CudaEncoded(np.asarray(starts), lengths)
 
     # -- decoder
 
@@ -744,9 +784,17 @@ class CudaEngine:
             cross_start, cross_len = i32(encoded.start[sources]), i32(encoded.length[sources])
             longest, cross_keys = int(part.self_len.max()), int(encoded.length[sources].max())
 
+            fresh = self.fresh_kv(len(part.fed))
+
             def attend_self(i: int, qkv: cp.ndarray) -> cp.ndarray:  # each position over its row's positions so far
-                return kernels.attention(qkv[:, :d], qkv[:, d : 2 * d], qkv[:, 2 * d :], key_start, self_len,
-                                         c.decoder_attention_heads, max_keys=longest)
+                k, v = qkv[:, d : 2 * d], qkv[:, 2 * d :]
+                if fresh is not None:  # an FP8 pool: K and V rounded to E4M3 as a step stores them
+                    rows, k8, v8 = fresh
+                    kernels.copy_rows(k, rows, k8, rows)
+                    kernels.copy_rows(v, rows, v8, rows)
+                    k, v = k8, v8
+                return kernels.attention(qkv[:, :d], k, v, key_start, self_len, c.decoder_attention_heads,
+                                         max_keys=longest)
 
             def attend_source(i: int, q: cp.ndarray) -> cp.ndarray:
                 return kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
@@ -761,6 +809,16 @@ class CudaEngine:
         for at_row, at_t, later in pending:
             out[at_row, at_t] = later.fetch()
         return out
+
+    def fresh_kv(self, tokens: int) -> tuple | None:
+        """Where forced decoding's self-attention takes a pass's K and V of `tokens` fed tokens from, with an FP8
+        pool: (rows 0 .. tokens - 1, K and V as Fp8Rows), every layer's in turn; None with a bf16 pool (they are
+        read from the product as they are)."""
+        if not self.kv_float8:
+            return None
+        d, heads = self.config.d_model, self.config.decoder_attention_heads
+        made = lambda: kernels.Fp8Rows(cp.empty((tokens, d), cp.uint8), cp.empty((tokens, heads), F32))  # noqa: E731
+        return i32(np.arange(tokens)), made(), made()
 
     def set_keys(self, state: CudaState, keys: np.ndarray) -> None:
         """Each row's random stream (N,) uint32, for step_sample: kept with the state (select keeps its rows')

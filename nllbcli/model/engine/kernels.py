@@ -702,23 +702,54 @@ def embed(ids: cp.ndarray, pos: cp.ndarray, table, positions: cp.ndarray, scale:
     return out
 
 
-def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | None, length: cp.ndarray, heads: int,
+@dataclass(frozen=True)
+class Fp8Rows:
+    """Rows of an FP8 K/V cache (--kv-cache-type float8): E4M3 codes (rows, W) uint8 and a scale a head of each row
+    (rows, W / E) f32, numerics.quantize_heads' layout; each may be a column slice of a wider array (a row's codes
+    contiguous, its scales too). kernels.copy_rows quantizes rows into one; kernels.attention reads K and V from two."""
+    codes: cp.ndarray
+    scales: cp.ndarray
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.codes.shape
+
+    def check(self, name: str) -> None:
+        check(self.codes.dtype == U8 and self.scales.dtype == F32, f"{name} must be uint8 codes and f32 scales")
+        check(self.codes.ndim == 2 and self.scales.ndim == 2 and self.scales.shape[0] == self.codes.shape[0]
+              and self.scales.shape[1] > 0 and self.codes.shape[1] % self.scales.shape[1] == 0,
+              f"{name} needs a scale for each head of each row")
+        check(self.codes.strides[1] == 1 and self.scales.strides[1] == 4, f"{name} needs contiguous rows")
+
+
+def attention(q: cp.ndarray, k, v, start: cp.ndarray | None, length: cp.ndarray, heads: int,
               out: cp.ndarray | None = None, table: cp.ndarray | None = None, max_keys: int | None = None,
               together: bool = False) -> cp.ndarray:
     """Query r attends to key rows start[r] .. start[r] + length[r] - 1 (or, with a table, to rows
     table[r, 0 .. length[r] - 1]), per head: the decoder's self- and cross-attention, one query per row.
 
     q (R, D) bf16, or a column slice of a wider array whose rows hold D contiguous values (a fused QKV);
-    k and v likewise (rows, D) views with the same row stride; start, length (R,) int32, length >= 1;
+    k and v likewise (rows, D) views with the same row stride, or both Fp8Rows (an FP8 cache's codes with a scale
+    a head: attention_e4m3_kernel, attention_decode_e4m3_*); start, length (R,) int32, length >= 1;
     table (R, T) int32. max_keys: the largest length, when the caller knows it (it picks the warp-per-row
     kernel for head sizes 64 and 128). together: that kernel's blocks each take one head of 4 consecutive rows,
     not 4 heads of one row, so that rows reading the same keys (a sentence's beams or samples, its copies for
     several targets, in cross-attention) read them once from memory into the SM's L1; the same results.
     -> (R, D) bf16."""
     r, d = q.shape
-    check(q.dtype == BF16 and k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
-    check(q.strides[1] == k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
-    check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
+    fp8 = isinstance(k, Fp8Rows)
+    check(q.dtype == BF16 and q.strides[1] == 2, "q must be bf16 with contiguous rows")
+    if fp8:
+        check(isinstance(v, Fp8Rows), "k and v must both be Fp8Rows, or both bf16")
+        k.check("k")
+        v.check("v")
+        check(k.shape[1] == d and v.shape == k.shape and k.codes.strides == v.codes.strides
+              and k.scales.shape == v.scales.shape and k.scales.strides == v.scales.strides
+              and k.scales.shape[1] == heads, "k and v must be alike, D wide, with a scale a head")
+    else:
+        check(k.dtype == BF16 and v.dtype == BF16, "q, k and v must be bf16")
+        check(k.strides[1] == v.strides[1] == 2, "q, k and v need contiguous rows")
+        check(k.shape[1] == d and v.shape == k.shape and k.strides == v.strides, "k and v must be alike, D wide")
     check((start is None) != (table is None), "give start or table, not both")
     if start is not None:
         check_array("start", start, cp.int32, (r,))
@@ -732,15 +763,20 @@ def attention(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, start: cp.ndarray | N
     check_array("out", out, BF16, (r, d))
     if not r:
         return out
-    common = (q, cp.int32(q.strides[0] // 2), k, v, cp.int32(k.strides[0] // 2), start if start is not None else NULL, length,
+    if fp8:
+        keys = (k.codes, v.codes, cp.int32(k.codes.strides[0]), k.scales, v.scales, cp.int32(k.scales.strides[0] // 4))
+        aligned, kind = aligned16(q, k.codes, v.codes), "e4m3_"
+    else:
+        keys, aligned, kind = (k, v, cp.int32(k.strides[0] // 2)), aligned16(q, k, v), ""
+    common = (q, cp.int32(q.strides[0] // 2)) + keys + (start if start is not None else NULL, length,
               table if table is not None else NULL, cp.int32(table.strides[0] // 4 if table is not None else 0), out)
-    aligned = aligned16(q, k, v)
     if e in (64, 128) and max_keys is not None and max_keys <= DECODE_MAX_KEYS and aligned:
         blocks = -(-r // 4) * heads if together else -(-r * heads // 4)
-        function("attention.cu", f"attention_decode_{e}_kernel")((blocks,), (128,), common + (
+        function("attention.cu", f"attention_decode_{kind}{e}_kernel")((blocks,), (128,), common + (
             cp.int32(r), cp.int32(heads), cp.float32(e**-0.5), cp.int32(1 if together else 0)))
     else:
-        function("attention.cu", "attention_kernel")((r, heads), (128,), common + (cp.int32(e), cp.float32(e**-0.5)))
+        function("attention.cu", f"attention_{kind}kernel")((r, heads), (128,), common + (cp.int32(e),
+                                                                                           cp.float32(e**-0.5)))
     return out
 
 
@@ -798,16 +834,30 @@ def attention_prefill(q: cp.ndarray, k: cp.ndarray, v: cp.ndarray, seq_start: cp
     return out
 
 
-def copy_rows(src: cp.ndarray, src_rows: cp.ndarray, dst: cp.ndarray, dst_rows: cp.ndarray) -> None:
-    """dst[dst_rows[r]] = src[src_rows[r]]: 2-D bf16 arrays or column slices of equal width (a multiple of 8)."""
+def copy_rows(src: cp.ndarray, src_rows: cp.ndarray, dst, dst_rows: cp.ndarray) -> None:
+    """dst[dst_rows[r]] = src[src_rows[r]]: 2-D bf16 arrays or column slices of equal width (a multiple of 8). dst
+    an Fp8Rows (an FP8 K/V cache): each row quantized a head at a time as it is copied (copy_rows_e4m3_kernel,
+    numerics.quantize_heads' codes and scales), its width a multiple of the head size, which is even."""
     (r,), width = src_rows.shape, src.shape[1]
+    check_array("src_rows", src_rows, cp.int32)
+    check_array("dst_rows", dst_rows, cp.int32, (r,))
+    if isinstance(dst, Fp8Rows):
+        dst.check("dst")
+        e = width // dst.scales.shape[1]
+        check(src.dtype == BF16 and src.strides[1] == 2, "copy_rows quantizes bf16 rows with contiguous elements")
+        check(dst.shape[1] == width and e % 2 == 0, "src and dst rows must be equally wide, of heads of an even size")
+        check(src.data.ptr % 4 == 0 and src.strides[0] % 4 == 0 and dst.codes.data.ptr % 2 == 0
+              and dst.codes.strides[0] % 2 == 0, "copy_rows into FP8 rows needs src rows 4-byte, codes 2-byte aligned")
+        if r:
+            function("cache.cu", "copy_rows_e4m3_kernel")((r,), (128,), (
+                src, cp.int64(src.strides[0] // 2), src_rows, dst.codes, cp.int64(dst.codes.strides[0]), dst.scales,
+                cp.int64(dst.scales.strides[0] // 4), dst_rows, cp.int32(width), cp.int32(e)))
+        return
     check(src.dtype == BF16 and dst.dtype == BF16, "copy_rows moves bf16 rows")
     check(dst.shape[1] == width and width % 8 == 0, "src and dst rows must be equally wide, a multiple of 8")
     check(src.strides[1] == dst.strides[1] == 2, "rows must be contiguous")
     check(src.strides[0] % 16 == 0 and dst.strides[0] % 16 == 0 and src.data.ptr % 16 == 0 and dst.data.ptr % 16 == 0,
           "copy_rows needs 16-byte aligned rows")
-    check_array("src_rows", src_rows, cp.int32)
-    check_array("dst_rows", dst_rows, cp.int32, (r,))
     if r:
         function("cache.cu", "copy_rows_kernel")((r,), (128,), (
             src, cp.int64(src.strides[0] // 2), src_rows, dst, cp.int64(dst.strides[0] // 2), dst_rows, cp.int32(width),

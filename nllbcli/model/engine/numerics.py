@@ -193,7 +193,7 @@ GUMBEL_MAX = 16.7  # above every draw of gumbel_noise: -log(E) of the least E, 2
 
 # FP8 E4M3 (OCP's E4M3FN, CUDA's __nv_fp8_e4m3): a sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinity,
 # NaN at S.1111.111; the largest finite value 448, the least 2^-9 (a subnormal). The NumPy model of the rounding
-# that FP8 matrix products (--compute-type float8) are checked against.
+# that FP8 matrix products (--compute-type float8) and the FP8 K/V cache (--kv-cache-type float8) are checked against.
 E4M3_MAX = 448.0
 
 
@@ -242,6 +242,22 @@ def quantize_e4m3(x: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray
 def dequantize_e4m3(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """quantize_e4m3's inverse, float32."""
     return e4m3_values()[codes] * scales
+
+
+def quantize_heads(x: np.ndarray, head_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows x (..., W), W = G * head_size, scaled to E4M3 a head at a time: each run of head_size values
+    x[..., g E : (g + 1) E] by its own largest size (quantize_e4m3 of it): codes (..., W) uint8 and scales (..., G)
+    float32. What an FP8 K/V cache (--kv-cache-type float8) holds of a K or V row: a scale a (row, head)."""
+    x = np.asarray(x, dtype=np.float32)
+    codes, scales = quantize_e4m3(x.reshape(x.shape[:-1] + (-1, head_size)))
+    return codes.reshape(x.shape), scales[..., 0]
+
+
+def dequantize_heads(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """quantize_heads' inverse, float32 (..., W): each head's values times its scale."""
+    heads = scales.shape[-1]
+    values = e4m3_values()[codes].reshape(codes.shape[:-1] + (heads, -1)) * scales[..., None]
+    return values.reshape(codes.shape)
 
 
 def bf16_to_float32(bits: np.ndarray) -> np.ndarray:

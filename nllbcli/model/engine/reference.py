@@ -30,8 +30,8 @@ from threadpoolctl import ThreadpoolController
 from ..checkpoint import ModelConfig
 from . import OnHost, RowPositions
 from .products import Int8Products, Products
-from .numerics import (E4M3Matrix, dequantize_e4m3, gumbel_noise, inverse_temperature, log_softmax, quantize_e4m3,
-                       sinusoidal_positions, step_keys, to_host, topk_desc)
+from .numerics import (E4M3Matrix, dequantize_e4m3, dequantize_heads, gumbel_noise, inverse_temperature, log_softmax,
+                       quantize_e4m3, quantize_heads, sinusoidal_positions, step_keys, to_host, topk_desc)
 
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which M2M-100 uses everywhere
 FIRST_ROOM = 32  # decoder positions a cache holds at least to begin with (DecoderState.room)
@@ -125,6 +125,12 @@ def unrounded(x: np.ndarray) -> np.ndarray:
     return x
 
 
+def e4m3_heads_round(x: np.ndarray, head_size: int) -> np.ndarray:
+    """K or V rows (..., D) as an FP8 K/V cache holds them (--kv-cache-type float8): E4M3 codes with a scale a head
+    of head_size values (numerics.quantize_heads), as float32 values."""
+    return dequantize_heads(*quantize_heads(x, head_size))
+
+
 def activation(x: np.ndarray, name: str) -> np.ndarray:
     if name == "relu":
         return np.maximum(x, np.float32(0))
@@ -161,6 +167,25 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray 
         scores = np.where(key_mask[:, None, None, :], scores, np.float32(-np.inf))
     out = softmax(scores) @ vh  # (N, H, Tq, E)
     return out.transpose(0, 2, 1, 3).reshape(n, tq, d)
+
+
+def attention_e4m3(q: np.ndarray, k_codes: np.ndarray, k_scales: np.ndarray, v_codes: np.ndarray,
+                   v_scales: np.ndarray, key_mask: np.ndarray | None, heads: int) -> np.ndarray:
+    """attention() over keys and values held as an FP8 K/V cache holds them: E4M3 codes (N, Tk, D) with a scale a
+    head (N, Tk, H) (numerics.quantize_heads), their values taken as codes' values times scales. The model of
+    kernels.attention over Fp8Rows (attention.cu's attention_e4m3_kernel, attention_decode_e4m3_*), which take the
+    scales out of the sums: a score is k's scale times q's dot product with the codes' values, a weight times v's
+    scale multiplies the codes' values; the same up to float32 rounding. -> (N, Tq, D)"""
+    return attention(q, dequantize_heads(k_codes, k_scales), dequantize_heads(v_codes, v_scales), key_mask, heads)
+
+
+def copy_rows_e4m3(src: np.ndarray, src_rows: np.ndarray, codes: np.ndarray, scales: np.ndarray,
+                   dst_rows: np.ndarray) -> None:
+    """kernels.copy_rows into Fp8Rows (cache.cu's copy_rows_e4m3_kernel), in place: row src_rows[r] of src (R', W)
+    float32 quantized a head at a time (numerics.quantize_heads, head size W / scales.shape[1]) into codes[dst_rows[r]]
+    (W,) uint8 and scales[dst_rows[r]] (G,) float32."""
+    head_size = src.shape[1] // scales.shape[1]
+    codes[dst_rows], scales[dst_rows] = quantize_heads(src[src_rows], head_size)
 
 
 def attention_over_padding(q: np.ndarray, k: np.ndarray, v: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
@@ -253,12 +278,17 @@ class ReferenceEngine:
     xp = np  # where the search keeps its beam arrays
 
     def __init__(self, config: ModelConfig, weights: dict[str, np.ndarray], bf16_activations: bool = False,
-                 int8: bool = False):
+                 int8: bool = False, kv_float8: bool = False):
         self.config = config
         self.w = weights
         # bf16_activations: round every GEMM input and every stored K/V to bfloat16 where the GPU engine does,
         # so that the GPU can be checked against the same numbers, not only against float32.
         self.r = bf16_round if bf16_activations else unrounded
+        # kv_float8 (--kv-cache-type float8): every K and V the decoder keeps (a step's self-attention K/V, the cross
+        # K/V at encode) rounded to E4M3 with a scale a (row, head) as it is kept, as the GPU's FP8 pool holds them
+        self.kv_float8 = kv_float8
+        head_size = config.d_model // config.decoder_attention_heads
+        self.kv = partial(e4m3_heads_round, head_size=head_size) if kv_float8 else unrounded
         # positions run to max_position_embeddings + 2 (fairseq's offset); more are made if a sequence needs them
         self.pos_table = sinusoidal_positions(config.max_position_embeddings + 2, config.d_model, config.pad_token_id)
         self.threads = ProductThreads()
@@ -328,8 +358,8 @@ class ReferenceEngine:
         cross_k, cross_v = [], []
         for i in range(c.decoder_layers):
             p = f"decoder.layers.{i}.encoder_attn."
-            cross_k.append(self.r(self.product(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"])))  # (B', S', D)
-            cross_v.append(self.r(self.product(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"])))
+            cross_k.append(self.kv(self.r(self.product(h, w[p + "k_proj.weight"], w[p + "k_proj.bias"]))))  # (B', S', D)
+            cross_v.append(self.kv(self.r(self.product(h, w[p + "v_proj.weight"], w[p + "v_proj.bias"]))))
         return mask, cross_k, cross_v
 
     def attention_block(self, prefix: str, x: np.ndarray, kv: np.ndarray, key_mask: np.ndarray, heads: int) -> np.ndarray:
@@ -417,8 +447,8 @@ class ReferenceEngine:
             x = self.r(layernorm(h, w[p + "self_attn_layer_norm.weight"], w[p + "self_attn_layer_norm.bias"]))
             a = p + "self_attn."
             q = self.r(product(x, w[a + "q_proj.weight"], w[a + "q_proj.bias"]))  # (N, 1, D)
-            state.self_k[i][every, t] = self.r(product(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"]))[:, 0]
-            state.self_v[i][every, t] = self.r(product(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"]))[:, 0]
+            state.self_k[i][every, t] = self.kv(self.r(product(x, w[a + "k_proj.weight"], w[a + "k_proj.bias"])))[:, 0]
+            state.self_v[i][every, t] = self.kv(self.r(product(x, w[a + "v_proj.weight"], w[a + "v_proj.bias"])))[:, 0]
             # every row has filled the same positions: its keys are as many in any batch, none of them padding
             k_keys, v_keys = state.self_k[i][:, :keys], state.self_v[i][:, :keys]
             out = self.r(attention(q, k_keys, v_keys, None, heads))
