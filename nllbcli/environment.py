@@ -21,7 +21,7 @@ class Environment:
     threads: int | None = None  # NLLB_THREADS: the CPU engine's BLAS threads nllbcli.load takes when given none
     cuda_graphs: bool = True  # NLLB_CUDA_GRAPHS=0: the decoder step's kernels launched one by one, not as a graph
     pdl: bool = True  # NLLB_PDL=0: CuPy's plain launches instead of programmatic dependent launches
-    step_halves: bool = False  # NLLB_STEP_HALVES=1: a decoder step of many rows runs as two halves on two streams
+    step_halves: int = 0  # NLLB_STEP_HALVES: 1 a decoder step of many rows as two halves on two streams, 2 staggered
     gemm_sms: int | None = None  # NLLB_GEMM_SMS: the SMs a halved step's GEMMs take (None: all)
     tma_store: bool = True  # NLLB_TMA_STORE=0: Hopper GEMM results stored from the registers, not through TMA
     no_wgmma: bool = False  # NLLB_NO_WGMMA=1: Hopper runs gemm.cu's mma.sync GEMMs instead of gemm_sm90.cu's wgmma
@@ -37,13 +37,13 @@ def read(environ: Mapping[str, str] = os.environ) -> Environment:
     defaults = Environment()
     on = lambda name, default: environ.get(name, "1" if default else "0") == "1"  # noqa: E731 - only "1" is on
     ahead, threads = environ.get("NLLB_AHEAD", ""), environ.get("NLLB_THREADS", "").strip()
-    gemm_sms = environ.get("NLLB_GEMM_SMS", "").strip()
+    gemm_sms, halves = environ.get("NLLB_GEMM_SMS", "").strip(), environ.get("NLLB_STEP_HALVES", "")
     return Environment(
         model=environ.get("NLLB_MODEL") or None,
         threads=int(threads) if threads.isdigit() and int(threads) > 0 else None,
         cuda_graphs=on("NLLB_CUDA_GRAPHS", defaults.cuda_graphs),
         pdl=on("NLLB_PDL", defaults.pdl),
-        step_halves=on("NLLB_STEP_HALVES", defaults.step_halves),
+        step_halves=int(halves) if halves in ("1", "2") else defaults.step_halves,
         gemm_sms=int(gemm_sms) if gemm_sms.isdigit() and int(gemm_sms) > 0 else None,
         tma_store=on("NLLB_TMA_STORE", defaults.tma_store),
         no_wgmma=on("NLLB_NO_WGMMA", defaults.no_wgmma),

@@ -50,9 +50,10 @@ def test_each_variable_is_read_as_the_switch_it_is():
                 "NLLB_STEP_HALVES": "1", "NLLB_GEMM_SMS": "116", "NLLB_TMA_STORE": "no", "NLLB_NO_WGMMA": "1",
                 "NLLB_EXACT_MATH": "1", "NLLB_AHEAD": "0", "NLLB_FINISHER": "0", "NLLB_SWITCH_INTERVAL": "0.01",
                 "NLLB_GC": "python"})
-    assert got == Environment("m", 3, False, False, True, 116, False, True, True, 0, False, 0.01, True)
+    assert got == Environment("m", 3, False, False, 1, 116, False, True, True, 0, False, 0.01, True)
+    assert read({"NLLB_STEP_HALVES": "2"}).step_halves == 2  # the halves staggered
     assert read({"NLLB_AHEAD": "many", "NLLB_NO_WGMMA": "yes", "NLLB_MODEL": "", "NLLB_THREADS": "0",
-                 "NLLB_STEP_HALVES": "on", "NLLB_GEMM_SMS": "0"}) == Environment()  # only "1" is on; threads, SMs >= 1
+                 "NLLB_STEP_HALVES": "on", "NLLB_GEMM_SMS": "0"}) == Environment()  # only "1" is on (halves: "1", "2"); threads, SMs >= 1
 
 
 def test_the_architecture_doc_names_every_module():

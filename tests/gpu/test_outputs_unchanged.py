@@ -10,21 +10,22 @@ pytest.importorskip("cupy")
 
 from tools.make_gpu_goldens import MODEL, translations  # noqa: E402
 from nllbcli.model.engine import kernels, numerics  # noqa: E402
+from nllbcli.model.engine.numerics import HALVES, STAGGERED, WHOLE  # noqa: E402
 from nllbcli.model.translator import load_translator  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "gpu_sample.json"
 
 
-@pytest.mark.parametrize("halves", [False, True], ids=["whole", "halves"])
+@pytest.mark.parametrize("halves", [WHOLE, HALVES, STAGGERED], ids=["whole", "halves", "staggered"])
 def test_gpu_translations_are_unchanged(halves, monkeypatch):
     """halves: every decoder step in two halves on two streams (CudaEngine.step_halves; a half at every 16 rows,
-    whatever the step's rows), the GEMMs on half the SMs."""
+    whatever the step's rows), side by side or staggered, the GEMMs on half the SMs."""
     want = json.loads(GOLDEN.read_text(encoding="utf-8"))
     translator = load_translator(str(MODEL), "cuda")
     if halves:
         monkeypatch.setattr(numerics, "HALVES_MIN_ROWS", 2)
         monkeypatch.setattr(numerics, "HALF_ROWS", 16)
-        translator.engine.step_halves, translator.engine.gemm_sms = True, kernels.multiprocessors() // 2
+        translator.engine.step_halves, translator.engine.gemm_sms = halves, kernels.multiprocessors() // 2
     got = translations(translator)
     assert got.keys() == want.keys()
     changed = {key: [i for i, (a, b) in enumerate(zip(got[key], want[key])) if a != b] for key in want}

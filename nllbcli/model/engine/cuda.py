@@ -7,21 +7,22 @@ reads its slot's cache. The output projection is fused with the argmax for greed
 a sublayer add onto the residual stream in place. A decoder step runs as a CUDA graph replayed over arrays of
 fixed addresses (Workspace), its per-row bookkeeping done on the device, so the host launches one graph a
 step instead of ~250 kernels. With step_halves, a step of many rows runs as two halves of its rows on two streams,
-one half's attention beside the other's GEMMs (step_launches). With kv_float8 (--kv-cache-type float8) the pool holds
-K and V as E4M3 codes with a float32 scale a (row, head), quantized as they go in, and attention reads them there
-(kvpool, kernels.Fp8Rows).
+one half's attention beside the other's GEMMs, the halves side by side or taking turns at the products
+(step_launches). With kv_float8 (--kv-cache-type float8) the pool holds K and V as E4M3 codes with a float32 scale
+a (row, head), quantized as they go in, and attention reads them there (kvpool, kernels.Fp8Rows).
 
 Letters: B sources, T their tokens together, N decoder rows, D d_model, V vocabulary, L decoder layers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import cupy as cp
 import cupyx
@@ -32,8 +33,9 @@ from ...environment import ENV
 from ...errors import NllbError
 from . import RowPositions, kernels
 from .kvpool import CROSS_STAGING_BYTES, KVPool, PoolFull, PoolPlan, activation_bytes, plan_for_job, plan_pool
-from .numerics import (E4M3Matrix, bf16_to_float32, e4m3_values, forced_passes, gumbel_noise, halves_at,
-                       inverse_temperature, sinusoidal_positions, topk_desc)
+from .numerics import (ATTENTION, GEMM, HALVES, HEAD, STAGGERED, E4M3Matrix, bf16_to_float32, e4m3_values,
+                       forced_passes, gumbel_noise, halves_at, inverse_temperature, sinusoidal_positions,
+                       staggered_order, step_phases, topk_desc)
 
 BF16 = cp.dtype("bfloat16")
 F32 = cp.dtype(cp.float32)
@@ -93,7 +95,7 @@ class CudaEncoded:
 
 ROW_ARRAYS = ("tokens", "row_t", "slot_base", "table", "cross_start", "cross_len")  # a decoder row's state
 GRAPHS = ENV.cuda_graphs  # the decoder step as CUDA graphs (NLLB_CUDA_GRAPHS=0: launched one by one)
-STEP_HALVES = ENV.step_halves  # a step of many rows as two halves on two streams (NLLB_STEP_HALVES=1)
+STEP_HALVES = ENV.step_halves  # a step of many rows in one piece, in halves, or staggered halves (NLLB_STEP_HALVES)
 GEMM_SMS = ENV.gemm_sms  # the SMs a halved step's GEMMs take, None all (NLLB_GEMM_SMS)
 FUSED_TOPK = 32  # the most candidates a row kernels.logits_topk lists; step_topk writes the logits for more
 FORCED_TOKENS = 32768  # tokens forced_log_probs feeds in one pass (its activations: ~1 GB at 600M)
@@ -279,11 +281,15 @@ class CudaEngine:
         self.bound: CudaState | None = None  # the state whose steps use self.ws
         self.capture_stream = cp.cuda.Stream(non_blocking=True)
         self.use_graphs = GRAPHS
-        self.step_halves, self.gemm_sms = STEP_HALVES, GEMM_SMS
-        # a halved step's second stream, and the events that fork it from the step's stream and join it back:
-        # made once, as nothing may be made while a step is captured
+        self.step_halves, self.gemm_sms = STEP_HALVES, GEMM_SMS  # numerics.WHOLE, HALVES or STAGGERED
+        # a halved step's second stream, the events that fork it from the step's stream and join it back, and
+        # the end of each turn at the products of a staggered step (take_turns): made once, as nothing may be
+        # made while a step is captured
         self.side_stream = cp.cuda.Stream(non_blocking=True)
         self.forked, self.joined = cp.cuda.Event(disable_timing=True), cp.cuda.Event(disable_timing=True)
+        self.phases = step_phases(config.decoder_layers)  # a step's, the same for each half
+        self.staggered = staggered_order(self.phases)  # both halves' phases in the order take_turns issues them
+        self.turn_ended = [cp.cuda.Event(disable_timing=True) for issue in self.staggered if issue.turn is not None]
         self.capture_error: str | None = None  # why a step's graph capture failed, if one did
         c, w, d = config, weights, config.d_model
         # --compute-type float8 (float8, or matrices given as E4M3Matrix): every matrix held as FP8 codes and scales
@@ -522,11 +528,12 @@ class CudaEngine:
         and their log-probs into "chosen logprob"), "topk" (k per row,
         into "topk logprob" and "topk ids") or "sample" (a token drawn per row into the token array, its value
         into "sample value"; `sample`: the temperature, the token left out or None, whether "lse" is wanted). With
-        step_halves, a step over at least numerics.HALVES_MIN_ROWS rows runs in two halves (step_launches). A state
-        of the engine's own workspace runs the step as a CUDA graph, one per (head, k, rows, cross kernel, halves),
-        captured the first time that key comes (as rows end, a batch meets many row counts); where that capture
-        needs a kernel compiled or an array made, which a capture may not, the step's launches run one by one first,
-        and the capture is made the next time. A key whose capture the driver refuses twice runs one by one from
+        step_halves, a step over at least numerics.HALVES_MIN_ROWS rows runs in two halves, side by side or staggered
+        (step_launches). A state of the engine's own workspace runs the step as a CUDA graph, one per (head, k, rows,
+        cross kernel, halves, their mode and SMs), captured the first time that key comes (as rows end, a batch meets
+        many row counts); where that capture needs a kernel compiled or an array made, which a capture may not, the
+        step's launches run one by one first, and the capture is made the next time. A key whose capture the driver
+        refuses twice runs one by one from
         then on (capture_error says why): slower, the same results."""
         if state.length >= self.pool.plan.cache_rows:
             raise PoolFull(f"step {state.length + 1} asked of slots of {self.pool.plan.cache_rows} positions")
@@ -536,11 +543,12 @@ class CudaEngine:
             feed[:] = cp.asarray(tokens)
         cross_fast = state.cross_keys <= kernels.DECODE_MAX_KEYS
         split = halves_at(b) if self.step_halves else 0
+        mode = int(self.step_halves) if split else 0
 
         def launches():
-            self.step_launches(ws, b, cross_fast, head, k, sample, state.together, split)
+            self.step_launches(ws, b, cross_fast, head, k, sample, state.together, split, mode)
 
-        key = (head, k, b, cross_fast, sample, state.together, split, self.gemm_sms if split else None)
+        key = (head, k, b, cross_fast, sample, state.together, split, mode, self.gemm_sms if split else None)
         graph = ws.graphs.get(key) if state.graphs else None
         if graph is None and state.graphs and key not in ws.failed:
             try:
@@ -576,13 +584,15 @@ class CudaEngine:
             return stream.end_capture()
 
     def step_launches(self, ws: Workspace, b: int, cross_fast: bool, head: str, k: int, sample: tuple = (),
-                      together: bool = False, split: int = 0) -> None:
+                      together: bool = False, split: int = 0, mode: int = HALVES) -> None:
         """The kernels of one decoder step over the workspace's first b rows (see run_step). split > 0: the rows
         from `split` on go through the layers and the output projection as a second half, on side_stream, beside
-        the first half on the step's stream, the GEMMs of both on at most gemm_sms SMs (kernels.gemm_sms), so that
-        one half's attention (bound by memory) runs beside the other's GEMMs (bound by the tensor cores). Each half
-        works in its own rows of the step's arrays (step_rows): the two share no array they write, and each row's
-        results are the same bits as in a step in one piece."""
+        the first half on the step's stream, so that one half's attention (bound by memory) runs beside the
+        other's GEMMs (bound by the tensor cores). mode HALVES: each half launched whole, the two side by side,
+        the GEMMs of both on at most gemm_sms SMs (kernels.gemm_sms); STAGGERED: the halves take turns at the
+        products, the second a phase behind the first (take_turns). Each half works in its own rows of the step's
+        arrays (row_phases): the two share no array they write, and each row's results are the same bits as in a
+        step in one piece."""
         c, d, rows = self.config, self.config.d_model, ws.rows
         tokens, pos = rows("tokens", b), rows("pos", b)
         kernels.step_prep(tokens, rows("row_t", b), rows("slot_base", b), rows("table", b), pos, rows("new_rows", b),
@@ -597,19 +607,59 @@ class CudaEngine:
         self.forked.record(stream)
         self.side_stream.wait_event(self.forked)
         try:
-            with kernels.gemm_sms(self.gemm_sms):
-                self.step_rows(ws, 0, split, cross_fast, head, k, sample, together)
-                with self.side_stream:
-                    self.step_rows(ws, split, b, cross_fast, head, k, sample, together)
+            if mode == STAGGERED:
+                self.take_turns(self.row_phases(ws, 0, split, cross_fast, head, k, sample, together),
+                                self.row_phases(ws, split, b, cross_fast, head, k, sample, together), stream)
+            else:
+                with kernels.gemm_sms(self.gemm_sms):
+                    self.step_rows(ws, 0, split, cross_fast, head, k, sample, together)
+                    with self.side_stream:
+                        self.step_rows(ws, split, b, cross_fast, head, k, sample, together)
         finally:
             self.joined.record(self.side_stream)
             stream.wait_event(self.joined)
 
+    def take_turns(self, first: Iterator[str], second: Iterator[str], stream: cp.cuda.Stream) -> None:
+        """Two halves of a step (row_phases), the first on `stream`, the second on side_stream, launched a phase at
+        a time in numerics.staggered_order: a products phase first waits for the other half's products phase
+        before it in turn to end, then records its own end (turn_ended), so that no two halves' products run at
+        once and one half's attention runs beside the other's products. A "gemm" phase that an attention of the
+        other half may run beside takes at most gemm_sms SMs for its GEMMs, leaving the others to that attention;
+        the rest (the first turn, the second half's last before the output projections, the output projections
+        themselves) take every SM. In a graph capture each record and wait becomes an edge of the graph; launched one
+        by one, a wait holds for the record issued last before it: either way the same events serve every step."""
+        halves, streams = (first, second), (stream, self.side_stream)
+        on = (contextlib.nullcontext, lambda: self.side_stream)  # each half's stream as the current one
+        phases, kinds = self.phases, []
+        for half in (0, 1):  # each half's first phase (nothing launched yet: the half's arrays taken)
+            with on[half]():
+                kinds.append(next(halves[half]))
+        for half, phase, turn, beside in self.staggered:
+            if kinds[half] != phases[phase]:
+                raise RuntimeError(f"a step's half went to a {kinds[half]} phase where numerics.step_phases has "
+                                   f"a {phases[phase]} phase (its phase {phase})")
+            with on[half](), kernels.gemm_sms(self.gemm_sms if beside else None):
+                if turn:
+                    streams[half].wait_event(self.turn_ended[turn - 1])
+                kinds[half] = next(halves[half], None)
+                if turn is not None:
+                    self.turn_ended[turn].record(streams[half])
+        if kinds != [None, None]:
+            raise RuntimeError(f"a step's halves have phases past numerics.step_phases' {len(phases)}")
+
     def step_rows(self, ws: Workspace, lo: int, hi: int, cross_fast: bool, head: str, k: int, sample: tuple,
                   together: bool) -> None:
+        """row_phases' launches, one after another."""
+        for _ in self.row_phases(ws, lo, hi, cross_fast, head, k, sample, together):
+            pass
+
+    def row_phases(self, ws: Workspace, lo: int, hi: int, cross_fast: bool, head: str, k: int, sample: tuple,
+                   together: bool) -> Iterator[str]:
         """A decoder step's layers and output projection over its rows lo .. hi - 1, their embeddings in the
         workspace's "h" (step_launches): every array, the scratch of the launchers included (`take`), is rows
-        lo .. hi - 1 of the step's own, so each row's results land where the search reads them."""
+        lo .. hi - 1 of the step's own, so each row's results land where the search reads them. A generator of
+        the step's phases (numerics.step_phases), yielding each one's kind before its launches: the layers'
+        (decoder_phases), then the final LayerNorm and output projection, "head"."""
         c, pool, d, m = self.config, self.pool, self.config.d_model, hi - lo
         take = functools.partial(ws.take, start=lo)
         tokens, table, new_rows = ws.rows("tokens", m, lo), ws.rows("table", m, lo), ws.rows("new_rows", m, lo)
@@ -631,7 +681,8 @@ class CudaEngine:
             return kernels.attention(q, pool.cross_k(i), pool.cross_v(i), cross_start, cross_len,
                                      c.decoder_attention_heads, out=a, max_keys=cross_keys, together=together)
 
-        self.decoder_layers(h, attend_self, attend_source, take, qkv=qkv, q=q, f=f)
+        yield from self.decoder_phases(h, attend_self, attend_source, take, qkv=qkv, q=q, f=f)
+        yield HEAD
         final = kernels.layernorm(h, *self.dec_ln, out=take("final", (m, d), BF16))
         if head == "argmax":  # the ids into the token array, where the next step reads them
             kernels.logits_argmax(final, self.lm_head, ids=tokens, take=take)
@@ -653,17 +704,34 @@ class CudaEngine:
     def decoder_layers(self, h: cp.ndarray, attend_self: Callable[[int, cp.ndarray], cp.ndarray],
                        attend_source: Callable[[int, cp.ndarray], cp.ndarray], take=kernels.new_array,
                        qkv: cp.ndarray | None = None, q: cp.ndarray | None = None, f: cp.ndarray | None = None) -> None:
+        """decoder_phases' launches, one after another."""
+        for _ in self.decoder_phases(h, attend_self, attend_source, take, qkv, q, f):
+            pass
+
+    def decoder_phases(self, h: cp.ndarray, attend_self: Callable[[int, cp.ndarray], cp.ndarray],
+                       attend_source: Callable[[int, cp.ndarray], cp.ndarray], take=kernels.new_array,
+                       qkv: cp.ndarray | None = None, q: cp.ndarray | None = None,
+                       f: cp.ndarray | None = None) -> Iterator[str]:
         """The decoder's layers over the residual stream h (M, D) float32, in place: a decoder step's (one
         position a row, its K/V into the pool) and forced decoding's (every position of a row at once) alike.
         attend_self(layer, qkv (M, 3D)) and attend_source(layer, q (M, D)) give each layer's attention outputs
-        (M, D) bf16; qkv, q and f are the products' outputs where given (a step's workspace), else new arrays."""
+        (M, D) bf16; qkv, q and f are the products' outputs where given (a step's workspace), else new arrays.
+        A generator of phases: before each run of launches of one kind it yields the kind, in numerics.step_phases'
+        order (less the final "head"), so that a staggered step can launch two halves' phases in turns
+        (take_turns); decoder_layers launches them all at once."""
+        yield GEMM
         for i, layer in enumerate(self.decoder):
             x = self.normed(h, layer["self_attn_norm_w"], layer["self_attn_norm_b"], take)
             projected = self.linear(x, layer["self_qkv_w"], layer["self_qkv_b"], out=qkv, weights=True, take=take)
+            yield ATTENTION
             a = attend_self(i, projected)
+            yield GEMM
             self.linear(a, layer["self_out_w"], layer["self_out_b"], residual=h, out=h, weights=True, take=take)
             x = self.normed(h, layer["cross_attn_norm_w"], layer["cross_attn_norm_b"], take)
-            a = attend_source(i, self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take))
+            query = self.linear(x, layer["cross_q_w"], layer["cross_q_b"], out=q, weights=True, take=take)
+            yield ATTENTION
+            a = attend_source(i, query)
+            yield GEMM
             self.linear(a, layer["cross_out_w"], layer["cross_out_b"], residual=h, out=h, weights=True, take=take)
             x = self.normed(h, layer["ffn_norm_w"], layer["ffn_norm_b"], take)
             inner = self.linear(x, layer["fc1_w"], layer["fc1_b"], relu=True, out=f, weights=True, take=take)

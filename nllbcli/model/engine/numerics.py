@@ -1,5 +1,5 @@
 """NumPy helpers that both engines and the search share: the position table, log-softmax, a sorted top-k, forced
-decoding's packed layout, where a decoder step splits in halves.
+decoding's packed layout, where a decoder step splits in halves and the order its halves' phases go out in.
 
 They sit below engine/reference.py, model/engine/cuda.py and search.py, and import none of them.
 """
@@ -106,6 +106,59 @@ def halves_at(b: int) -> int:
     rows, or where the first half would take every row."""
     at = -(-b // (2 * HALF_ROWS)) * HALF_ROWS
     return at if b >= HALVES_MIN_ROWS and at < b else 0
+
+
+# How a step over many rows runs (the GPU engine's step_halves, NLLB_STEP_HALVES): in one piece, as two halves side
+# by side, or as two halves taking turns at the products (staggered_order)
+WHOLE, HALVES, STAGGERED = 0, 1, 2
+
+# A decoder step's phases, each a run of launches of one kind (CudaEngine.decoder_phases): products with the
+# LayerNorms between them (bound by the tensor cores), an attention (bound by memory), the output projection
+GEMM, ATTENTION, HEAD = "gemm", "attention", "head"
+
+
+def step_phases(layers: int) -> list[str]:
+    """The kinds of a decoder step's phases, in order: a layer's self-attention (its K/V copied into the pool
+    first) and cross-attention are "attention"; the products between them "gemm" (the self-attention's output
+    product, LayerNorm, the cross-attention's query product); a layer's cross-attention output product and
+    feed-forward products run in one "gemm" phase with the next layer's LayerNorm and Q/K/V product; the final
+    LayerNorm and output projection (with its argmax, top-k or draw) are "head"."""
+    return [GEMM] + [ATTENTION, GEMM, ATTENTION, GEMM] * layers + [HEAD]
+
+
+class Issue(NamedTuple):
+    """One phase of a staggered step's half as the host issues it (staggered_order)."""
+
+    half: int  # 0 or 1
+    phase: int  # its index in the step's phases
+    turn: int | None  # a products phase's turn, None for an attention
+    beside: bool  # an attention of the other half may run beside it (a products phase)
+
+
+def staggered_order(phases: list[str]) -> list[Issue]:
+    """The order the host issues the phases of two halves of a step in when they take turns at the products
+    (the GPU engine's STAGGERED step). The turns alternate, the first half's k-th products phase ("gemm" or
+    "head") turn 2k and the second's turn 2k + 1, and each turn waits for the one before it to end: no two
+    halves' products run at once, and the second half runs a phase behind the first, its products beside the
+    first half's attention and its attention beside the first half's products. Each half's phases go out in
+    their order, and a turn after the turn it waits for. A turn has an attention beside it where the other half
+    has one between its turns just before and just after it (the first turn, the output projections and the
+    second half's last turn before them have none)."""
+    ends = [p for p, kind in enumerate(phases) if kind != ATTENTION]  # each products phase, in turn order
+    order, issued = [], [0, 0]  # phases issued so far, per half
+    for k, end in enumerate(ends + [len(phases) - 1]):  # (past the last turn: the attentions after it, if any)
+        for half in (0, 1):
+            for p in range(issued[half], end + 1):
+                if phases[p] == ATTENTION:
+                    order.append(Issue(half, p, None, False))
+                    continue
+                # the other half's turns just before and after this one: its products phases k - 1 + half, k + half
+                before = ends[k - 1 + half] if k - 1 + half >= 0 else -1
+                after = ends[k + half] if k + half < len(ends) else len(phases)
+                beside = ATTENTION in phases[before + 1 : after]
+                order.append(Issue(half, p, 2 * k + half, beside))
+            issued[half] = max(issued[half], end + 1)
+    return order
 
 
 def to_host(a) -> np.ndarray:
