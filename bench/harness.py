@@ -150,50 +150,58 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
         held[kind] = memory.total_bytes() - before
     del weights
     for (batch, beams, variant), mode in ((run, mode) for run in runs for mode in modes):
-        kind = ENGINES.get(variant, plain)
-        engine = engines[kind]
-        for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
-            each.drop_pool()
-        options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS if mode == "forced" else real.CAP,
-                                **VARIANTS[variant])
-        copies = COPIES.get(variant, 1)
-        run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
-        # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
-        most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
-        ends = real.lengths_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
-        rows, source_rows = engine.capacity(max(ends), options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
-        langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
+        try:
+            kind = ENGINES.get(variant, plain)
+            engine = engines[kind]
+            for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
+                each.drop_pool()
+            options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS if mode == "forced" else real.CAP,
+                                    **VARIANTS[variant])
+            copies = COPIES.get(variant, 1)
+            run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
+            # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
+            most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
+            ends = real.lengths_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
+            rows, source_rows = engine.capacity(max(ends), options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
+            langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
 
-        def parts(start: int, end: int):
-            for part in in_parts(run_sources[start:end], options.rows_per_sentence, rows, source_rows):
-                yield part, langs[start : start + len(part)]
-                start += len(part)
+            def parts(start: int, end: int):
+                for part in in_parts(run_sources[start:end], options.rows_per_sentence, rows, source_rows):
+                    yield part, langs[start : start + len(part)]
+                    start += len(part)
 
-        if mode == "real":
-            real.install(real.held_out_ratios())
-        pool = cp.get_default_memory_pool()
-        # warm-up: every batch once, so that the steps' CUDA graphs of every row count the batches meet are made,
-        # as in a long job (with real lengths a batch thins step by step, through the row counts of many graphs)
-        for part, part_langs in (p for i in range(0, len(run_sources), batch) for p in parts(i, i + batch)):
-            generate_ids(engine, part, part_langs, config, options)
-        cp.cuda.Device().synchronize()
-        pool_peak = pool.total_bytes()
-        t = time.perf_counter()
-        made = []
-        for i in range(0, len(run_sources), batch):
-            for part, part_langs in parts(i, i + batch):
-                made += [len(o) + 1 for o in generate_ids(engine, part, part_langs, config, options)]  # the language
-            pool_peak = max(pool_peak, pool.total_bytes())  # token counts, as in max_new_tokens
-        cp.cuda.Device().synchronize()
-        seconds = time.perf_counter() - t
-        if mode == "real":
+            if mode == "real":
+                real.install(real.held_out_ratios())
+            pool = cp.get_default_memory_pool()
+            # warm-up: every batch once, so that the steps' CUDA graphs of every row count the batches meet are made,
+            # as in a long job (with real lengths a batch thins step by step, through the row counts of many graphs)
+            for part, part_langs in (p for i in range(0, len(run_sources), batch) for p in parts(i, i + batch)):
+                generate_ids(engine, part, part_langs, config, options)
+            cp.cuda.Device().synchronize()
+            pool_peak = pool.total_bytes()
+            t = time.perf_counter()
+            made = []
+            for i in range(0, len(run_sources), batch):
+                for part, part_langs in parts(i, i + batch):
+                    made += [len(o) + 1 for o in generate_ids(engine, part, part_langs, config, options)]  # the language
+                pool_peak = max(pool_peak, pool.total_bytes())  # token counts, as in max_new_tokens
+            cp.cuda.Device().synchronize()
+            seconds = time.perf_counter() - t
+            if mode == "real":
+                real.uninstall()
+            tokens = sum(made)
+            results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant,
+                            "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens,
+                            "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[kind]) / 2**30,
+                            "weights_gib": held[kind] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
+            print(json.dumps(results[-1]), flush=True)
+        except cp.cuda.memory.OutOfMemoryError:  # this configuration does not fit the GPU: said, and the next one run
             real.uninstall()
-        tokens = sum(made)
-        results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant,
-                        "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens,
-                        "seconds": seconds, "tokens_per_s": tokens / seconds, "peak_gib": (pool_peak - sum(held.values()) + held[kind]) / 2**30,
-                        "weights_gib": held[kind] / 2**30, "kv_pool_gib": engine.pool.nbytes / 2**30, "pool_rows": rows, "pool_source_rows": source_rows})
-        print(json.dumps(results[-1]), flush=True)
+            for each in engines.values():
+                each.drop_pool()
+            cp.get_default_memory_pool().free_all_blocks()
+            results.append({"engine": "nllbcli", "preset": preset.name, "batch": batch, "beams": beams, "variant": variant, "lengths": mode, "error": "out of memory"})
+            print(json.dumps(results[-1]), flush=True)
     engines.clear()
     engine = each = None  # no reference left: transformers runs next, in the memory the engines held
     gc.collect()
@@ -222,65 +230,73 @@ def bench_transformers(sources, runs, results, preset: Preset, modes: tuple[str,
     model = M2M100ForConditionalGeneration(m2m100_config(c)).to("cuda", torch.bfloat16).eval()
     ratios = real.held_out_ratios() if "real" in modes else ()
     for (batch, beams, _), mode in ((run, mode) for run in runs for mode in modes):
-        new_tokens = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS} if mode == "forced" else \
-            {"max_new_tokens": real.CAP}
-        gen = GenerationConfig(num_beams=beams, do_sample=False, forced_bos_token_id=preset.tgt_lang_id,
-                               decoder_start_token_id=c.decoder_start_token_id, eos_token_id=c.eos_token_id,
-                               pad_token_id=c.pad_token_id, early_stopping=False, **new_tokens)
+        try:
+            new_tokens = {"max_new_tokens": NEW_TOKENS, "min_new_tokens": NEW_TOKENS} if mode == "forced" else \
+                {"max_new_tokens": real.CAP}
+            gen = GenerationConfig(num_beams=beams, do_sample=False, forced_bos_token_id=preset.tgt_lang_id,
+                                   decoder_start_token_id=c.decoder_start_token_id, eos_token_id=c.eos_token_id,
+                                   pad_token_id=c.pad_token_id, early_stopping=False, **new_tokens)
 
-        def run(chunk) -> list[int]:
-            """Each sentence's generated tokens, the language token and </s> counted (as max_new_tokens counts)."""
-            width = max(len(s) for s in chunk)
-            ids = torch.full((len(chunk), width), c.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            for i, s in enumerate(chunk):
-                ids[i, : len(s)] = torch.tensor(s)
-                mask[i, : len(s)] = 1
-            ending = LogitsProcessorList([real.forced_end(real.lengths_of(chunk, ratios), beams, c.eos_token_id)]) \
-                if mode == "real" else None
-            with torch.no_grad():
-                out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen,
-                                     logits_processor=ending)
-            if mode == "forced":
-                return [out.shape[1] - 1] * len(chunk)
-            ended = out[:, 1:] == c.eos_token_id  # after the decoder start (</s> in NLLB)
-            return torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, out.shape[1] - 1).tolist()
+            def run(chunk) -> list[int]:
+                """Each sentence's generated tokens, the language token and </s> counted (as max_new_tokens counts)."""
+                width = max(len(s) for s in chunk)
+                ids = torch.full((len(chunk), width), c.pad_token_id, dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for i, s in enumerate(chunk):
+                    ids[i, : len(s)] = torch.tensor(s)
+                    mask[i, : len(s)] = 1
+                ending = LogitsProcessorList([real.forced_end(real.lengths_of(chunk, ratios), beams, c.eos_token_id)]) \
+                    if mode == "real" else None
+                with torch.no_grad():
+                    out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen,
+                                         logits_processor=ending)
+                if mode == "forced":
+                    return [out.shape[1] - 1] * len(chunk)
+                ended = out[:, 1:] == c.eos_token_id  # after the decoder start (</s> in NLLB)
+                return torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, out.shape[1] - 1).tolist()
 
-        run(sources[:batch])  # warm-up at this size
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        t = time.perf_counter()
-        made = [n for i in range(0, len(sources), batch) for n in run(sources[i : i + batch])]
-        torch.cuda.synchronize()
-        seconds = time.perf_counter() - t
-        ends = real.lengths_of(sources, ratios) if mode == "real" else [NEW_TOKENS] * len(sources)
-        tokens = sum(made)
-        results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams,
-                        "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens, "seconds": seconds,
-                        "tokens_per_s": tokens / seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
-        print(json.dumps(results[-1]), flush=True)
+            run(sources[:batch])  # warm-up at this size
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            t = time.perf_counter()
+            made = [n for i in range(0, len(sources), batch) for n in run(sources[i : i + batch])]
+            torch.cuda.synchronize()
+            seconds = time.perf_counter() - t
+            ends = real.lengths_of(sources, ratios) if mode == "real" else [NEW_TOKENS] * len(sources)
+            tokens = sum(made)
+            results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams,
+                            "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens, "seconds": seconds,
+                            "tokens_per_s": tokens / seconds, "peak_gib": torch.cuda.max_memory_allocated() / 2**30})
+            print(json.dumps(results[-1]), flush=True)
+        except torch.cuda.OutOfMemoryError:  # this configuration does not fit the GPU: said, and the next one run
+            torch.cuda.empty_cache()
+            results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams, "lengths": mode,
+                            "error": "out of memory"})
+            print(json.dumps(results[-1]), flush=True)
 
 
 def table(results: list[dict]) -> str:
     best = {}
     for r in results:
-        if r.get("variant"):
+        if r.get("variant") or "error" in r:
             continue
         key = (r["engine"], r["beams"], r.get("lengths", "forced"))
         if key not in best or r["tokens_per_s"] > best[key]["tokens_per_s"]:
             best[key] = r
     lines = ["| engine | batch | beams | variant | lengths | tokens/s | peak GiB |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['engine']} | {r['batch']} | {r['beams']} | {r.get('variant', '')} | {r.get('lengths', 'forced')} | "
-              f"{r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |" for r in results]
+              + (f"{r['tokens_per_s']:,.0f} | {r['peak_gib']:.1f} |" if "error" not in r else f"{r['error']} | |")
+              for r in results]
     for beams, mode in sorted({(r["beams"], r.get("lengths", "forced")) for r in results}):
         ours, theirs = best.get(("nllbcli", beams, mode)), best.get(("transformers", beams, mode))
         if ours and theirs:
             lines.append(f"\nbeam {beams}, {mode} lengths: best nllbcli / best transformers = "
                          f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}")
-    forced = {(r["engine"], r["batch"], r["beams"], r.get("variant", "")): r for r in results if r.get("lengths") == "forced"}
+    forced = {(r["engine"], r["batch"], r["beams"], r.get("variant", "")): r for r in results
+              if r.get("lengths") == "forced" and "error" not in r}
     for r in results:  # how much of the forced-length speed each engine keeps with real lengths
         f = forced.get((r["engine"], r["batch"], r["beams"], r.get("variant", "")))
-        if r.get("lengths") == "real" and f:
+        if r.get("lengths") == "real" and f and "error" not in r:
             lines.append(f"{r['engine']} {r['batch']}x{r['beams']}{':' + r['variant'] if r.get('variant') else ''}: "
                          f"real / forced lengths = {r['tokens_per_s'] / f['tokens_per_s']:.3f}")
     return "\n".join(lines)

@@ -54,7 +54,9 @@ def test_the_table_gives_each_engine_s_real_against_forced_lengths():
     runs = [{"engine": e, "batch": 8, "beams": 1, "variant": "", "lengths": m, "tokens_per_s": v, "peak_gib": 1.0}
             for e, m, v in (("nllbcli", "forced", 400.0), ("nllbcli", "real", 300.0),
                             ("transformers", "forced", 100.0), ("transformers", "real", 50.0))]
+    runs.append({"engine": "nllbcli", "batch": 16, "beams": 1, "variant": "", "lengths": "real", "error": "out of memory"})
     text = harness.table(runs)
+    assert "| nllbcli | 16 | 1 |  | real | out of memory | |" in text
     assert "beam 1, forced lengths: best nllbcli / best transformers = 4.00" in text
     assert "beam 1, real lengths: best nllbcli / best transformers = 6.00" in text
     assert "nllbcli 8x1: real / forced lengths = 0.750" in text
