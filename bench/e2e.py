@@ -197,7 +197,7 @@ from nllbcli.model.shapes import DEFAULT, PRESETS, parameter_count
 from nllbcli.model.shapes import random_weights as shape_weights
 from nllbcli.model.checkpoint import ModelConfig, write_safetensors
 
-from bench.lengths import CAP
+from bench.lengths import CAP, GUARD
 
 SAMPLE = ROOT / "data" / "samples" / "model"
 HELDOUT = ROOT / "data" / "samples" / "heldout"
@@ -427,7 +427,8 @@ class Runner:
     def nllb(self, label: str, source: Path, cache_dir: Path | None = None, timeout: float | None = None,
              real_lengths: bool = False) -> dict:
         """One `nllb translate` job; returns its record (wall, exit, summary, start-up timestamps). real_lengths:
-        each sentence ends at its own length (bench/lengths.py, installed by the probe), at most lengths.CAP."""
+        each sentence ends at its own length (bench/lengths.py, installed by the probe), within the limits of
+        lengths.GUARD."""
         a = self.args
         self.count += 1
         tag = f"nllb{self.count}"
@@ -436,6 +437,8 @@ class Runner:
         options = ["translate", "--src", a.src, "--tgt", a.tgt, "--model", str(self.model_dir), "--device", a.device,
                    "--beam-size", str(a.beam_size), "--max-length", str(CAP if real_lengths else a.new_tokens),
                    "--progress", "json"]
+        if real_lengths:  # the limits a job gives (docs/DECODING.md), which the pool is planned by
+            options += ["--max-length-a", str(GUARD["max_length_a"]), "--max-length-b", str(GUARD["max_length_b"])]
         if a.max_batch_tokens:
             options += ["--max-batch-tokens", str(a.max_batch_tokens)]
         if a.chunk_rows:

@@ -24,8 +24,9 @@ FP8 E4M3; fp8kv8: both), to time it against the plain search in the same run:
     python -m bench.harness --ours 4096x1,4096x1:scores,4096x1:sample,2048x4,2048x4:hyp4 --transformers ""
 
 Real lengths (--lengths real, or forced,real for both in one run): each sentence ends at its own length, drawn
-from the sample model's held-out target/source length ratios (bench/lengths.py), at most 200 tokens, on both
-engines: nllbcli's finished sentences leave the batch, transformers' stay in it padded until its longest ends.
+from the sample model's held-out target/source length ratios (bench/lengths.py), on both engines: nllbcli's
+finished sentences leave the batch, transformers' stay in it padded until its longest ends. nllbcli's KV pool is
+planned by the limits of --max-length-a 1.5 --max-length-b 10 (what docs/DECODING.md suggests), as for a job.
 Every run is made at each length given, the engines' runs in one process each; the table gives each engine's
 real-length tokens/s against its forced-length figure at the same batch.
 """
@@ -155,14 +156,16 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
             engine = engines[kind]
             for each in engines.values():  # each configuration's peak memory its own: the other engine's pool goes
                 each.drop_pool()
-            options = DecodeOptions(beam_size=beams, max_length=NEW_TOKENS if mode == "forced" else real.CAP,
-                                    **VARIANTS[variant])
+            lengths = {"max_length": NEW_TOKENS} if mode == "forced" else {"max_length": real.CAP, **real.GUARD}
+            options = DecodeOptions(beam_size=beams, **lengths, **VARIANTS[variant])
             copies = COPIES.get(variant, 1)
             run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
             # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
             most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
             ends = real.lengths_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
-            rows, source_rows = engine.capacity(max(ends), options.rows_per_sentence, sentences=batch, source_tokens=most_tokens)
+            # the pool planned by the limits (a real-length run's sentences end before theirs), as for a job
+            rows, source_rows = engine.capacity(max(options.length_limits(run_sources)), options.rows_per_sentence,
+                                                sentences=batch, source_tokens=most_tokens)
             langs = [preset.tgt_lang_id + n % copies for n in range(len(run_sources))]  # other language tokens
 
             def parts(start: int, end: int):

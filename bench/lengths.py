@@ -12,8 +12,11 @@ the target's tokens over the source's, each counting its language token and </s>
 median 1.00, the middle half 0.92-1.09: a batch of sources of one length finishes over a spread of steps.
 
 How each engine is made to end there, with the work of a real end:
-- nllbcli: `install` gives DecodeOptions.length_limits these lengths, so a sentence leaves the batch at its
-  limit, as at </s> (its rows gone from the step, its KV rows freed); the benchmarks' models never reach </s>.
+- nllbcli: `install` makes these lengths the limits the search gets, so a sentence leaves the batch there, as at
+  </s> (its rows gone from the step, its KV rows freed; the benchmarks' models never reach </s>), while the KV
+  pool is planned, as in any job, by the options' limits: the runs with real lengths give the guard that
+  docs/DECODING.md suggests, --max-length-a 1.5 --max-length-b 10 (GUARD), which every drawn length of a source
+  of up to 71 tokens is within.
 - transformers: `ForcedEnd`, a logits processor that bans </s> before a row's length and forces it there; a
   finished row stays in transformers' batch (padded) until the batch's longest ends, as it does in `generate`.
 Both take the same number of decoder passes per sentence, its length. nllbcli's last token is a piece where
@@ -22,6 +25,7 @@ transformers' is </s>, so their texts differ by that piece.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Sequence
 from functools import lru_cache
@@ -33,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = ROOT / "data" / "samples" / "heldout"
 SAMPLE_MODEL = ROOT / "data" / "samples" / "model"
 CAP = 200  # the longest a sentence generates (DecodeOptions.max_length's default)
+GUARD = {"max_length_a": 1.5, "max_length_b": 10}  # the limits of a job with real lengths (docs/DECODING.md)
 
 
 @lru_cache(maxsize=1)
@@ -59,25 +64,47 @@ def lengths_of(sources: Sequence[Sequence[int]], ratios: Sequence[float], cap: i
 
 
 def install(ratios: Sequence[float]) -> None:
-    """nllbcli's searches end each sentence at its length (within the options' max_length) in this process, until
-    uninstall()."""
+    """In this process, until uninstall(): each sentence a search takes ends at its length, unless the options'
+    limit (--max-length, --max-length-a/b) ends it before; what the pool is planned by, the limits, is unchanged."""
+    from nllbcli.model import search, translator
     from nllbcli.options import DecodeOptions
 
-    def length_limits(options: DecodeOptions, sources: Sequence[Sequence[int]]) -> list[int]:
-        return lengths_of(sources, ratios, options.max_length)
+    limits_of = ORIGINAL.setdefault("length_limits", DecodeOptions.length_limits)
 
-    ORIGINAL.setdefault("length_limits", DecodeOptions.length_limits)
+    def length_limits(options: DecodeOptions, sources: Sequence[Sequence[int]]) -> list[int]:
+        limits = limits_of(options, sources)
+        if not getattr(SEARCHING, "on", False):
+            return limits
+        return [min(limit, end) for limit, end in zip(limits, lengths_of(sources, ratios, options.max_length))]
+
+    def ending(generate):
+        def generate_ending(*args, **kwargs):
+            SEARCHING.on = True
+            try:
+                return generate(*args, **kwargs)
+            finally:
+                SEARCHING.on = False
+
+        return generate_ending
+
     DecodeOptions.length_limits = length_limits
+    for module in (search, translator):
+        module.generate = ending(ORIGINAL.setdefault(module.__name__, module.generate))
 
 
 def uninstall() -> None:
+    from nllbcli.model import search, translator
     from nllbcli.options import DecodeOptions
 
     if "length_limits" in ORIGINAL:
         DecodeOptions.length_limits = ORIGINAL.pop("length_limits")
+    for module in (search, translator):
+        if module.__name__ in ORIGINAL:
+            module.generate = ORIGINAL.pop(module.__name__)
 
 
 ORIGINAL: dict = {}  # what install replaced
+SEARCHING = threading.local()  # on inside a search.generate: the sentences' ends are the limits it gets
 
 
 def forced_end(lengths: Sequence[int], beams: int, eos: int):

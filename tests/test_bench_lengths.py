@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench import harness, lengths
-from nllbcli.model.search import generate
+from nllbcli.model import search
 from nllbcli.model.translator import load_translator
 from nllbcli.options import DecodeOptions
 
@@ -37,17 +37,21 @@ def test_installed_lengths_end_each_sentence_there_and_go_when_uninstalled(beams
     config = dataclasses.replace(tr.config, eos_token_id=tr.config.vocab_size - 1)  # </s> out of reach, as the harness
     rng = np.random.default_rng(1)
     sources = [[4] + rng.integers(5, 90, n - 2).tolist() + [2] for n in rng.integers(4, 20, 12)]
-    options = DecodeOptions(beam_size=beams, max_length=25)
+    options = DecodeOptions(beam_size=beams, max_length=25, max_length_a=1.1, max_length_b=1)
     ratios = [0.6, 0.9, 1.0, 1.2, 1.6]
     lang = tr.tokenizer.lang_id("fra_Latn")
+    limits = options.length_limits(sources)
     lengths.install(ratios)
     try:
-        ends = [len(h[0].ids) + 1 for h in generate(tr.engine, sources, lang, config, options)]
+        ends = [len(h[0].ids) + 1 for h in search.generate(tr.engine, sources, lang, config, options)]
+        assert options.length_limits(sources) == limits  # outside a search: the pool's plan as ever
     finally:
         lengths.uninstall()
-    assert ends == lengths.lengths_of(sources, ratios, cap=25)
+    drawn = lengths.lengths_of(sources, ratios, cap=25)
+    assert ends == [min(d, limit) for d, limit in zip(drawn, limits)]
+    assert any(d > limit for d, limit in zip(drawn, limits)) and any(d < limit for d, limit in zip(drawn, limits))
     assert len(set(ends)) > 3
-    assert options.length_limits(sources) == [25] * len(sources)
+    assert search.generate.__name__ == "generate" and options.length_limits(sources) == limits
 
 
 def test_the_table_gives_each_engine_s_real_against_forced_lengths():
