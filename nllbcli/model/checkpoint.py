@@ -668,9 +668,8 @@ def model_identity(model_dir: str | Path, adapter: str | Path | None = None, com
     """The model part of a job's identity (job.spec.identity_of): what the model computes
     with, so that --resume never continues a job's rows with another model's. The model's directory and files
     (MODEL_FILES and the weights), the adapter's likewise (None without one), the compute type, and the K/V cache
-    type where it is not the default, bfloat16 (a job recorded without one, as every job before the option was,
-    kept its cache in bfloat16: its identity is the same). A translator made without a model directory has none
-    (None)."""
+    type where it is not the default, bfloat16 (an identity without one means bfloat16). A translator made without
+    a model directory has none (None)."""
     model = Path(model_dir) if model_dir else None
     identity = {"model": None if model is None else files_identity(model, named_files(model, MODEL_FILES) + weight_files(model)),
                 "adapter": None if adapter is None else files_identity(Path(adapter), named_files(Path(adapter), ADAPTER_FILES)),
