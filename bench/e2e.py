@@ -653,10 +653,10 @@ def measure_c(runner: Runner, source: Path, lines: list[str]) -> None:
 
 def measure_r(runner: Runner, source: Path, lines: list[str], tokenizer) -> None:
     """The job at forced and at real lengths, nllb and transformers (see R in the module's docstring)."""
-    from bench.lengths import held_out_ratios, lengths_of
+    from bench.lengths import ends_of, held_out_ratios
 
     a, out = runner.args, runner.out
-    ends = lengths_of([tokenizer.encode(line, a.src) for line in lines], held_out_ratios())
+    ends = ends_of([tokenizer.encode(line, a.src) for line in lines], held_out_ratios())
     lengths_file = runner.work / "lengths.json"
     lengths_file.write_text(json.dumps(ends))
     tokens = {"forced": a.new_tokens * len(lines), "real": sum(ends)}

@@ -162,7 +162,7 @@ def bench_ours(sources, runs, results, preset: Preset, modes: tuple[str, ...] = 
             run_sources = [s for s in sources for _ in range(copies)]  # a source's copies side by side, as plan_chunk keeps them
             # the pool sized for the job's largest batch, as the Translator sizes it for each (rows, source tokens)
             most_tokens = max(sum(map(len, sources[i : i + batch // copies])) for i in range(0, len(sources), batch // copies))
-            ends = real.lengths_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
+            ends = real.ends_of(run_sources, real.held_out_ratios()) if mode == "real" else [NEW_TOKENS] * len(run_sources)
             # the pool planned by the limits (a real-length run's sentences end before theirs), as for a job
             rows, source_rows = engine.capacity(max(options.length_limits(run_sources)), options.rows_per_sentence,
                                                 sentences=batch, source_tokens=most_tokens)
@@ -248,7 +248,7 @@ def bench_transformers(sources, runs, results, preset: Preset, modes: tuple[str,
                 for i, s in enumerate(chunk):
                     ids[i, : len(s)] = torch.tensor(s)
                     mask[i, : len(s)] = 1
-                ending = LogitsProcessorList([real.forced_end(real.lengths_of(chunk, ratios), beams, c.eos_token_id)]) \
+                ending = LogitsProcessorList([real.forced_end(real.ends_of(chunk, ratios), beams, c.eos_token_id)]) \
                     if mode == "real" else None
                 with torch.no_grad():
                     out = model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), generation_config=gen,
@@ -265,7 +265,7 @@ def bench_transformers(sources, runs, results, preset: Preset, modes: tuple[str,
             made = [n for i in range(0, len(sources), batch) for n in run(sources[i : i + batch])]
             torch.cuda.synchronize()
             seconds = time.perf_counter() - t
-            ends = real.lengths_of(sources, ratios) if mode == "real" else [NEW_TOKENS] * len(sources)
+            ends = real.ends_of(sources, ratios) if mode == "real" else [NEW_TOKENS] * len(sources)
             tokens = sum(made)
             results.append({"engine": "transformers", "preset": preset.name, "batch": batch, "beams": beams,
                             "lengths": mode, "lengths_as_drawn": made == ends, "tokens": tokens, "seconds": seconds,

@@ -63,6 +63,15 @@ def lengths_of(sources: Sequence[Sequence[int]], ratios: Sequence[float], cap: i
     return [length_of(source, ratios, cap) for source in sources]
 
 
+def ends_of(sources: Sequence[Sequence[int]], ratios: Sequence[float]) -> list[int]:
+    """Where each sentence of a run with real lengths ends: its length, or GUARD's limit where that comes first
+    (nllbcli's search stops there; transformers is made to end there too)."""
+    from nllbcli.options import DecodeOptions
+
+    limits = DecodeOptions(max_length=CAP, **GUARD).length_limits(sources)
+    return [min(end, limit) for end, limit in zip(lengths_of(sources, ratios), limits)]
+
+
 def install(ratios: Sequence[float]) -> None:
     """In this process, until uninstall(): each sentence a search takes ends at its length, unless the options'
     limit (--max-length, --max-length-a/b) ends it before; what the pool is planned by, the limits, is unchanged."""

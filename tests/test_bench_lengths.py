@@ -27,6 +27,10 @@ def test_a_sentence_s_length_depends_on_its_ids_alone():
     assert drawn == [lengths.length_of(list(s), ratios) for s in sources]  # any batch, any order
     assert all(2 <= n <= lengths.CAP for n in drawn)
     assert lengths.lengths_of(sources, ratios, cap=30) == [min(n, 30) for n in drawn]
+    long = [list(range(4, 4 + n)) for n in (60, 71, 90, 150)]  # within GUARD's limit up to 71 source tokens
+    assert lengths.ends_of(long, ratios)[:2] == lengths.lengths_of(long, ratios)[:2]
+    assert lengths.ends_of(long, ratios) == [min(n, int(1.5 * len(s) + 10), 200)
+                                             for n, s in zip(lengths.lengths_of(long, ratios), long)]
     per_token = np.array(drawn) / np.array([len(s) for s in sources])
     assert per_token.std() > 0.1  # sources of one length end at different steps
 
