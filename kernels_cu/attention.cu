@@ -488,6 +488,48 @@ __device__ __forceinline__ void walk_key_rows(const __nv_bfloat16* __restrict__ 
     }
 }
 
+// The warp's (row, head) of a decode block: with `together`, a block takes 4 consecutive rows of one head (rows that
+// read the same keys share them in L1), else 4 consecutive (row, head) pairs. False: the warp has none.
+__device__ __forceinline__ bool decode_row_head(int together, int rows, int H, int warp, int& row, int& h) {
+    if (together) {
+        row = blockIdx.x / H * 4 + warp, h = blockIdx.x % H;
+        return row < rows;
+    }
+    const int pair = blockIdx.x * 4 + warp;
+    if (pair >= rows * H) return false;
+    row = pair / H, h = pair - row * H;
+    return true;
+}
+
+// A lane's VEC query elements as floats.
+template <int VEC>
+__device__ __forceinline__ void load_query(const __nv_bfloat16* at, float (&qv)[VEC]) {
+    uint4 raw[VEC / 8];
+    load_part<VEC>(at, raw);
+#pragma unroll
+    for (int x = 0; x < VEC; ++x) qv[x] = part_value<VEC>(raw, x);
+}
+
+// The four 8-lane groups' sums of a lane's VEC output columns, times inv, stored as bf16 at dst by group 0.
+template <int VEC>
+__device__ __forceinline__ void store_decode_out(float (&acc)[VEC], float inv, int group, __nv_bfloat16* dst) {
+#pragma unroll
+    for (int x = 0; x < VEC; ++x) {
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
+        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 16);
+    }
+    if (group != 0) return;
+#pragma unroll
+    for (int c = 0; c < VEC / 8; ++c) {
+        uint4 packed;
+        __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+        for (int x = 0; x < 4; ++x)
+            pk[x] = __floats2bfloat162_rn(acc[c * 8 + 2 * x] * inv, acc[c * 8 + 2 * x + 1] * inv);
+        *reinterpret_cast<uint4*>(dst + c * 8) = packed;
+    }
+}
+
 template <int E>
 __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict__ q, int ldq,
                                                  const __nv_bfloat16* __restrict__ k,
@@ -500,26 +542,14 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
     constexpr int VEC = E / 8;  // elements per lane of a key or value row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row, h;
-    if (together) {  // a block: 4 consecutive rows, one head (rows that read the same keys share them in L1)
-        row = blockIdx.x / H * 4 + warp, h = blockIdx.x % H;
-        if (row >= rows) return;
-    } else {  // a block: 4 consecutive (row, head) pairs
-        const int pair = blockIdx.x * 4 + warp;
-        if (pair >= rows * H) return;
-        row = pair / H, h = pair - row * H;
-    }
+    if (!decode_row_head(together, rows, H, warp, row, h)) return;
     const int n = length[row];
     const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
     const int first = table ? 0 : start[row];
     const int group = lane >> 3, sub = lane & 7;
     const size_t column = h * E + sub * VEC;
     float qv[VEC];
-    {
-        uint4 raw[VEC / 8];
-        load_part<VEC>(q + (size_t)row * ldq + column, raw);
-#pragma unroll
-        for (int x = 0; x < VEC; ++x) qv[x] = part_value<VEC>(raw, x);
-    }
+    load_query<VEC>(q + (size_t)row * ldq + column, qv);
     float* sc = scores[warp];
     float m = NEG_INF;
     using Raw = uint4[VEC / 8];
@@ -568,23 +598,7 @@ __device__ __forceinline__ void attention_decode(const __nv_bfloat16* __restrict
             for (int x = 0; x < VEC; ++x) acc[x] += p * part_value<VEC>(rawb, x);
         }
     });
-#pragma unroll
-    for (int x = 0; x < VEC; ++x) {
-        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
-        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 16);
-    }
-    if (group == 0) {
-        __nv_bfloat16* dst = out + (size_t)row * H * E + column;
-#pragma unroll
-        for (int c = 0; c < VEC / 8; ++c) {
-            uint4 packed;
-            __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-            for (int x = 0; x < 4; ++x)
-                pk[x] = __floats2bfloat162_rn(acc[c * 8 + 2 * x] * inv, acc[c * 8 + 2 * x + 1] * inv);
-            *reinterpret_cast<uint4*>(dst + c * 8) = packed;
-        }
-    }
+    store_decode_out<VEC>(acc, inv, group, out + (size_t)row * H * E + column);
 }
 
 #define DECODE_ENTRY(E, MIN_BLOCKS)                                                                              \
@@ -664,26 +678,14 @@ __device__ __forceinline__ void attention_decode_e4m3(const __nv_bfloat16* __res
     constexpr int VEC = E / 8;  // codes per lane of a key or value row
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int row, h;
-    if (together) {  // a block: 4 consecutive rows, one head (rows that read the same keys share them in L1)
-        row = blockIdx.x / H * 4 + warp, h = blockIdx.x % H;
-        if (row >= rows) return;
-    } else {  // a block: 4 consecutive (row, head) pairs
-        const int pair = blockIdx.x * 4 + warp;
-        if (pair >= rows * H) return;
-        row = pair / H, h = pair - row * H;
-    }
+    if (!decode_row_head(together, rows, H, warp, row, h)) return;
     const int n = length[row];
     const int* rows_of = table ? table + (size_t)row * table_stride : nullptr;
     const int first = table ? 0 : start[row];
     const int group = lane >> 3, sub = lane & 7;
     const size_t column = h * E + sub * VEC;
     float qv[VEC];
-    {
-        uint4 raw[VEC / 8];
-        load_part<VEC>(q + (size_t)row * ldq + column, raw);
-#pragma unroll
-        for (int x = 0; x < VEC; ++x) qv[x] = part_value<VEC>(raw, x);
-    }
+    load_query<VEC>(q + (size_t)row * ldq + column, qv);
     float* sc = scores[warp];
     float m = NEG_INF;
     using Raw = uint2[VEC / 8];
@@ -739,23 +741,7 @@ __device__ __forceinline__ void attention_decode_e4m3(const __nv_bfloat16* __res
             for (int x = 0; x < VEC; ++x) acc[x] += p * values[x];
         }
     });
-#pragma unroll
-    for (int x = 0; x < VEC; ++x) {
-        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 8);
-        acc[x] += __shfl_xor_sync(0xffffffff, acc[x], 16);
-    }
-    if (group == 0) {
-        __nv_bfloat16* dst = out + (size_t)row * H * E + column;
-#pragma unroll
-        for (int c = 0; c < VEC / 8; ++c) {
-            uint4 packed;
-            __nv_bfloat162* pk = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-            for (int x = 0; x < 4; ++x)
-                pk[x] = __floats2bfloat162_rn(acc[c * 8 + 2 * x] * inv, acc[c * 8 + 2 * x + 1] * inv);
-            *reinterpret_cast<uint4*>(dst + c * 8) = packed;
-        }
-    }
+    store_decode_out<VEC>(acc, inv, group, out + (size_t)row * H * E + column);
 }
 
 #define DECODE_E4M3_ENTRY(E, MIN_BLOCKS)                                                                         \

@@ -1,8 +1,9 @@
 """--kv-cache-type float8 on the CPU side: the NumPy model of the FP8 K/V cache (numerics.quantize_heads, the
 kernels' references reference.copy_rows_e4m3 and reference.attention_e4m3), the reference engine keeping its K and V
 so, its translations against the bf16 cache's, the option through the command, the API, Spark, --devices and Ray,
-the job's identity (the default leaves it as it was; another setting is refused on --resume), and the pool's
-planning with FP8 rows. (The GPU's kernels and engine: tests/gpu/test_kv8.py.)"""
+the job's identity (the default leaves it as it was; another setting is another job, which the command's --resume
+refuses: tests/test_option_identity.py), and the pool's planning with FP8 rows. (The GPU's kernels and engine:
+tests/gpu/test_kv8.py.)"""
 
 import json
 from pathlib import Path
@@ -10,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from jobfiles import stopped_after_commits
 
 import nllbcli
-from nllbcli.cli import cli, translate
+from nllbcli.cli import cli
 from nllbcli.errors import NllbError
 from nllbcli.job.spec import identity_of, job_identity
 from nllbcli.job.state import check_same_job
@@ -222,7 +222,7 @@ def identity(kv_cache_type: str) -> dict:
 
 
 def test_the_default_cache_leaves_a_jobs_identity_as_it_was():
-    """A job's identity names the K/V cache only off the default: a state recorded before the option (no such key)
+    """A job's identity names the K/V cache only off the default: a state without the key
     resumes as bfloat16, and a float8 job's differs from both."""
     plain, fp8 = identity("bfloat16"), identity("float8")
     assert "kv_cache_type" not in plain and fp8 == {**plain, "kv_cache_type": "float8"}
@@ -233,37 +233,6 @@ def test_the_default_cache_leaves_a_jobs_identity_as_it_was():
     translator = load_translator(TINY, "cpu", kv_cache_type="float8")
     job = Job("eng_Latn", "fra_Latn", input_format="text", output_format="text")
     assert job_identity(translator, job, DecodeOptions(), BatchOptions()) == fp8
-
-
-@pytest.fixture
-def here(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    Path("in.jsonl").write_text("".join(json.dumps({"text": row}) + "\n" for row in ROWS))
-    return tmp_path
-
-
-def run(*extra: str):
-    return CliRunner().invoke(cli, [*ARGS, "--chunk-rows", "10", *extra, "in.jsonl", "out.jsonl"])
-
-
-@pytest.mark.parametrize("first, then, was, now", [((), ("--kv-cache-type", "float8"), "bfloat16", "float8"),
-                                                   (("--kv-cache-type", "float8"), (), "float8", "bfloat16")])
-def test_a_job_resumed_with_another_kv_cache_type_is_refused(here, first, then, was, now):
-    with stopped_after_commits(1):
-        assert run(*first).exit_code == 130
-    partial = Path(".out.jsonl.nllb-partial").read_bytes()
-    refused = run(*then, "--resume")
-    assert refused.exit_code == 1
-    assert refused.stderr == (f"Error: cannot resume: the interrupted job differs in kv_cache_type (was {was!r}, now "
-                              f"{now!r}); run without --resume to start over.\n")
-    assert Path(".out.jsonl.nllb-partial").read_bytes() == partial
-    resumed = run(*first, "--resume")
-    assert resumed.exit_code == 0, resumed.output
-
-
-def test_the_option_fills_the_model_record():
-    assert any(getattr(p, "record", None) == "model" and p.field == "kv_cache_type" and "--kv-cache-type" in p.opts
-               for p in translate.params)
 
 
 # -- the pool

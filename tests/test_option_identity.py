@@ -52,8 +52,8 @@ def test_a_field_added_without_being_declared_is_refused(record):
 
 def test_the_model_part_of_the_identity_is_each_field_of_the_model_record():
     """ModelOptions' fields go into the identity by the model's and the adapter's files (model_identity), not by
-    the generic rule: the same keys (the K/V cache type where it is not the default, which leaves the identity of a
-    job recorded before the option as it was: tests/test_kv8.py)."""
+    the generic rule: the same keys (the K/V cache type where it is not the default: an identity without one means
+    bfloat16, tests/test_kv8.py)."""
     identity = identity_of(Job(None, None), DecodeOptions(), BatchOptions(),
                            ModelOptions(TINY, LORA, "bfloat16", "cpu", "float8"))
     assert set(shaping_fields(ModelOptions)) <= set(identity)
@@ -166,7 +166,9 @@ ARGS = ["translate", "-q", "-m", TINY, "--src", "eng_Latn", "--tgt", "fra_Latn",
         "--max-length", "8", "--chunk-rows", "10"]
 SHAPING = [("decode", "max_length", ["--max-length", "9"]), ("batching", "read_chunk_rows", ["--chunk-rows", "7"]),
            ("job", "split", ["--no-split"]), ("job", "output_field", ["--output-field", "t"]),
-           ("model", "adapter", ["--adapter", LORA])]
+           ("model", "adapter", ["--adapter", LORA]), ("model", "kv_cache_type", ["--kv-cache-type", "float8"])]
+# shaping options a job's identity names only off their default: taken back to it, a job is another one too
+OFF_DEFAULT = [("model", "kv_cache_type", ["--kv-cache-type", "float8"], "'float8'", "'bfloat16'")]
 NEUTRAL = [("batching", "max_batch_tokens", ["--max-batch-tokens", "50"]), ("job", "on_error", ["--on-error", "skip"])]
 
 
@@ -201,6 +203,20 @@ def test_a_job_resumed_with_a_shaping_option_changed_is_refused_or_started_afres
     afresh = run(*changed, "--resume")
     assert afresh.exit_code == 0
     assert afresh.stderr == f"Starting afresh: out.jsonl was finished by a job that differs in {key}.\n"
+
+
+@pytest.mark.parametrize("record, name, given, was, now", OFF_DEFAULT, ids=[row[1] for row in OFF_DEFAULT])
+def test_a_job_resumed_with_a_shaping_option_back_at_its_default_is_refused(here, record, name, given, was, now):
+    assert option_fills(record, name, given[0])
+    with stopped_after_commits(1):
+        assert run(*given).exit_code == 130
+    partial = Path(".out.jsonl.nllb-partial").read_bytes()
+    refused = run("--resume")
+    assert refused.exit_code == 1
+    assert refused.stderr == (f"Error: cannot resume: the interrupted job differs in {name} (was {was}, now {now}); "
+                              f"run without --resume to start over.\n")
+    assert Path(".out.jsonl.nllb-partial").read_bytes() == partial
+    assert run(*given, "--resume").exit_code == 0
 
 
 @pytest.mark.parametrize("record, name, changed", NEUTRAL, ids=[name for _, name, _ in NEUTRAL])
