@@ -493,6 +493,10 @@ def beam_search(engine: Engine, encoded, source_of: np.ndarray, langs: np.ndarra
             worst_finished = xp.where(fin_done, fin_score.min(axis=1, keepdims=True), neg)
             improvable = xp.any(best_possible > worst_finished, axis=1)
             finished_later = engine.fetch_later(~improvable | hits.all(axis=1))
+            # every sentence's best finished hypotheses go to the host with the flags, so that a sentence found done
+            # is read there, not from the device behind the step queued next (which the host would then wait for)
+            found_later = [engine.fetch_later(a) for a in (fin_seq[:, :n_best, 2:], fin_sum[:, :n_best],
+                                                           fin_score[:, :n_best])]
             candidates = None
             if cur_len < max_len:  # the next step, queued before the host knows who is done
                 engine.reorder(state, (xp.arange(n)[:, None] * k + parents).reshape(-1))  # beams follow their parents
@@ -503,9 +507,8 @@ def beam_search(engine: Engine, encoded, source_of: np.ndarray, langs: np.ndarra
             done = np.flatnonzero(finished)
             if len(done):
                 # a finished hypothesis ends in </s> or fills its sentence's room, so no padding follows its tokens
-                at = xp.asarray(done)
-                found = zip(done, to_host(fin_seq[at, :n_best, 2:]), to_host(fin_sum[at, :n_best]),
-                            to_host(fin_score[at, :n_best]))
+                fin_seqs, fin_sums, fin_scores = (later.fetch() for later in found_later)
+                found = zip(done, fin_seqs[done], fin_sums[done], fin_scores[done])
                 for i, seqs, sums, normed_scores in found:
                     room = int(ends[sentences[i]]) - 2  # tokens after the language token
                     results[int(sentences[i])] = [Hypothesis(strip_output(seq[:room].tolist(), eos), float(total), float(score))
