@@ -2,6 +2,7 @@
 it (a CUDA graph), on a published shape with random weights.
 
     python -m bench.micro.step_parts [--preset nllb-200-3.3B] [--batch 2048] [--first 1024] [--out results.jsonl]
+                                     [--kv-cache-type float8]
 
 bench/micro/profile_step.py wraps each launcher in CUDA events, which takes the steps out of their graphs and adds
 the events' own gaps (a few microseconds each, much of a small kernel's time). Here the step runs whole, as
@@ -50,6 +51,8 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=4096, help="sources (one row each: greedy)")
     parser.add_argument("--first", type=int, default=0, help="the first of the harness's sorted sources to take")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--kv-cache-type", default="bfloat16", choices=("bfloat16", "float8"),
+                        help="float8: the K/V cache in E4M3 (its attention and row copies are the same families)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     if not kernels.wgmma_available():
@@ -57,7 +60,7 @@ def main() -> int:
     preset = PRESETS[args.preset]
     config = dataclasses.replace(preset.config, eos_token_id=preset.config.vocab_size - 1)  # </s> out of reach
     started = time.perf_counter()
-    engine = CudaEngine(config, normal_weights(config))
+    engine = CudaEngine(config, normal_weights(config), kv_float8=args.kv_cache_type == "float8")
     sources = workload(4096, preset)[args.first:args.first + args.batch]
     engine.capacity(args.steps + 4, 1, len(sources), sum(map(len, sources)))
     encoded = engine.encode(sources)
@@ -94,7 +97,8 @@ def main() -> int:
     finally:
         for family, launcher in launchers.items():
             setattr(kernels, family, launcher)
-    line = json.dumps({"preset": args.preset, "batch": len(sources), "first": args.first,
+    line = json.dumps({"preset": args.preset, "kv_cache_type": args.kv_cache_type, "batch": len(sources),
+                       "first": args.first,
                        "source_tokens": int(sum(map(len, sources))), "built_s": round(built, 1), "step_ms": times})
     print(line, flush=True)
     if args.out:
