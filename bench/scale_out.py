@@ -1,7 +1,9 @@
-"""One `nllb translate` job on 1, 2, 4 and 8 GPUs of one host, through --devices and --ray (issue 29).
+"""One `nllb translate` job on 1, 2, 4 and 8 GPUs of one host, through --devices and --ray (issue 29), and the
+plain command (no --devices: the job's own process drives one GPU) beside them.
 
     python3 -m bench.scale_out --shape nllb-200-distilled-600M --sentences 400000 --gpus 1,2,4,8 \
         --ways devices,ray --kill --out $OUT/scale.jsonl
+    python3 -m bench.scale_out --sentences 400000 --gpus 1 --ways plain,devices   # --devices 0 against plain
     python3 -m bench.scale_out --model data/samples/model --sentences 200000 --out $OUT/scale_sample.jsonl
 
 The model is a directory of random weights of a published shape (as bench.e2e builds it: every sentence
@@ -16,7 +18,8 @@ Each way and GPU count is one job, timed from outside with a warm kernel cache (
   the rows over the span from the first block an actor was given to the last write, from Ray Data's log;
 - the main process's CPU seconds (user + system, /proc) over the steady span: near 1 a second, the main
   process (reading, tokenizing, committing in order) bounds the job, not the GPUs;
-- whether its output is byte for byte the one-GPU --devices job's (Ray's parts joined in name order).
+- whether its output is byte for byte the first job's (the plain one where --ways has plain, else the one-GPU
+  --devices job; Ray's parts joined in name order), and each job's steady rate against the plain job's.
 
 --kill, on the largest count with --devices: one worker killed (kill -9) after the first commit, the job left
 to finish on the others; then the whole job (its process group) killed after its third commit and continued
@@ -201,7 +204,9 @@ class Bench:
                 str(self.model_dir), "--beam-size", str(a.beam_size), "--max-length", str(a.new_tokens),
                 "--on-error", "skip", *(["--chunk-rows", str(a.chunk_rows)] if a.chunk_rows else []), *extra]
         gpus = ",".join(str(i) for i in range(n))
-        if way == "devices":
+        if way == "plain":  # one GPU (or the CPU), driven by the job's own process
+            base += ["--progress", "json", "--device", "cpu" if a.device == "cpu" else "cuda:0"]
+        elif way == "devices":
             base += ["--progress", "json", "--devices", f"cpu:{n}" if a.device == "cpu" else gpus]
         else:  # a local Ray the job starts, on the first n GPUs
             base += ["--progress", "none", "--ray", "--ray-actors", str(n)]
@@ -214,7 +219,7 @@ class Bench:
     def start(self, way: str, n: int, source: Path, output: Path, *extra: str) -> Job:
         self.count += 1
         command, env = self.command(way, n, source, output, *extra)
-        state = output.parent / f".{output.name}.nllb-state.json" if way == "devices" else None
+        state = output.parent / f".{output.name}.nllb-state.json" if way != "ray" else None
         return Job(command, env, self.work, f"job{self.count}", state)
 
     def run(self, way: str, n: int, source: Path, output: Path, label: str, *extra: str) -> dict:
@@ -230,7 +235,7 @@ class Bench:
 
 
 def rate(record: dict, sentences: int) -> float | None:
-    """Rows a second in the steady span: the commits' for --devices, the blocks' span for --ray."""
+    """Rows a second in the steady span: the commits' for plain and --devices, the blocks' span for --ray."""
     if "steady" in record:
         return record["steady"]["rows_per_s"]
     blocks = record.get("ray_blocks")
@@ -249,7 +254,7 @@ def main() -> int:
     parser.add_argument("--sentences", type=int, default=400_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--gpus", default="1,2,4,8", help="GPU counts, comma-separated (those above this machine's are left out)")
-    parser.add_argument("--ways", default="devices,ray", help="devices, ray or both")
+    parser.add_argument("--ways", default="devices,ray", help="plain, devices and ray, comma-separated")
     parser.add_argument("--kill", action="store_true", help="the kill -9 runs (see above)")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu to check the script with CPU workers")
     parser.add_argument("--src", default="eng_Latn")
@@ -262,8 +267,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also append the JSON lines to this file")
     a = parser.parse_args()
     ways = [w for w in a.ways.split(",") if w]
-    if set(ways) - {"devices", "ray"}:
-        parser.error("--ways takes devices and ray")
+    if set(ways) - {"plain", "devices", "ray"}:
+        parser.error("--ways takes plain, devices and ray")
+    ways.sort(key=["plain", "devices", "ray"].index)  # plain first: the reference the others are compared with
     available = visible_gpus() if a.device != "cpu" else os.cpu_count() or 1
     counts = [n for n in (int(c) for c in a.gpus.split(",") if c) if n <= available]
     if not counts:
@@ -282,14 +288,15 @@ def main() -> int:
               "sentences": len(lines), "new_tokens": a.new_tokens, "beam_size": a.beam_size, **gpu_facts()}, out)
         bench = Bench(a, model_dir, work, cache_dir, out)
         for way in ways:  # kernels compiled into the cache, Ray's first-run costs paid
-            bench.run(way, counts[-1], warm, work / f"warm_{way}" if way == "ray" else work / "warm.out.jsonl", "warm-up")
+            bench.run(way, 1 if way == "plain" else counts[-1], warm,
+                      work / f"warm_{way}" if way == "ray" else work / "warm.out.jsonl", "warm-up")
         results, reference = {}, None
         for way in ways:
-            for n in counts:
+            for n in [1] if way == "plain" else counts:
                 output = work / (f"out_{way}_{n}" if way == "ray" else f"out_{way}_{n}.jsonl")
                 record = bench.run(way, n, source, output, "scaling")
                 produced = output_bytes(output)
-                if reference is None:  # the first job: the one-GPU --devices one when --ways has devices
+                if reference is None:  # the first job: the plain one, else the one-GPU --devices one
                     reference = produced
                 record["identical_to_first"] = produced is not None and produced == reference
                 results[(way, n)] = {"wall_s": record["wall_s"], "rows_per_s": rate(record, len(lines)),
@@ -298,10 +305,12 @@ def main() -> int:
                 if produced is not reference:
                     remove(output)
         table = {"what": "scaling", "rows": []}
+        plain = results.get(("plain", 1), {}).get("rows_per_s")
         for (way, n), r in results.items():
             one = results.get((way, counts[0]), {}).get("rows_per_s")
             table["rows"].append({"way": way, "gpus": n, **r,
-                                  "speedup": r["rows_per_s"] / one if r["rows_per_s"] and one else None})
+                                  "speedup": r["rows_per_s"] / one if r["rows_per_s"] and one else None,
+                                  "against_plain": r["rows_per_s"] / plain if r["rows_per_s"] and plain else None})
         emit(table, out)
         if a.kill:
             kill_runs(bench, ways, counts[-1], source, reference, work)
@@ -314,7 +323,7 @@ def main() -> int:
 
 
 def kill_runs(bench: Bench, ways: list[str], n: int, source: Path, reference: bytes | None, work: Path) -> None:
-    """kill -9 of one worker, then of the whole job and --resume; each output against the one-GPU job's."""
+    """kill -9 of one worker, then of the whole job and --resume; each output against the first job's."""
     out, timeout = bench.out, bench.args.timeout
     if "devices" in ways and n > 1:
         output = work / "killed_worker.jsonl"
@@ -331,16 +340,17 @@ def kill_runs(bench: Bench, ways: list[str], n: int, source: Path, reference: by
         output = work / ("killed_job" if way == "ray" else "killed_job.jsonl")
         remove(output)
         since = log_size()
-        job = bench.start(way, n, source, output)
-        if way == "devices":
+        count = 1 if way == "plain" else n
+        job = bench.start(way, count, source, output)
+        if way != "ray":
             job.wait(timeout, until=lambda j: len(j.commits) >= 3)
         else:
             job.wait(timeout, until=lambda j: staged_parts(output) >= 3)
         job.kill()
         time.sleep(2)
         left = processes_where(2, job.process.pid)  # what a kill -9 of the job's group left running
-        resumed = bench.run(way, n, source, output, "resume after kill -9", "--resume")
-        emit({"what": "kill_job_then_resume", "way": way, "gpus": n, "killed_after_s": job.t1 - job.t0,
+        resumed = bench.run(way, count, source, output, "resume after kill -9", "--resume")
+        emit({"what": "kill_job_then_resume", "way": way, "gpus": count, "killed_after_s": job.t1 - job.t0,
               "commits_before_kill": len(job.commits), "left_running": len(left), "resume_exit": resumed["exit"],
               "identical": output_bytes(output) == reference, "ray_blocks": ray_blocks(since) if way == "ray" else None},
              out)
