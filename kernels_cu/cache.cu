@@ -22,8 +22,8 @@ extern "C" __global__ void copy_rows_kernel(const __nv_bfloat16* __restrict__ sr
 // time as it is copied (numerics.quantize_heads, bit for bit): the E elements of head g of row src_rows[r] of src
 // get scale = max |x| / 448 over the head (1 for an all-zero head), stored at scales[dst_rows[r] * ld_scales + g],
 // and codes[dst_rows[r] * ld_codes + g*E + e] = e4m3(x[g*E + e] / scale) by CUDA's satfinite conversion (the
-// nearest value, ties to the even code, beyond 448 in size 448). Both divisions are IEEE's rounded ones (__fdiv_rn),
-// as quantize.cu's, so the codes are the NumPy model's under --use_fast_math too.
+// nearest value, ties to the even code, beyond 448 in size 448). Both divisions are IEEE's rounded ones (__fdiv_rn,
+// and e4m3_quotient for the values), as quantize.cu's, so the codes are the NumPy model's under --use_fast_math too.
 // src (*, ld_src) bf16, codes (*, ld_codes) uint8, scales (*, ld_scales) f32; src_rows, dst_rows (R,) int32; width
 // (the elements of a row) a multiple of E, E even; src rows 4-byte and codes rows 2-byte aligned (pairs of elements).
 // Launch: grid (R), block 128 threads: each warp a head at a time, each lane a pair of its elements at a time (one
@@ -45,10 +45,11 @@ extern "C" __global__ void copy_rows_e4m3_kernel(const __nv_bfloat16* __restrict
         }
         top = warp_max(top);
         const float scale = top > 0.f ? __fdiv_rn(top, E4M3_MAX) : 1.f;
+        const float r = __frcp_rn(scale);
         for (int p = lane; p < pairs; p += 32) {
             const float2 f = __bfloat1622float2(from[first + p]);
-            const unsigned lo = __nv_cvt_float_to_fp8(__fdiv_rn(f.x, scale), __NV_SATFINITE, __NV_E4M3);
-            const unsigned hi = __nv_cvt_float_to_fp8(__fdiv_rn(f.y, scale), __NV_SATFINITE, __NV_E4M3);
+            const unsigned lo = __nv_cvt_float_to_fp8(e4m3_quotient(f.x, scale, r), __NV_SATFINITE, __NV_E4M3);
+            const unsigned hi = __nv_cvt_float_to_fp8(e4m3_quotient(f.y, scale, r), __NV_SATFINITE, __NV_E4M3);
             to[first + p] = static_cast<unsigned short>(lo | hi << 8);  // little-endian: element 2p first
         }
         if (lane == 0) scales[row * ld_scales + g] = scale;

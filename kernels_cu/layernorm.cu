@@ -110,10 +110,11 @@ extern "C" __global__ void layernorm_e4m3_kernel(const float* __restrict__ x, co
         top = fmaxf(top, fabsf(bf16_to_float(float_to_bf16((row[d] - mean) * inv * weight[d] + bias[d]))));
     top = warp_max(top);
     const float scale = top > 0.f ? __fdiv_rn(top, 448.f) : 1.f;
+    const float r = __frcp_rn(scale);
     unsigned char* dst = codes + (size_t)m * D;
     for (int d = lane; d < D; d += 32) {
         const float y = bf16_to_float(float_to_bf16((row[d] - mean) * inv * weight[d] + bias[d]));
-        dst[d] = __nv_cvt_float_to_fp8(__fdiv_rn(y, scale), __NV_SATFINITE, __NV_E4M3);
+        dst[d] = __nv_cvt_float_to_fp8(e4m3_quotient(y, scale, r), __NV_SATFINITE, __NV_E4M3);
     }
     if (lane == 0) scales[m] = scale;
 }

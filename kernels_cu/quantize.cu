@@ -1,8 +1,9 @@
 // quantize_rows_kernel: each row of x (M, K), bf16 or f32 (in_f32), to FP8 E4M3 codes scaled by the row's
 // largest size: scales[m] = max_k |x[m, k]| / 448 (1 for an all-zero row), codes[m, k] = e4m3(x[m, k] / scales[m])
 // by CUDA's satfinite conversion (the nearest value, ties to the even code, beyond 448 in size 448, NaN 0x7F).
-// numerics.quantize_e4m3 bit for bit: both of its float32 divisions are IEEE's rounded ones here too (__fdiv_rn;
-// under --use_fast_math `/` would be an approximate division), the quotient converted as it is, with no reciprocal.
+// numerics.quantize_e4m3 bit for bit: both of its float32 divisions are IEEE's rounded ones here too (the scale's
+// by __fdiv_rn, each value's by common.cuh's e4m3_quotient, whose code is __fdiv_rn's; under --use_fast_math `/`
+// would be an approximate division).
 // (Subnormal inputs are flushed to zero by --use_fast_math, keeping their sign, so their codes are those of zeros:
 // a row whose largest size is subnormal is one the model scales otherwise.)
 // x, codes: C-contiguous (M, K); scales (M,) f32. Launch: grid (M), block 256 (a multiple of 32, at most 1,024):
@@ -29,8 +30,9 @@ extern "C" __global__ void quantize_rows_kernel(const void* __restrict__ x, unsi
     top = lane < (blockDim.x >> 5) ? scratch[lane] : 0.f;
     top = warp_max(top);  // every warp reduces the warps' maxima: each thread has the row's
     const float scale = top > 0.f ? __fdiv_rn(top, E4M3_MAX) : 1.f;
+    const float r = __frcp_rn(scale);
     for (int k = threadIdx.x; k < K; k += blockDim.x)
-        codes[row + k] = __nv_cvt_float_to_fp8(__fdiv_rn(load_element(x, row + k, in_f32), scale), __NV_SATFINITE, __NV_E4M3);
+        codes[row + k] = __nv_cvt_float_to_fp8(e4m3_quotient(load_element(x, row + k, in_f32), scale, r), __NV_SATFINITE, __NV_E4M3);
     if (threadIdx.x == 0) scales[blockIdx.x] = scale;
 }
 
@@ -55,6 +57,7 @@ extern "C" __global__ void quantize_rows_warp_kernel(const __nv_bfloat16* __rest
     }
     top = warp_max(top);
     const float scale = top > 0.f ? __fdiv_rn(top, E4M3_MAX) : 1.f;
+    const float r = __frcp_rn(scale);
     uint2* dst = reinterpret_cast<uint2*>(codes + (size_t)m * K);
     for (int i = lane; i < vectors; i += 32) {
         const uint4 v = row[i];
@@ -63,8 +66,8 @@ extern "C" __global__ void quantize_rows_warp_kernel(const __nv_bfloat16* __rest
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const float2 f = __bfloat1622float2(pair[j]);
-            const unsigned lo = __nv_cvt_float_to_fp8(__fdiv_rn(f.x, scale), __NV_SATFINITE, __NV_E4M3);
-            const unsigned hi = __nv_cvt_float_to_fp8(__fdiv_rn(f.y, scale), __NV_SATFINITE, __NV_E4M3);
+            const unsigned lo = __nv_cvt_float_to_fp8(e4m3_quotient(f.x, scale, r), __NV_SATFINITE, __NV_E4M3);
+            const unsigned hi = __nv_cvt_float_to_fp8(e4m3_quotient(f.y, scale, r), __NV_SATFINITE, __NV_E4M3);
             packed[j / 2] |= (lo | hi << 8) << (16 * (j % 2));
         }
         dst[i] = make_uint2(packed[0], packed[1]);
