@@ -361,20 +361,32 @@ __device__ __forceinline__ void store_through_smem(const float (&acc)[MT][NT][4]
 
 #if FP8
 // acc (a warp's 16 rows from row0 and BN columns from col0, fragments as gemm_epilogue.cuh) times a_scale[row] *
-// w_scale[column]. Rows and columns past M and N (TMA's zeros) are scaled by 0. w_scale 8-byte aligned (the
-// launcher's): a lane's two columns in one load.
-__device__ __forceinline__ void scale_products(float (&acc)[MT][NT][4], const float* __restrict__ a_scale,
-                                               const float* __restrict__ w_scale, int row0, int col0, int lane, int M,
-                                               int N) {
+// w_scale[column]. The scales are loaded before the tile's main loop (load_scales), so that their latency hides
+// under it: a_lane the lane's two rows' scales, w_lane the tile's column col0 + lane + 32 i in element i of each
+// lane (as bias_lane), shuffled to the lanes that hold it. Rows and columns past M and N (TMA's zeros) are scaled
+// by 0.
+__device__ __forceinline__ void load_scales(float (&a_lane)[2], float (&w_lane)[(BN + 31) / 32],
+                                            const float* __restrict__ a_scale, const float* __restrict__ w_scale,
+                                            int row0, int col0, int lane, int M, int N) {
     const int m0 = row0 + (lane >> 2), m1 = m0 + 8;
-    const float sa0 = m0 < M ? a_scale[m0] : 0.f, sa1 = m1 < M ? a_scale[m1] : 0.f;
+    a_lane[0] = m0 < M ? a_scale[m0] : 0.f;
+    a_lane[1] = m1 < M ? a_scale[m1] : 0.f;
+#pragma unroll
+    for (int i = 0; i < (BN + 31) / 32; ++i) {  // (BN < 32: lanes past the tile load a column they never give)
+        const int col = col0 + lane + 32 * i;
+        w_lane[i] = col < N ? w_scale[col] : 0.f;
+    }
+}
+
+__device__ __forceinline__ void scale_products(float (&acc)[MT][NT][4], const float (&a_lane)[2],
+                                               const float (&w_lane)[(BN + 31) / 32], int lane) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-        const int n = col0 + j * 8 + (lane & 3) * 2;
-        const float2 sw = n + 1 < N ? *reinterpret_cast<const float2*>(w_scale + n)
-                                    : make_float2(n < N ? w_scale[n] : 0.f, 0.f);
-        acc[0][j][0] *= sa0 * sw.x, acc[0][j][1] *= sa0 * sw.y;
-        acc[0][j][2] *= sa1 * sw.x, acc[0][j][3] *= sa1 * sw.y;
+        const int col = j * 8 + (lane & 3) * 2;  // in the tile
+        const float2 sw = make_float2(__shfl_sync(0xffffffffu, w_lane[j / 4], col % 32),
+                                      __shfl_sync(0xffffffffu, w_lane[j / 4], col % 32 + 1));
+        acc[0][j][0] *= a_lane[0] * sw.x, acc[0][j][1] *= a_lane[0] * sw.y;
+        acc[0][j][2] *= a_lane[1] * sw.x, acc[0][j][3] *= a_lane[1] * sw.y;
     }
 }
 #endif
@@ -469,6 +481,11 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
             bias_lane[i] = bias && col < N ? bias[col] : 0.f;
         }
 #endif
+#if FP8
+        float a_lane[2], w_lane[(BN + 31) / 32];  // the products' scales, loaded while the main loop runs
+        load_scales(a_lane, w_lane, a_scale, w_scale, TILE_M(t) * BM + consumer * 64 + (tid % 128) / 32 * 16,
+                    TILE_N(t) * BN, tid % 32, M, N);
+#endif
         float acc[MT][NT][4];
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.f;
@@ -491,8 +508,7 @@ gemm_sm90_kernel(const __grid_constant__ TensorMap map_a, const __grid_constant_
         if (tid % 128 == 0) mbar_arrive(&empty[(it - 1) % STAGES]);  // the tile's last stage too
         const int tile_n = TILE_N(t);
 #if FP8  // the codes' products back to the operands' scale, before any epilogue
-        scale_products(acc, a_scale, w_scale, TILE_M(t) * BM + consumer * 64 + (tid % 128) / 32 * 16, tile_n * BN,
-                       tid % 32, M, N);
+        scale_products(acc, a_lane, w_lane, tid % 32);
 #endif
 #if TMA_STORE
         store_through_smem(acc, base + EPI_SMEM_BYTES + consumer * STAGING_BYTES, &map_out, tid % 128, consumer,
