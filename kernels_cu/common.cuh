@@ -23,10 +23,9 @@ __device__ __forceinline__ __nv_bfloat16 float_to_bf16(float x) { return __float
 // __fdiv_rn(x, scale), in a multiply and two FMAs. r = __frcp_rn(scale); q = x * r is within an ulp of x / scale,
 // the remainder x - q * scale is exact, and q + remainder * r is the rounded quotient (Markstein's theorem) wherever
 // the remainder does not underflow: every quotient of 2^-12 or more in size when 2^-80 <= scale <= 2^100 (below
-// 2^-12 both are E4M3's zero of x's sign; 279 million bf16 pairs checked against IEEE's division, 0 codes
-// differ). Other scales (infinite, NaN, tiny) divide. __fdiv_rn calls its slow path for a zero dividend, half of
-// a ReLU output: fc1's E4M3 epilogue at 4,096 x 4,096 took 191.6 us with it, 142.0 with this (and 142.3 with
-// __fdiv_rn skipped for zeros; docs/PERFORMANCE.md).
+// 2^-12 both are E4M3's zero of x's sign). Other scales (infinite, NaN, tiny, huge) divide. Why not __fdiv_rn
+// itself: it takes a slow path for a zero dividend, which is half of a ReLU output (docs/PERFORMANCE.md, "FP8 that
+// pays").
 __device__ __forceinline__ float e4m3_quotient(float x, float scale, float r) {
     if (!(scale >= 8.2718061e-25f && scale <= 1.2676506e30f)) return __fdiv_rn(x, scale);  // 2^-80, 2^100
     const float q = __fmul_rn(x, r);

@@ -23,7 +23,8 @@ def poisoned(shape, dtype):
 
 def rows_to_quantize(m: int, k: int) -> np.ndarray:
     """Rows of every scale from 1e-30 to 1e30, an all-zero row, a row of one huge value among tiny ones, and (where
-    there are rows enough) a row whose scale is 1 holding every halfway value between E4M3 neighbours."""
+    there are rows enough) a row whose scale is 1 holding every halfway value between E4M3 neighbours and a row of
+    values near 1e36 (its scale past 2^100: e4m3_quotient divides there, as below 2^-80)."""
     x = rng.normal(size=(m, k)).astype(np.float32) * (10.0 ** rng.uniform(-30, 30, size=(m, 1))).astype(np.float32)
     if m > 1:
         x[1] = 0
@@ -36,6 +37,8 @@ def rows_to_quantize(m: int, k: int) -> np.ndarray:
         x[3] = 0
         x[3, :126] = halfway * np.where(np.arange(126) % 2, 1, -1)
         x[3, 126] = numerics.E4M3_MAX  # the row's largest size is 448: scale 1
+    if m > 4:
+        x[4] = rng.normal(size=k).astype(np.float32) * np.float32(1e36)
     return x
 
 
